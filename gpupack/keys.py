@@ -1,0 +1,55 @@
+"""Every label, annotation, name and resource gpupack reads or writes (DESIGN.md's contract).
+
+One place so a typo is a NameError, not a silently ignored key.
+"""
+
+from typing import Final
+
+DOMAIN: Final = "gpupack.io"
+
+# Labels.
+OPTIMIZE: Final = f"{DOMAIN}/optimize"  # on Namespace, pod template or pod: enabled|disabled
+ROLE: Final = f"{DOMAIN}/role"  # on capacity pods: "capacity"
+POOL: Final = f"{DOMAIN}/pool"  # on capacity pods: the pool key
+ROLE_CAPACITY: Final = "capacity"
+OPTIMIZE_ENABLED: Final = "enabled"
+OPTIMIZE_DISABLED: Final = "disabled"
+
+# Annotations written by the user (optional) or the webhook.
+POLICY: Final = f"{DOMAIN}/policy"
+GPU_COMPUTE: Final = f"{DOMAIN}/gpu-compute"
+GPU_MEMORY: Final = f"{DOMAIN}/gpu-memory"
+ORIGINAL_RESOURCES: Final = f"{DOMAIN}/original-resources"
+DECISION: Final = f"{DOMAIN}/decision"
+ENFORCEMENT: Final = f"{DOMAIN}/enforcement"  # how the shares are enforced: accounting|mps
+
+# Annotations only the scheduler (on fractional pods) or the exporter (on capacity pods)
+# may write. The webhook strips user-supplied values at CREATE.
+GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
+CAPACITY_POD: Final = f"{DOMAIN}/capacity-pod"
+SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
+
+SCHEDULER_NAME: Final = "gpupack-scheduler"
+SYSTEM_NAMESPACE: Final = "gpupack-system"
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+# Extended resources.
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+NVIDIA_PREFIX: Final = "nvidia.com/"
+OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
+
+# GPU Feature Discovery node labels.
+GFD_PRODUCT: Final = "nvidia.com/gpu.product"
+GFD_MEMORY_MIB: Final = "nvidia.com/gpu.memory"  # per-GPU memory in MiB
+GFD_COUNT: Final = "nvidia.com/gpu.count"
+
+# Cluster autoscaler and Karpenter: do not evict a capacity pod that hosts workloads.
+CA_SAFE_TO_EVICT: Final = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+KARPENTER_DO_NOT_DISRUPT: Final = "karpenter.sh/do-not-disrupt"
+
+# Container environment.
+ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_DRIVER_CAPABILITIES: Final = "NVIDIA_DRIVER_CAPABILITIES"
+ENV_MPS_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_MEMORY_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+DEFAULT_DRIVER_CAPABILITIES: Final = "compute,utility"

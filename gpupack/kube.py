@@ -1,0 +1,87 @@
+"""Kubernetes objects as the API server sends them: plain dicts, typed with TypedDict.
+
+Only the fields gpupack reads are declared; everything else passes through untouched.
+(The client's generated model classes are slow and lossy for patches, so we avoid them.)
+"""
+
+from typing import Any, NotRequired, TypedDict
+
+JSON = dict[str, Any]
+
+
+class ObjectMeta(TypedDict, total=False):
+    name: str
+    generateName: str
+    namespace: str
+    uid: str
+    resourceVersion: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    ownerReferences: list[JSON]
+    deletionTimestamp: str
+
+
+class Resources(TypedDict, total=False):
+    limits: dict[str, Any]
+    requests: dict[str, Any]
+
+
+class Container(TypedDict, total=False):
+    name: str
+    image: str
+    env: list[JSON]
+    resources: Resources
+    restartPolicy: str  # "Always" marks a native sidecar among initContainers
+
+
+class PodSpec(TypedDict, total=False):
+    containers: list[Container]
+    initContainers: list[Container]
+    nodeName: str
+    schedulerName: str
+    nodeSelector: dict[str, str]
+    affinity: JSON
+    tolerations: list[JSON]
+    priorityClassName: str
+    runtimeClassName: str
+
+
+class Pod(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    metadata: ObjectMeta
+    spec: PodSpec
+    status: JSON
+
+
+class OwnerReference(TypedDict):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: NotRequired[str]
+    controller: NotRequired[bool]
+
+
+def labels_of(obj: Pod | JSON) -> dict[str, str]:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    return labels if isinstance(labels, dict) else {}
+
+
+def annotations_of(obj: Pod | JSON) -> dict[str, str]:
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def controller_of(obj: Pod | JSON) -> JSON | None:
+    """The controlling owner reference, or the first owner when none is marked controller."""
+    meta = obj.get("metadata") or {}
+    owners = meta.get("ownerReferences") if isinstance(meta, dict) else None
+    if not isinstance(owners, list) or not owners:
+        return None
+    valid = [o for o in owners if isinstance(o, dict)]
+    for owner in valid:
+        if owner.get("controller") is True:
+            return owner
+    return valid[0] if valid else None
