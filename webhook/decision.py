@@ -1,0 +1,79 @@
+"""The values the webhook's decision produces: what happened to a pod, and why.
+
+`Decision` is the output of the pure core (`webhook.mutate.decide`); `Demand` is the part
+of it the capacity manager needs; `CapacityOutcome` is what the capacity manager did.
+The audit line is built from all three.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpupack.kube import JSON
+
+
+class Outcome(StrEnum):
+    MUTATED = "mutated"
+    SKIPPED = "skipped"
+    DENIED = "denied"
+
+
+class Reason(StrEnum):
+    """A closed set of reasons: the audit log's `reason` and the metrics' label."""
+
+    MUTATED = "mutated"
+    NOT_CREATE = "not-create"
+    NO_GPU = "no-gpu"
+    OPTED_OUT = "opted-out"
+    NOT_OPTED_IN = "not-opted-in"
+    MULTIPLE_GPUS = "multiple-gpus"
+    OTHER_GPU_RESOURCE = "other-gpu-resource"
+    NODE_NAME_SET = "node-name-set"
+    OTHER_SCHEDULER = "other-scheduler"
+    ALREADY_MUTATED = "already-mutated"
+    INVALID_GPU_REQUEST = "invalid-gpu-request"
+    INVALID_ANNOTATION = "invalid-annotation"
+    UNKNOWN_POLICY = "unknown-policy"
+    INTERNAL_ERROR = "internal-error"
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One fractional pod's claim on its pool, as the capacity manager sees it."""
+
+    decision_id: str  # the admission uid, also written as gpupack.io/decision
+    pool: str  # gpupack.pool.pool_key of the pod spec
+    scheduling: JSON  # gpupack.pool.scheduling_metadata of the pod spec
+    compute: int  # millis of one GPU
+    memory: int  # bytes
+    namespace: str
+    workload: str  # "Kind/name" of the controlling owner, or "Pod/name"
+    exclusive: bool  # real-time-mps: the GPU may host only this workload
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    reason: Reason
+    message: str  # one sentence a person can act on
+    patch: tuple[JSON, ...] = ()
+    policy: str | None = None
+    policy_source: str | None = None  # "pod-annotation", "namespace-annotation", "auto: ..."
+    compute: int | None = None
+    memory: int | None = None
+    allocation_source: str | None = None  # "pinned", "policy-initial", "capped: ..."
+    gpu_request: JSON | None = None  # {"container": name, "count": 1, "in": "limits"}
+    owner_kind: str = ""
+    owner_name: str = ""
+    stripped: tuple[str, ...] = ()  # scheduler-only annotations removed from user input
+    warnings: tuple[str, ...] = ()
+    demand: Demand | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityOutcome:
+    """What the capacity manager did for one admission."""
+
+    action: str  # "sufficient", "created", "dry-run", "no-cluster", "not-synced", "error"
+    created: tuple[str, ...] = ()
+    detail: str = ""
+    extra: JSON = field(default_factory=dict)

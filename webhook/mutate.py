@@ -1,0 +1,270 @@
+"""The webhook's pure decision: an admission request in, a Decision (with its patch) out.
+
+No I/O: the Namespace (when the webhook could read it) and the policies are passed in.
+The rules, in order: only CREATE; a pod we already mutated is left alone (so reinvocation
+changes nothing); the pod must ask for exactly one `nvidia.com/gpu` and nothing GPU-like
+besides; it must be opted in; it must not be pinned to a node or another scheduler. Then
+the policy and the allocation are chosen and the patch is built. User-supplied values of
+the scheduler-only annotations are stripped on every path, skipped pods included.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupack import keys
+from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of
+from gpupack.policy import BUILTIN, Policy, Sharing
+from gpupack.pool import pool_key, scheduling_metadata
+from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
+from webhook import patch, scope
+from webhook.decision import Decision, Demand, Outcome, Reason
+from webhook.policies import PolicyChoice, UnknownPolicyError, resolve_policy, workload_of
+from webhook.review import AdmissionRequest
+
+MIB = 2**20
+VISIBLE_DEVICES_FIELD = f"metadata.annotations['{keys.GPU_UUID}']"
+
+
+@dataclass(frozen=True, slots=True)
+class MutationContext:
+    namespace: JSON | None = None  # the Namespace object, when the webhook could read it
+    policies: Mapping[str, Policy] = field(default_factory=lambda: BUILTIN)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    compute: int
+    memory: int
+    source: str
+
+
+def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
+    pod = request.pod
+    spec: PodSpec = pod.get("spec") or {}
+    annotations = annotations_of(pod)
+    owner_kind, owner_name = workload_of(pod, request.name)
+    stripped = tuple(key for key in keys.SCHEDULER_ONLY if key in annotations)
+    strip_ops = tuple(patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
+
+    def skip(reason: Reason, message: str) -> Decision:
+        return Decision(
+            Outcome.SKIPPED,
+            reason,
+            message,
+            patch=strip_ops,
+            owner_kind=owner_kind,
+            owner_name=owner_name,
+            stripped=stripped,
+        )
+
+    def deny(reason: Reason, message: str, policy: str | None = None) -> Decision:
+        return Decision(
+            Outcome.DENIED,
+            reason,
+            message,
+            owner_kind=owner_kind,
+            owner_name=owner_name,
+            policy=policy,
+        )
+
+    if request.operation != "CREATE":
+        return skip(Reason.NOT_CREATE, f"operation {request.operation} is not handled")
+    if keys.DECISION in annotations and spec.get("schedulerName") == keys.SCHEDULER_NAME:
+        return skip(
+            Reason.ALREADY_MUTATED, f"already mutated (decision {annotations[keys.DECISION]})"
+        )
+    try:
+        gpus = scope.scan_gpus(spec)
+    except ContractError as exc:
+        return skip(Reason.INVALID_GPU_REQUEST, str(exc))
+    out = scope.gpu_out_of_scope(gpus)
+    if out is None:
+        try:
+            out = scope.opt_in(labels_of(pod), ctx.namespace)
+        except ContractError as exc:
+            out = (Reason.NOT_OPTED_IN, str(exc))
+    out = out or scope.scheduling_out_of_scope(spec)
+    if out is not None:
+        return skip(*out)
+
+    try:
+        choice = resolve_policy(pod, owner_kind, ctx.namespace, ctx.policies)
+    except ContractError as exc:
+        return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}")
+    except UnknownPolicyError as exc:
+        return deny(Reason.UNKNOWN_POLICY, f"gpupack: {exc}")
+    try:
+        allocation = allocate(annotations, spec, choice.policy)
+    except ContractError as exc:
+        return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
+
+    ops = build_patch(request, spec, annotations, gpus, choice, allocation, strip_ops)
+    slot = next(s for s in gpus.slots if s.count > 0)
+    workload = f"{owner_kind}/{owner_name}"
+    return Decision(
+        Outcome.MUTATED,
+        Reason.MUTATED,
+        f"shares a GPU: {format_compute(allocation.compute)} compute, "
+        f"{format_memory(allocation.memory)} memory ({choice.policy.name})",
+        patch=ops,
+        policy=choice.policy.name,
+        policy_source=choice.source,
+        compute=allocation.compute,
+        memory=allocation.memory,
+        allocation_source=allocation.source,
+        gpu_request={"container": slot.name, "count": slot.count, "in": list(slot.where)},
+        owner_kind=owner_kind,
+        owner_name=owner_name,
+        stripped=stripped,
+        warnings=(choice.warning,) if choice.warning else (),
+        demand=Demand(
+            decision_id=request.uid,
+            pool=pool_key(spec),
+            scheduling=scheduling_metadata(spec),
+            compute=allocation.compute,
+            memory=allocation.memory,
+            namespace=request.namespace,
+            workload=workload,
+            exclusive=choice.policy.sharing is Sharing.MPS,
+        ),
+    )
+
+
+def device_memory_hint(spec: PodSpec) -> int | None:
+    """Per-GPU memory when the pod's nodeSelector pins GFD's `nvidia.com/gpu.memory` (MiB)."""
+    value = (spec.get("nodeSelector") or {}).get(keys.GFD_MEMORY_MIB)
+    return int(value) * MIB if isinstance(value, str) and value.isdigit() else None
+
+
+def allocate(annotations: dict[str, str], spec: PodSpec, policy: Policy) -> Allocation:
+    """Pinned values win (validated); otherwise the policy's initial allocation. Never more
+    than the one GPU the pod asked for. Raises ContractError for a bad pinned value."""
+    pinned_compute = read_compute(annotations)  # 1m..1000m by construction
+    pinned_memory = read_memory(annotations)
+    device = device_memory_hint(spec)
+    if pinned_memory is not None and device is not None and pinned_memory > device:
+        raise ContractError(
+            keys.GPU_MEMORY,
+            annotations[keys.GPU_MEMORY],
+            MEMORY_FORM,
+            f"more than the {format_memory(device)} of the GPUs the nodeSelector picks",
+        )
+    compute = pinned_compute if pinned_compute is not None else policy.initial_compute
+    memory = pinned_memory if pinned_memory is not None else policy.initial_memory
+    sources = []
+    if pinned_compute is not None or pinned_memory is not None:
+        sources.append("pinned")
+    if pinned_compute is None or pinned_memory is None:
+        sources.append("policy-initial")
+    if pinned_memory is None and device is not None and memory > device:
+        memory = device
+        sources.append(f"memory capped at the node selector's {format_memory(device)}")
+    return Allocation(compute, memory, ", ".join(sources))
+
+
+def _env_var(name: str, value: str) -> JSON:
+    return {"name": name, "value": value}
+
+
+def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
+    """Environment for the GPU container, in the order it is written."""
+    env: list[JSON] = [
+        {
+            "name": keys.ENV_VISIBLE_DEVICES,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": VISIBLE_DEVICES_FIELD}},
+        },
+        _env_var(keys.ENV_DRIVER_CAPABILITIES, keys.DEFAULT_DRIVER_CAPABILITIES),
+    ]
+    if policy.sharing is Sharing.MPS:
+        percentage = max(1, math.ceil(allocation.compute / 10))
+        env.append(_env_var(keys.ENV_MPS_THREAD_PERCENTAGE, str(percentage)))
+        limit_mib = max(1, allocation.memory // MIB)
+        env.append(_env_var(keys.ENV_MPS_MEMORY_LIMIT, f"0={limit_mib}M"))
+    return env
+
+
+def _env_ops(container: Container, base: str, wanted: list[JSON]) -> list[JSON]:
+    """Replace our variables where the user set them (keeping their position), append the
+    rest; a user's NVIDIA_DRIVER_CAPABILITIES is kept (they may need graphics or video)."""
+    env = container.get("env")
+    if not env:
+        return [patch.add(f"{base}/env", wanted)]
+    ops: list[JSON] = []
+    last_index = {str(var.get("name")): i for i, var in enumerate(env) if isinstance(var, dict)}
+    for var in wanted:
+        index = last_index.get(var["name"])
+        if index is None:
+            ops.append(patch.add(f"{base}/env/-", var))
+        elif var["name"] != keys.ENV_DRIVER_CAPABILITIES and env[index] != var:
+            ops.append(patch.replace(f"{base}/env/{index}", var))
+    return ops
+
+
+def _set_annotations(pod: Pod, annotations: dict[str, str], wanted: dict[str, str]) -> list[JSON]:
+    meta = pod.get("metadata")
+    if meta is None:
+        return [patch.add("/metadata", {"annotations": wanted})]
+    if "annotations" not in meta or meta.get("annotations") is None:
+        return [patch.add("/metadata/annotations", wanted)]
+    ops = []
+    for key in sorted(wanted):
+        path = patch.pointer("metadata", "annotations", key)
+        if key not in annotations:
+            ops.append(patch.add(path, wanted[key]))
+        elif annotations[key] != wanted[key]:
+            ops.append(patch.replace(path, wanted[key]))
+    return ops
+
+
+def build_patch(
+    request: AdmissionRequest,
+    spec: PodSpec,
+    annotations: dict[str, str],
+    gpus: scope.GpuScan,
+    choice: PolicyChoice,
+    allocation: Allocation,
+    strip_ops: tuple[JSON, ...],
+) -> tuple[JSON, ...]:
+    ops: list[JSON] = []
+    original = OriginalResources(scheduler_name=spec.get("schedulerName"))
+    for slot in gpus.slots:
+        container = spec[slot.field][slot.index]  # type: ignore[literal-required]
+        removed = {}
+        for section in slot.where:
+            values: dict[str, Any] = container["resources"][section]
+            removed[section] = {keys.NVIDIA_GPU: values[keys.NVIDIA_GPU]}
+            ops.append(
+                patch.remove(
+                    patch.pointer(
+                        "spec", slot.field, slot.index, "resources", section, keys.NVIDIA_GPU
+                    )
+                )
+            )
+        target = original.containers if slot.field == "containers" else original.init_containers
+        target[slot.name] = removed
+    scheduler_path = "/spec/schedulerName"
+    if "schedulerName" in spec:
+        if spec["schedulerName"] != keys.SCHEDULER_NAME:
+            ops.append(patch.replace(scheduler_path, keys.SCHEDULER_NAME))
+    else:
+        ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
+    ops.extend(strip_ops)
+    wanted = {
+        keys.POLICY: choice.policy.name,
+        keys.GPU_COMPUTE: format_compute(allocation.compute),
+        keys.GPU_MEMORY: format_memory(allocation.memory),
+        keys.ORIGINAL_RESOURCES: write_original_resources(original),
+        keys.DECISION: request.uid,
+        keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
+    }
+    ops.extend(_set_annotations(request.pod, annotations, wanted))
+    env = gpu_env(choice.policy, allocation)
+    for slot in gpus.slots:
+        if slot.count > 0:
+            container = spec[slot.field][slot.index]  # type: ignore[literal-required]
+            ops.extend(_env_ops(container, patch.pointer("spec", slot.field, slot.index), env))
+    return tuple(ops)
