@@ -1,0 +1,73 @@
+import pytest
+
+from gpupack.errors import ContractError
+from gpupack.kube import PodSpec
+from gpupack.policy import BUILTIN, GiB, Policy, Sharing
+from gpupack.pool import pool_key, scheduling_metadata
+
+SPEC: PodSpec = {
+    "containers": [{"name": "c", "image": "x"}],
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "zone": "a"},
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "spot", "operator": "Exists"},
+    ],
+    "priorityClassName": "high",
+    "affinity": {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}},
+        "podAntiAffinity": {"x": 1},
+    },
+}
+
+
+def test_scheduling_metadata_keeps_only_inherited_fields() -> None:
+    inherited = scheduling_metadata(SPEC)
+    assert set(inherited) == {"nodeSelector", "tolerations", "priorityClassName", "affinity"}
+    assert inherited["affinity"] == {"nodeAffinity": SPEC["affinity"]["nodeAffinity"]}
+
+
+def test_pool_key_is_stable_and_ignores_set_order() -> None:
+    reordered: PodSpec = {
+        **SPEC,
+        "tolerations": list(reversed(SPEC["tolerations"])),
+        "nodeSelector": {"zone": "a", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+        "containers": [{"name": "other", "image": "y"}],
+    }
+    assert pool_key(SPEC) == pool_key(reordered)
+    assert len(pool_key(SPEC)) == 16
+    # The value is part of the contract between webhook and scheduler across releases.
+    assert pool_key({"containers": []}) == "44136fa355b3678a"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"nodeSelector": {"zone": "b"}}, id="node-selector"),
+        pytest.param({"priorityClassName": "low"}, id="priority"),
+        pytest.param({"runtimeClassName": "nvidia"}, id="runtime-class"),
+        pytest.param({"tolerations": []}, id="tolerations"),
+    ],
+)
+def test_pool_key_changes_with_inherited_metadata(change: PodSpec) -> None:
+    assert pool_key({**SPEC, **change}) != pool_key(SPEC)
+
+
+def test_six_builtin_policies_with_one_mps() -> None:
+    assert sorted(BUILTIN) == sorted(
+        ["real-time", "real-time-mps", "near-real-time", "batch", "training", "build"]
+    )
+    assert [p.name for p in BUILTIN.values() if p.sharing is Sharing.MPS] == ["real-time-mps"]
+    for policy in BUILTIN.values():
+        assert policy.initial_memory <= 12 * GiB  # fits a T4 without knowing the device
+
+
+def test_policy_rejects_inconsistent_bounds() -> None:
+    with pytest.raises(ContractError, match="policy bad"):
+        Policy("bad", "", 1, 90, 0.1, 0.1, 500, 1000, GiB, None, 100, GiB)
+
+
+def test_policy_clamps() -> None:
+    policy = BUILTIN["build"]
+    assert policy.clamp_compute(2000) == policy.max_compute
+    assert policy.clamp_compute(1) == policy.min_compute
+    assert policy.clamp_memory(100 * GiB) == policy.max_memory

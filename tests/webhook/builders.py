@@ -1,0 +1,96 @@
+"""Test builders: realistic pods and AdmissionRequests (pure data, no fakes of behaviour)."""
+
+import copy
+from typing import Any
+
+from gpupack.kube import JSON, Pod
+from webhook.review import AdmissionRequest
+
+
+def gpu_container(name: str = "main", gpus: Any = "1", **extra: Any) -> JSON:
+    container: JSON = {
+        "name": name,
+        "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+        "resources": {"limits": {"nvidia.com/gpu": gpus, "cpu": "2", "memory": "8Gi"}},
+    }
+    container.update(extra)
+    return container
+
+
+def deployment_pod(**spec_extra: Any) -> Pod:
+    """A pod as the ReplicaSet controller of Deployment `llm` creates it."""
+    pod: Pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "llm-6d5f8b9c7-",
+            "namespace": "ml",
+            "labels": {"app": "llm", "pod-template-hash": "6d5f8b9c7"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "llm-6d5f8b9c7",
+                    "uid": "0b6c0c4e-1d7a-4d53-9d1f-3f1c1b1d2e3f",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [gpu_container()],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+        },
+    }
+    pod["spec"].update(spec_extra)  # type: ignore[typeddict-item]
+    return pod
+
+
+def request(
+    pod: Pod, *, operation: str = "CREATE", dry_run: bool = False, uid: str = "req-1"
+) -> AdmissionRequest:
+    meta = pod.get("metadata") or {}
+    return AdmissionRequest(
+        uid=uid,
+        operation=operation,
+        namespace=str(meta.get("namespace", "ml")),
+        name=str(meta.get("name", "")),
+        dry_run=dry_run,
+        pod=copy.deepcopy(pod),
+    )
+
+
+def namespace(
+    labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "ml", "labels": labels or {}, "annotations": annotations or {}},
+    }
+
+
+def review(pod: Pod, uid: str = "req-1", dry_run: bool = False) -> JSON:
+    meta = pod.get("metadata") or {}
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": meta.get("namespace", "ml"),
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+            },
+            "object": pod,
+            "oldObject": None,
+            "dryRun": dry_run,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    }

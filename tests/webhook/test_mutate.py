@@ -1,0 +1,759 @@
+"""The mutation rules as a table: one row per rule of the webhook's scope and patch."""
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from gpupack import keys
+from gpupack.codec import read_original_resources
+from gpupack.kube import JSON, Pod
+from tests.webhook.builders import deployment_pod, gpu_container, namespace, request
+from webhook.decision import Decision, Outcome, Reason
+from webhook.mutate import MutationContext, decide
+
+UUID_ENV = {
+    "name": "NVIDIA_VISIBLE_DEVICES",
+    "valueFrom": {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.annotations['gpupack.io/gpu-uuid']"}
+    },
+}
+FORGED = "GPU-4c2f8f3e-1b2a-4d3c-9e8f-0a1b2c3d4e5f"
+
+
+def with_meta(pod: Pod, **meta: Any) -> Pod:
+    pod = copy.deepcopy(pod)
+    for key, value in meta.items():
+        if value is None:
+            pod["metadata"].pop(key, None)  # type: ignore[misc]
+        else:
+            pod["metadata"][key] = value  # type: ignore[literal-required]
+    return pod
+
+
+def labelled(pod: Pod, **labels: str) -> Pod:
+    return with_meta(pod, labels={**pod["metadata"].get("labels", {}), **labels})
+
+
+def annotated(pod: Pod, annotations: dict[str, str]) -> Pod:
+    return with_meta(pod, annotations=annotations)
+
+
+def bare_pod(**spec: Any) -> Pod:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "notebook", "namespace": "ml"},
+        "spec": {"containers": [gpu_container()], **spec},
+    }
+
+
+def owned_by(kind: str, name: str = "owner") -> Pod:
+    pod = deployment_pod()
+    pod["metadata"]["labels"] = {"app": "x"}
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": kind, "name": name, "uid": "u", "controller": True}
+    ]
+    return pod
+
+
+Check = Callable[[Pod, Decision], object]
+
+
+@dataclass
+class Case:
+    pod: Pod
+    outcome: Outcome
+    reason: Reason
+    ns: JSON | None = None
+    operation: str = "CREATE"
+    checks: list[Check] = field(default_factory=list)
+
+
+def env_of(pod: Pod, index: int = 0, field_name: str = "containers") -> list[JSON]:
+    return pod["spec"][field_name][index].get("env", [])  # type: ignore[literal-required,no-any-return]
+
+
+def has_gpu(pod: Pod) -> bool:
+    containers = pod["spec"].get("containers", []) + pod["spec"].get("initContainers", [])
+    return any(
+        keys.NVIDIA_GPU in (c.get("resources", {}).get(section) or {})
+        for c in containers
+        for section in ("limits", "requests")
+    )
+
+
+def policy_is(name: str, source_prefix: str = "") -> Check:
+    def check(pod: Pod, decision: Decision) -> None:
+        assert pod["metadata"]["annotations"][keys.POLICY] == name
+        assert decision.policy == name
+        assert (decision.policy_source or "").startswith(source_prefix)
+
+    return check
+
+
+def allocation_is(compute: str, memory: str) -> Check:
+    def check(pod: Pod, decision: Decision) -> None:
+        annotations = pod["metadata"]["annotations"]
+        assert (annotations[keys.GPU_COMPUTE], annotations[keys.GPU_MEMORY]) == (compute, memory)
+
+    return check
+
+
+def message_has(text: str) -> Check:
+    def check(pod: Pod, decision: Decision) -> None:
+        assert text in decision.message
+
+    return check
+
+
+def unchanged(pod: Pod, decision: Decision) -> None:
+    assert decision.patch == ()
+
+
+def not_forged(pod: Pod, decision: Decision) -> None:
+    assert keys.GPU_UUID not in pod["metadata"].get("annotations", {})
+    assert keys.CAPACITY_POD not in pod["metadata"].get("annotations", {})
+    assert decision.stripped
+
+
+def env_names_are(names: list[str], index: int = 0, field_name: str = "containers") -> Check:
+    def check(pod: Pod, decision: Decision) -> None:
+        assert [e["name"] for e in env_of(pod, index, field_name)] == names
+
+    return check
+
+
+def mps_limits(percentage: str, memory: str) -> Check:
+    def check(pod: Pod, decision: Decision) -> None:
+        env = {e["name"]: e.get("value") for e in env_of(pod)}
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == percentage
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == memory
+        assert pod["metadata"]["annotations"][keys.ENFORCEMENT] == "mps"
+        assert decision.demand is not None
+        assert decision.demand.exclusive
+
+    return check
+
+
+ENABLED_NS = namespace({keys.OPTIMIZE: "enabled"})
+CASES = [
+    # --- scope: admitted unchanged, with a reason ---
+    pytest.param(
+        Case(
+            deployment_pod(containers=[{"name": "c", "image": "x"}]),
+            Outcome.SKIPPED,
+            Reason.NO_GPU,
+            checks=[unchanged],
+        ),
+        id="no-gpu",
+    ),
+    pytest.param(
+        Case(deployment_pod(containers=[gpu_container(gpus="0")]), Outcome.SKIPPED, Reason.NO_GPU),
+        id="zero-gpus",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(containers=[gpu_container(gpus="2")]),
+            Outcome.SKIPPED,
+            Reason.MULTIPLE_GPUS,
+            checks=[message_has("2 GPUs")],
+        ),
+        id="two-gpus-one-container",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(containers=[gpu_container("a"), gpu_container("b")]),
+            Outcome.SKIPPED,
+            Reason.MULTIPLE_GPUS,
+        ),
+        id="one-gpu-in-each-of-two-containers",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(initContainers=[gpu_container("warm")]),
+            Outcome.SKIPPED,
+            Reason.MULTIPLE_GPUS,
+        ),
+        id="gpu-in-init-and-main",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {"limits": {"nvidia.com/mig-1g.10gb": 1}},
+                    }
+                ]
+            ),
+            Outcome.SKIPPED,
+            Reason.OTHER_GPU_RESOURCE,
+            checks=[message_has("mig-1g.10gb")],
+        ),
+        id="mig-profile",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    gpu_container(
+                        resources={"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpu.shared": 1}}
+                    )
+                ]
+            ),
+            Outcome.SKIPPED,
+            Reason.OTHER_GPU_RESOURCE,
+        ),
+        id="gpu-and-shared-gpu",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    {"name": "c", "image": "x", "resources": {"limits": {"amd.com/gpu": 1}}}
+                ]
+            ),
+            Outcome.SKIPPED,
+            Reason.OTHER_GPU_RESOURCE,
+        ),
+        id="amd-gpu",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(containers=[gpu_container(gpus="half")]),
+            Outcome.SKIPPED,
+            Reason.INVALID_GPU_REQUEST,
+            checks=[message_has("containers[0].resources.limits[nvidia.com/gpu]")],
+        ),
+        id="unparseable-gpu-count",
+    ),
+    pytest.param(
+        Case(
+            labelled(deployment_pod(), **{keys.OPTIMIZE: "disabled"}),
+            Outcome.SKIPPED,
+            Reason.OPTED_OUT,
+            ns=ENABLED_NS,
+        ),
+        id="pod-opted-out-wins-over-namespace",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(),
+            Outcome.SKIPPED,
+            Reason.OPTED_OUT,
+            ns=namespace({keys.OPTIMIZE: "disabled"}),
+        ),
+        id="namespace-opted-out",
+    ),
+    pytest.param(
+        Case(deployment_pod(), Outcome.SKIPPED, Reason.NOT_OPTED_IN, ns=namespace()),
+        id="namespace-not-opted-in",
+    ),
+    pytest.param(
+        Case(
+            labelled(deployment_pod(), **{keys.OPTIMIZE: "maybe"}),
+            Outcome.SKIPPED,
+            Reason.NOT_OPTED_IN,
+            checks=[message_has("gpupack.io/optimize")],
+        ),
+        id="invalid-optimize-label",
+    ),
+    pytest.param(
+        Case(deployment_pod(nodeName="gpu-node-1"), Outcome.SKIPPED, Reason.NODE_NAME_SET),
+        id="node-name-preset",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(schedulerName="volcano"),
+            Outcome.SKIPPED,
+            Reason.OTHER_SCHEDULER,
+            checks=[message_has("volcano")],
+        ),
+        id="other-scheduler",
+    ),
+    pytest.param(
+        Case(deployment_pod(), Outcome.SKIPPED, Reason.NOT_CREATE, operation="UPDATE"),
+        id="update-not-handled",
+    ),
+    pytest.param(
+        Case(
+            annotated(
+                deployment_pod(
+                    containers=[{"name": "c", "image": "x"}], schedulerName="gpupack-scheduler"
+                ),
+                {keys.DECISION: "earlier"},
+            ),
+            Outcome.SKIPPED,
+            Reason.ALREADY_MUTATED,
+            checks=[unchanged],
+        ),
+        id="already-mutated",
+    ),
+    pytest.param(
+        Case(
+            annotated(
+                deployment_pod(containers=[{"name": "c", "image": "x"}]),
+                {keys.GPU_UUID: FORGED, keys.CAPACITY_POD: "x"},
+            ),
+            Outcome.SKIPPED,
+            Reason.NO_GPU,
+            checks=[not_forged],
+        ),
+        id="forged-assignment-stripped-on-skipped-pod",
+    ),
+    # --- scope: taken over ---
+    pytest.param(
+        Case(
+            labelled(deployment_pod(), **{keys.OPTIMIZE: "enabled"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            ns=namespace(),
+        ),
+        id="pod-opt-in-without-namespace",
+    ),
+    pytest.param(
+        Case(deployment_pod(), Outcome.MUTATED, Reason.MUTATED, ns=ENABLED_NS),
+        id="namespace-opt-in",
+    ),
+    pytest.param(
+        Case(deployment_pod(), Outcome.MUTATED, Reason.MUTATED, ns=None),
+        id="namespace-unreadable-trusts-selectors",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(schedulerName="default-scheduler"),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                lambda p, d: (
+                    json.loads(p["metadata"]["annotations"][keys.ORIGINAL_RESOURCES])[
+                        "schedulerName"
+                    ]
+                    == "default-scheduler"
+                )
+            ],
+        ),
+        id="default-scheduler-named",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    gpu_container(
+                        resources={
+                            "requests": {"nvidia.com/gpu": "1"},
+                            "limits": {"nvidia.com/gpu": "1"},
+                        }
+                    )
+                ]
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+        ),
+        id="gpu-in-limits-and-requests",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[{"name": "sidecar", "image": "x"}],
+                initContainers=[gpu_container("warmup")],
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                env_names_are(
+                    ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"], 0, "initContainers"
+                )
+            ],
+        ),
+        id="gpu-in-init-container",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[{"name": "app", "image": "x"}],
+                initContainers=[gpu_container("proxy", restartPolicy="Always")],
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                env_names_are(
+                    ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"], 0, "initContainers"
+                )
+            ],
+        ),
+        id="gpu-in-native-sidecar",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    {"name": "log", "image": "x", "env": [{"name": "Z", "value": "1"}]},
+                    gpu_container("gpu"),
+                ]
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                env_names_are(["Z"], 0),
+                env_names_are(["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"], 1),
+            ],
+        ),
+        id="only-the-gpu-container-gets-env",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    gpu_container(
+                        env=[
+                            {"name": "B", "value": "1"},
+                            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+                            {"name": "A", "value": "2"},
+                        ]
+                    )
+                ]
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                env_names_are(["B", "NVIDIA_VISIBLE_DEVICES", "A", "NVIDIA_DRIVER_CAPABILITIES"]),
+                lambda p, d: env_of(p)[1] == UUID_ENV or pytest.fail("not replaced"),
+            ],
+        ),
+        id="user-visible-devices-replaced-in-place",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(
+                containers=[
+                    gpu_container(env=[{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}])
+                ]
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                lambda p, d: (
+                    env_of(p)[0] == {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}
+                    or pytest.fail("capabilities changed")
+                )
+            ],
+        ),
+        id="user-driver-capabilities-kept",
+    ),
+    pytest.param(
+        Case(with_meta(deployment_pod(), annotations=None), Outcome.MUTATED, Reason.MUTATED),
+        id="no-annotations-map",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {"team": "a", "example.com/a~b": "x"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                lambda p, d: p["metadata"]["annotations"]["team"] == "a" or pytest.fail("lost")
+            ],
+        ),
+        id="existing-annotations-kept",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.GPU_UUID: FORGED, keys.CAPACITY_POD: "cap-1"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[not_forged],
+        ),
+        id="forged-assignment-stripped",
+    ),
+    # --- policy ---
+    pytest.param(
+        Case(
+            deployment_pod(),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                policy_is("near-real-time", "auto: owner kind Deployment"),
+                allocation_is("400m", "8Gi"),
+            ],
+        ),
+        id="deployment-near-real-time",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.POLICY: "batch"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            ns=namespace({keys.OPTIMIZE: "enabled"}, {keys.POLICY: "training"}),
+            checks=[policy_is("batch", "pod-annotation"), allocation_is("250m", "6Gi")],
+        ),
+        id="pod-policy-wins-over-namespace",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            ns=namespace({keys.OPTIMIZE: "enabled"}, {keys.POLICY: "training"}),
+            checks=[policy_is("training", "namespace-annotation")],
+        ),
+        id="namespace-policy",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            ns=namespace({keys.OPTIMIZE: "enabled"}, {keys.POLICY: "nope"}),
+            checks=[
+                policy_is("near-real-time", "auto:"),
+                lambda p, d: d.warnings or pytest.fail("no warning"),
+            ],
+        ),
+        id="bad-namespace-policy-falls-back-with-warning",
+    ),
+    pytest.param(
+        Case(
+            owned_by("Job"),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("training", "auto: owner kind Job")],
+        ),
+        id="job-training",
+    ),
+    pytest.param(
+        Case(
+            owned_by("PyTorchJob"), Outcome.MUTATED, Reason.MUTATED, checks=[policy_is("training")]
+        ),
+        id="pytorchjob-training",
+    ),
+    pytest.param(
+        Case(
+            labelled(owned_by("StatefulSet"), **{"notebook-name": "nb"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("build", "auto: label notebook-name")],
+        ),
+        id="kubeflow-notebook-build",
+    ),
+    pytest.param(
+        Case(
+            labelled(deployment_pod(), **{"serving.kserve.io/inferenceservice": "llm"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("real-time")],
+        ),
+        id="kserve-real-time",
+    ),
+    pytest.param(
+        Case(
+            labelled(owned_by("RayCluster"), **{"ray.io/originated-from-crd": "RayJob"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("training")],
+        ),
+        id="rayjob-training",
+    ),
+    pytest.param(
+        Case(
+            labelled(deployment_pod(), **{"app.kubernetes.io/name": "vllm"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("real-time")],
+        ),
+        id="vllm-real-time",
+    ),
+    pytest.param(
+        Case(
+            bare_pod(),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("near-real-time", "auto: no owner")],
+        ),
+        id="bare-pod-default",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.POLICY: "does-not-exist"}),
+            Outcome.DENIED,
+            Reason.UNKNOWN_POLICY,
+            checks=[message_has("known: batch, build")],
+        ),
+        id="unknown-policy-denied",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.POLICY: "Bad_Name"}),
+            Outcome.DENIED,
+            Reason.INVALID_ANNOTATION,
+            checks=[message_has("gpupack.io/policy")],
+        ),
+        id="malformed-policy-denied",
+    ),
+    # --- allocation ---
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.GPU_COMPUTE: "0.3", keys.GPU_MEMORY: "12288Mi"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[
+                allocation_is("300m", "12Gi"),
+                lambda p, d: (
+                    d.allocation_source == "pinned" or pytest.fail(str(d.allocation_source))
+                ),
+            ],
+        ),
+        id="pinned-allocation-canonicalised",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.GPU_COMPUTE: "300m"}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[allocation_is("300m", "8Gi")],
+        ),
+        id="pinned-compute-policy-memory",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.GPU_COMPUTE: "1500m"}),
+            Outcome.DENIED,
+            Reason.INVALID_ANNOTATION,
+            checks=[message_has("gpupack.io/gpu-compute"), message_has("accepted:")],
+        ),
+        id="compute-above-one-gpu-denied",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(), {keys.GPU_MEMORY: "lots"}),
+            Outcome.DENIED,
+            Reason.INVALID_ANNOTATION,
+            checks=[message_has("gpupack.io/gpu-memory")],
+        ),
+        id="bad-memory-denied",
+    ),
+    pytest.param(
+        Case(
+            annotated(
+                deployment_pod(nodeSelector={"nvidia.com/gpu.memory": "16384"}),
+                {keys.GPU_MEMORY: "20Gi"},
+            ),
+            Outcome.DENIED,
+            Reason.INVALID_ANNOTATION,
+            checks=[message_has("16Gi")],
+        ),
+        id="pinned-memory-above-selected-gpu-denied",
+    ),
+    pytest.param(
+        Case(
+            annotated(deployment_pod(nodeSelector={"nvidia.com/gpu.memory": "4096"}), {}),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[allocation_is("400m", "4Gi")],
+        ),
+        id="memory-capped-at-selected-gpu",
+    ),
+    pytest.param(
+        Case(
+            annotated(
+                deployment_pod(),
+                {keys.POLICY: "real-time-mps", keys.GPU_COMPUTE: "250m", keys.GPU_MEMORY: "10Gi"},
+            ),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[mps_limits("25", "0=10240M")],
+        ),
+        id="mps-limits",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_mutation_rules(case: Case) -> None:
+    original = copy.deepcopy(case.pod)
+    decision = decide(
+        request(case.pod, operation=case.operation), MutationContext(namespace=case.ns)
+    )
+    assert (decision.outcome, decision.reason) == (case.outcome, case.reason), decision.message
+    assert case.pod == original, "decide() must not modify its input"
+    result: Pod = jsonpatch.apply_patch(case.pod, list(decision.patch))
+    if decision.outcome is Outcome.MUTATED:
+        assert not has_gpu(result)
+        assert result["spec"]["schedulerName"] == keys.SCHEDULER_NAME
+        annotations = result["metadata"]["annotations"]
+        assert annotations[keys.DECISION] == "req-1"
+        assert read_original_resources(annotations) is not None
+        assert UUID_ENV in [
+            e
+            for c in result["spec"].get("containers", []) + result["spec"].get("initContainers", [])
+            for e in c.get("env", [])
+        ]
+        assert decision.demand is not None
+        assert decision.compute is not None
+        assert decision.compute <= 1000
+    elif decision.outcome is Outcome.DENIED:
+        assert decision.patch == ()
+    for check in case.checks:
+        assert check(result, decision) is not False
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.values[0].outcome is Outcome.MUTATED])
+def test_running_on_its_own_output_changes_nothing(case: Case) -> None:
+    first = decide(request(case.pod), MutationContext(namespace=case.ns))
+    mutated: Pod = jsonpatch.apply_patch(case.pod, list(first.patch))
+    again = decide(request(mutated, uid="req-2"), MutationContext(namespace=case.ns))
+    assert (again.reason, again.patch) == (Reason.ALREADY_MUTATED, ())
+
+
+def test_patch_is_deterministic_and_minimal() -> None:
+    pod = deployment_pod()
+    first = decide(request(pod), MutationContext())
+    second = decide(request(pod), MutationContext())
+    assert first.patch == second.patch
+    paths = [op["path"] for op in first.patch]
+    assert paths == [
+        "/spec/containers/0/resources/limits/nvidia.com~1gpu",
+        "/spec/schedulerName",
+        "/metadata/annotations",
+        "/spec/containers/0/env",
+    ]
+
+
+def test_keys_needing_json_pointer_escapes() -> None:
+    pod = annotated(deployment_pod(), {"a/b~c": "1", keys.GPU_UUID: FORGED})
+    decision = decide(request(pod), MutationContext())
+    paths = [op["path"] for op in decision.patch]
+    assert "/metadata/annotations/gpupack.io~1gpu-uuid" in paths
+    assert "/metadata/annotations/gpupack.io~1policy" in paths
+    result = jsonpatch.apply_patch(pod, list(decision.patch))
+    assert result["metadata"]["annotations"]["a/b~c"] == "1"
+
+
+def test_only_gpu_entries_are_removed() -> None:
+    pod = deployment_pod()
+    result = jsonpatch.apply_patch(pod, list(decide(request(pod), MutationContext()).patch))
+    assert result["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+    untouched = ("restartPolicy", "terminationGracePeriodSeconds")
+    assert {k: result["spec"][k] for k in untouched} == {k: pod["spec"][k] for k in untouched}
+    assert result["metadata"]["labels"] == pod["metadata"]["labels"]
+
+
+def test_demand_carries_pool_and_workload() -> None:
+    pod = deployment_pod(nodeSelector={"pool": "a100"})
+    decision = decide(request(pod), MutationContext())
+    assert decision.demand is not None
+    assert decision.demand.workload == "Deployment/llm"
+    assert decision.demand.scheduling == {"nodeSelector": {"pool": "a100"}}
+    assert (decision.owner_kind, decision.owner_name) == ("Deployment", "llm")
+
+
+def test_dry_run_gets_the_same_patch() -> None:
+    pod = deployment_pod()
+    wet = decide(request(pod), MutationContext())
+    dry = decide(request(pod, dry_run=True), MutationContext())
+    assert wet.patch == dry.patch

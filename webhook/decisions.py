@@ -1,0 +1,164 @@
+"""`gpupack-webhook decisions`: read the audit log back as a table or JSON.
+
+Reads audit lines from files or stdin (so `kubectl logs deploy/gpupack-webhook | ...`
+works, `--prefix` output included), ignores every other line, filters by namespace,
+workload, outcome, reason and time, and prints a readable table or JSON lines.
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TextIO
+
+from gpupack.kube import JSON
+from webhook.audit import AUDIT_MARKER
+from webhook.decision import Outcome
+from webhook.explain import open_input
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+COLUMNS = (
+    ("TIME", "time"),
+    ("NAMESPACE", "namespace"),
+    ("POD", "pod"),
+    ("WORKLOAD", "workload"),
+    ("OUTCOME", "outcome"),
+    ("REASON", "reason"),
+    ("POLICY", "policy"),
+    ("COMPUTE", "compute"),
+    ("MEMORY", "memory"),
+    ("CAPACITY", "capacity"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="*", metavar="FILE", help="audit log files (default: stdin)")
+    parser.add_argument("-n", "--namespace", help="only this namespace")
+    parser.add_argument("-w", "--workload", help="only this workload: NAME or KIND/NAME")
+    parser.add_argument("--outcome", choices=[o.value for o in Outcome], help="only this outcome")
+    parser.add_argument("--reason", help="only this reason, e.g. no-gpu or opted-out")
+    parser.add_argument(
+        "--since", type=_time_arg, help="only at or after: 30m, 2h, 1d or an ISO time"
+    )
+    parser.add_argument(
+        "--until", type=_time_arg, help="only before: a duration ago or an ISO time"
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.set_defaults(run=run)
+
+
+def _time_arg(text: str) -> datetime:
+    match = _DURATION.match(text)
+    if match:
+        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a duration (30s, 10m, 2h, 1d) or an ISO 8601 time"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[JSON]:
+    """Audit records among arbitrary log lines (a `kubectl logs --prefix` prefix is fine)."""
+    for line in lines:
+        start = line.find("{")
+        if start < 0 or AUDIT_MARKER not in line:
+            continue
+        try:
+            record = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("audit") == AUDIT_MARKER:
+            yield record
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    namespace: str | None = None
+    workload: str | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def matches(self, record: JSON) -> bool:
+        if self.namespace and record.get("namespace") != self.namespace:
+            return False
+        if self.outcome and record.get("outcome") != self.outcome:
+            return False
+        if self.reason and record.get("reason") != self.reason:
+            return False
+        if self.workload:
+            kind, _, name = self.workload.rpartition("/")
+            if record.get("ownerName") != name or (kind and record.get("ownerKind") != kind):
+                return False
+        if self.since or self.until:
+            try:
+                moment = datetime.fromisoformat(str(record.get("time")))
+            except ValueError:
+                return False
+            if self.since and moment < self.since:
+                return False
+            if self.until and moment >= self.until:
+                return False
+        return True
+
+
+def _cell(record: JSON, field: str) -> str:
+    if field == "workload":
+        kind, name = record.get("ownerKind") or "", record.get("ownerName") or ""
+        return f"{kind}/{name}" if kind else "-"
+    if field == "pod":
+        return str(record.get("pod") or record.get("generateName") or "-")
+    if field == "capacity":
+        capacity = record.get("capacity") or {}
+        created = capacity.get("created") or []
+        action = str(capacity.get("action") or "-")
+        return f"{action}:{len(created)}" if created else action
+    if field == "time":
+        return str(record.get("time", ""))[:19].replace("T", " ")
+    value = record.get(field)
+    return "-" if value in (None, "") else str(value)
+
+
+def table(records: list[JSON], out: TextIO) -> None:
+    rows = [[title for title, _ in COLUMNS]]
+    rows += [[_cell(record, field) for _, field in COLUMNS] for record in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    for row in rows:
+        out.write(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            + "\n"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    selected = Filter(
+        args.namespace, args.workload, args.outcome, args.reason, args.since, args.until
+    )
+    records: list[JSON] = []
+    sources = args.files or ["-"]
+    for source in sources:
+        try:
+            stream = open_input(source)
+        except OSError as exc:
+            print(
+                f"gpupack-webhook decisions: cannot read {source}: {exc.strerror}", file=sys.stderr
+            )
+            return 2
+        with stream:
+            records.extend(r for r in parse_lines(stream) if selected.matches(r))
+    if args.output == "json":
+        for record in records:
+            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    elif records:
+        table(records, sys.stdout)
+    else:
+        print("no decisions matched", file=sys.stderr)
+    return 0

@@ -1,0 +1,223 @@
+"""`gpupack-webhook explain -f MANIFEST`: the webhook's decision for a manifest, offline.
+
+Takes a Pod or a workload (its pod template), runs the same pure decision the server
+runs, and prints the decision and the resulting pod (or only the patch with --patch).
+Namespace labels and annotations can be supplied so opt-in and namespace policies are
+explained as the cluster would see them.
+"""
+
+import argparse
+import copy
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import jsonpatch  # type: ignore[import-untyped]
+import yaml
+
+from gpupack import keys
+from gpupack.kube import JSON, Pod
+from webhook.decision import Decision, Outcome
+from webhook.mutate import MutationContext, decide
+from webhook.review import AdmissionRequest
+
+TEMPLATE_KINDS = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
+# The controller that creates a workload's pods, as their owner reference names it.
+POD_OWNER = {"Deployment": "ReplicaSet", "CronJob": "Job"}
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        metavar="MANIFEST",
+        help="YAML or JSON file with a Pod or workload; '-' reads stdin; several documents "
+        "are explained one after another",
+    )
+    parser.add_argument("--patch", action="store_true", help="print the JSONPatch, not the pod")
+    parser.add_argument(
+        "--namespace-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the pod's namespace, e.g. gpupack.io/optimize=enabled (repeatable); "
+        "without any, the namespace is treated as opted in, as the API server's selectors would",
+    )
+    parser.add_argument(
+        "--namespace-annotation",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an annotation of the pod's namespace, e.g. gpupack.io/policy=batch (repeatable)",
+    )
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.set_defaults(run=run)
+
+
+def _pairs(items: list[str], option: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ManifestError(f"{option} {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
+def _dig(doc: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(doc, dict) or key not in doc:
+            return None
+        doc = doc[key]
+    return doc
+
+
+def pod_from_manifest(doc: Any) -> tuple[Pod, str]:
+    """The pod a manifest would produce, as the admission request would carry it, and its
+    kind. Workloads get the owner reference their controller would set."""
+    if not isinstance(doc, dict):
+        raise ManifestError("the manifest is not a Kubernetes object (expected a mapping)")
+    kind = doc.get("kind")
+    meta = doc.get("metadata") or {}
+    if kind == "Pod":
+        return copy.deepcopy(doc), "Pod"  # type: ignore[return-value]
+    if kind not in TEMPLATE_KINDS:
+        accepted = ", ".join(["Pod", *TEMPLATE_KINDS])
+        raise ManifestError(f"kind {kind!r} is not supported; accepted: {accepted}")
+    template = _dig(doc, TEMPLATE_KINDS[kind])
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        raise ManifestError(f"{kind} {meta.get('name', '')!r} has no pod template spec")
+    name = str(meta.get("name", "workload"))
+    pod_meta = copy.deepcopy(template.get("metadata") or {})
+    pod_meta.setdefault("namespace", meta.get("namespace", "default"))
+    owner_kind = POD_OWNER.get(kind, kind)
+    owner_name = name
+    labels = pod_meta.setdefault("labels", {})
+    if kind == "Deployment":
+        labels["pod-template-hash"] = "explain"
+        owner_name = f"{name}-explain"
+    pod_meta["generateName"] = f"{owner_name}-"
+    pod_meta["ownerReferences"] = [
+        {
+            "apiVersion": "v1",
+            "kind": owner_kind,
+            "name": owner_name,
+            "uid": "explain",
+            "controller": True,
+        }
+    ]
+    pod: Pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": pod_meta,
+        "spec": copy.deepcopy(template["spec"]),
+    }
+    return pod, kind
+
+
+def open_input(path: str) -> TextIO:
+    """The named file, or stdin for '-'."""
+    if path == "-":
+        return sys.stdin
+    return open(path, encoding="utf-8", errors="replace")
+
+
+def _documents(stream: TextIO) -> Iterator[Any]:
+    try:
+        yield from (doc for doc in yaml.safe_load_all(stream) if doc is not None)
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"not valid YAML or JSON: {exc}") from None
+
+
+def summary(decision: Decision, kind: str, name: str) -> JSON:
+    out: JSON = {
+        "object": f"{kind}/{name}",
+        "outcome": decision.outcome.value,
+        "reason": decision.reason.value,
+        "message": decision.message,
+    }
+    if decision.outcome is Outcome.MUTATED:
+        out |= {
+            "policy": decision.policy,
+            "policySource": decision.policy_source,
+            "allocationSource": decision.allocation_source,
+            "pool": decision.demand.pool if decision.demand else None,
+        }
+    if decision.stripped:
+        out["stripped"] = list(decision.stripped)
+    if decision.warnings:
+        out["warnings"] = list(decision.warnings)
+    return out
+
+
+def explain(doc: Any, namespace: JSON, as_patch: bool) -> tuple[JSON, Any]:
+    pod, kind = pod_from_manifest(doc)
+    meta = pod.get("metadata") or {}
+    namespace = copy.deepcopy(namespace)
+    namespace["metadata"]["name"] = meta.get("namespace", "default")
+    request = AdmissionRequest(
+        uid="explain",
+        operation="CREATE",
+        namespace=str(meta.get("namespace", "default")),
+        name=str(meta.get("name", "")),
+        dry_run=True,
+        pod=pod,
+    )
+    decision = decide(request, MutationContext(namespace=namespace))
+    name = str((doc.get("metadata") or {}).get("name", meta.get("generateName", "")))
+    result = list(decision.patch) if as_patch else jsonpatch.apply_patch(pod, list(decision.patch))
+    return summary(decision, kind, name), result
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        labels = _pairs(args.namespace_label, "--namespace-label") or {
+            keys.OPTIMIZE: keys.OPTIMIZE_ENABLED
+        }
+        namespace = {
+            "metadata": {
+                "labels": labels,
+                "annotations": _pairs(args.namespace_annotation, "--namespace-annotation"),
+            }
+        }
+        with open_input(args.filename) as stream:
+            docs = list(_documents(stream))
+        if not docs:
+            raise ManifestError(f"{args.filename}: no Kubernetes object found")
+        outputs = [explain(doc, namespace, args.patch) for doc in docs]
+    except OSError as exc:
+        print(
+            f"gpupack-webhook explain: cannot read {args.filename}: {exc.strerror}", file=sys.stderr
+        )
+        return 2
+    except ManifestError as exc:
+        print(f"gpupack-webhook explain: {exc}", file=sys.stderr)
+        return 2
+    for index, (decision, result) in enumerate(outputs):
+        if args.output == "json":
+            print(
+                json.dumps(
+                    {"decision": decision, "patch" if args.patch else "pod": result}, indent=2
+                )
+            )
+            continue
+        if index:
+            print("---")
+        print("# decision")
+        for line in yaml.safe_dump(decision, sort_keys=False).splitlines():
+            print(f"#   {line}")
+        print(yaml.safe_dump(result, sort_keys=False), end="")
+    return 0
