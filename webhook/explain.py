@@ -11,9 +11,9 @@ import copy
 import json
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
-import jsonpatch  # type: ignore[import-untyped]
+import jsonpatch
 import yaml
 
 from gpupack import keys
@@ -119,13 +119,8 @@ def pod_from_manifest(doc: Any) -> tuple[Pod, str]:
             "controller": True,
         }
     ]
-    pod: Pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": pod_meta,
-        "spec": copy.deepcopy(template["spec"]),
-    }
-    return pod, kind
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta, "spec": template["spec"]}
+    return cast(Pod, copy.deepcopy(pod)), kind
 
 
 def open_input(path: str) -> TextIO:

@@ -1,9 +1,12 @@
 """Test builders: realistic pods and AdmissionRequests (pure data, no fakes of behaviour)."""
 
 import copy
-from typing import Any
+from typing import Any, cast
 
 from gpupack.kube import JSON, Pod
+
+# Tests build pods as plain dicts; the webhook's TypedDicts describe only what it reads.
+TestPod = JSON
 from webhook.review import AdmissionRequest
 
 
@@ -17,9 +20,9 @@ def gpu_container(name: str = "main", gpus: Any = "1", **extra: Any) -> JSON:
     return container
 
 
-def deployment_pod(**spec_extra: Any) -> Pod:
+def deployment_pod(**spec_extra: Any) -> TestPod:
     """A pod as the ReplicaSet controller of Deployment `llm` creates it."""
-    pod: Pod = {
+    pod: TestPod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -43,12 +46,12 @@ def deployment_pod(**spec_extra: Any) -> Pod:
             "terminationGracePeriodSeconds": 30,
         },
     }
-    pod["spec"].update(spec_extra)  # type: ignore[typeddict-item]
+    pod["spec"].update(spec_extra)
     return pod
 
 
 def request(
-    pod: Pod, *, operation: str = "CREATE", dry_run: bool = False, uid: str = "req-1"
+    pod: TestPod, *, operation: str = "CREATE", dry_run: bool = False, uid: str = "req-1"
 ) -> AdmissionRequest:
     meta = pod.get("metadata") or {}
     return AdmissionRequest(
@@ -57,7 +60,7 @@ def request(
         namespace=str(meta.get("namespace", "ml")),
         name=str(meta.get("name", "")),
         dry_run=dry_run,
-        pod=copy.deepcopy(pod),
+        pod=cast(Pod, copy.deepcopy(pod)),
     )
 
 
@@ -71,7 +74,7 @@ def namespace(
     }
 
 
-def review(pod: Pod, uid: str = "req-1", dry_run: bool = False) -> JSON:
+def review(pod: TestPod, uid: str = "req-1", dry_run: bool = False) -> JSON:
     meta = pod.get("metadata") or {}
     return {
         "apiVersion": "admission.k8s.io/v1",

@@ -11,7 +11,8 @@ import pytest
 
 from gpupack import keys
 from gpupack.codec import read_original_resources
-from gpupack.kube import JSON, Pod
+from gpupack.kube import JSON
+from tests.webhook.builders import TestPod as Pod
 from tests.webhook.builders import deployment_pod, gpu_container, namespace, request
 from webhook.decision import Decision, Outcome, Reason
 from webhook.mutate import MutationContext, decide
@@ -29,9 +30,9 @@ def with_meta(pod: Pod, **meta: Any) -> Pod:
     pod = copy.deepcopy(pod)
     for key, value in meta.items():
         if value is None:
-            pod["metadata"].pop(key, None)  # type: ignore[misc]
+            pod["metadata"].pop(key, None)
         else:
-            pod["metadata"][key] = value  # type: ignore[literal-required]
+            pod["metadata"][key] = value
     return pod
 
 
@@ -75,7 +76,8 @@ class Case:
 
 
 def env_of(pod: Pod, index: int = 0, field_name: str = "containers") -> list[JSON]:
-    return pod["spec"][field_name][index].get("env", [])  # type: ignore[literal-required,no-any-return]
+    env: list[JSON] = pod["spec"][field_name][index].get("env", [])
+    return env
 
 
 def has_gpu(pod: Pod) -> bool:
@@ -702,7 +704,7 @@ def test_mutation_rules(case: Case) -> None:
         assert check(result, decision) is not False
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.values[0].outcome is Outcome.MUTATED])
+@pytest.mark.parametrize("case", [c for c in CASES if isinstance(c.values[0], Case) and c.values[0].outcome is Outcome.MUTATED])
 def test_running_on_its_own_output_changes_nothing(case: Case) -> None:
     first = decide(request(case.pod), MutationContext(namespace=case.ns))
     mutated: Pod = jsonpatch.apply_patch(case.pod, list(first.patch))

@@ -1,0 +1,1 @@
+"""Certificates for gpupack: a CA and the serving and client certificates it issues."""
