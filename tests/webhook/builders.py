@@ -4,10 +4,10 @@ import copy
 from typing import Any, cast
 
 from gpupack.kube import JSON, Pod
+from webhook.review import AdmissionRequest
 
 # Tests build pods as plain dicts; the webhook's TypedDicts describe only what it reads.
 TestPod = JSON
-from webhook.review import AdmissionRequest
 
 
 def gpu_container(name: str = "main", gpus: Any = "1", **extra: Any) -> JSON:
