@@ -1,0 +1,289 @@
+"""The pure capacity planner: how many GPUs a pool lacks, their names, their manifest."""
+
+import kubernetes_validate
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupack import keys
+from gpupack.kube import JSON
+from webhook.capacity_plan import (
+    CREATED_FOR,
+    FULL_GPU,
+    Allocation,
+    Bin,
+    Gpu,
+    allocation_of,
+    capacity_index,
+    capacity_names,
+    capacity_pod,
+    plan,
+)
+from webhook.decision import Demand
+
+GiB = 2**30
+POOL = "0123456789abcdef"
+
+
+def pods(
+    count: int, compute: int, memory: int = GiB, owner: str = "ml/Deployment/llm"
+) -> list[Allocation]:
+    return [Allocation(f"{owner}-{compute}-{i}", compute, memory, owner) for i in range(count)]
+
+
+def mps(count: int, compute: int, owner: str) -> list[Allocation]:
+    return [Allocation(f"{owner}-{i}", compute, GiB, owner, exclusive=True) for i in range(count)]
+
+
+@pytest.mark.parametrize(
+    ("gpus", "unplaced", "new_gpu_memory", "missing"),
+    [
+        pytest.param([], pods(9, 300), None, 3, id="nine-pods-of-300m-need-three-gpus"),
+        pytest.param([], pods(4, 600), None, 4, id="four-pods-of-600m-need-four-gpus"),
+        pytest.param([], pods(1, 1000), None, 1, id="a-whole-gpu-pod-needs-one"),
+        pytest.param([], [], None, 0, id="nothing-to-place"),
+        pytest.param([], pods(4, 100, 8 * GiB), 16 * GiB, 2, id="memory-bound-two-per-16gi-gpu"),
+        pytest.param([], pods(4, 100, 8 * GiB), None, 1, id="unknown-memory-checks-compute-only"),
+        pytest.param(
+            [Gpu("g0", memory=16 * GiB, allocations=tuple(pods(1, 100, 12 * GiB)))],
+            pods(1, 100, 8 * GiB, owner="ml/Deployment/b"),
+            None,
+            1,
+            id="known-memory-of-an-existing-gpu-is-respected",
+        ),
+        pytest.param(
+            [Gpu("g0", allocations=tuple(pods(1, 100, 12 * GiB)))],
+            pods(1, 100, 8 * GiB, owner="ml/Deployment/b"),
+            None,
+            0,
+            id="unknown-memory-of-an-existing-gpu-is-not-checked",
+        ),
+        pytest.param(
+            [Gpu("g0", running=True, allocations=tuple(pods(1, 700)))],
+            pods(1, 300, owner="ml/Job/x"),
+            None,
+            0,
+            id="partly-filled-gpu-absorbs-a-pod",
+        ),
+        pytest.param(
+            [Gpu("g0", running=True, allocations=tuple(pods(1, 700)))],
+            pods(2, 300, owner="ml/Job/x"),
+            None,
+            1,
+            id="partly-filled-gpu-absorbs-what-fits",
+        ),
+        pytest.param(
+            [Gpu("g0"), Gpu("g1")], pods(6, 300), None, 0, id="pending-capacity-pods-count"
+        ),
+        pytest.param(
+            [], mps(2, 300, "ml/Deployment/a") + pods(1, 300), None, 2, id="mps-is-not-shared"
+        ),
+        pytest.param(
+            [],
+            mps(1, 100, "ml/Deployment/a") + mps(1, 100, "ml/Deployment/b"),
+            None,
+            2,
+            id="mps-workloads-never-share-with-each-other",
+        ),
+        pytest.param(
+            [],
+            mps(3, 300, "ml/Deployment/a"),
+            None,
+            1,
+            id="mps-pods-of-one-workload-share",
+        ),
+        pytest.param(
+            [Gpu("g0", allocations=tuple(pods(1, 100)))],
+            mps(1, 100, "ml/Deployment/a"),
+            None,
+            1,
+            id="mps-pod-does-not-join-a-shared-gpu",
+        ),
+        pytest.param(
+            [Gpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
+            pods(1, 100),
+            None,
+            1,
+            id="shared-pod-does-not-join-an-mps-gpu",
+        ),
+        pytest.param(
+            [Gpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
+            [Allocation("new", 100, GiB, "ml/Deployment/a", exclusive=True)],
+            None,
+            0,
+            id="mps-pod-joins-its-own-workloads-gpu",
+        ),
+        pytest.param([], pods(1, 100, 24 * GiB), 16 * GiB, 1, id="oversized-pod-still-gets-a-gpu"),
+    ],
+)
+def test_plan_counts_the_missing_gpus(
+    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None, missing: int
+) -> None:
+    assert plan(gpus, unplaced, new_gpu_memory=new_gpu_memory).missing == missing
+
+
+def test_largest_allocations_are_placed_first() -> None:
+    unplaced = pods(3, 300, owner="a/Job/small") + pods(2, 700, owner="a/Job/big")
+
+    result = plan([], unplaced, new_gpu_memory=None)
+
+    assert [[a.compute for a in b.allocations] for b in result.bins] == [
+        [700, 300],
+        [700, 300],
+        [300],
+    ]
+
+
+def test_an_allocation_larger_than_the_assumed_gpu_is_reported() -> None:
+    big = Allocation("big", 100, 24 * GiB, "ml/Job/big")
+
+    result = plan([], [big], new_gpu_memory=16 * GiB)
+
+    assert result.oversized == ("big",)
+    assert result.bins == (Bin(None, None, (big,)),)
+
+
+@given(st.permutations(pods(5, 300) + pods(3, 450, 6 * GiB, "b/Job/x") + mps(2, 200, "c/D/y")))
+def test_plan_does_not_depend_on_input_order(unplaced: list[Allocation]) -> None:
+    reference = pods(5, 300) + pods(3, 450, 6 * GiB, "b/Job/x") + mps(2, 200, "c/D/y")
+    gpus = [Gpu("g1", memory=16 * GiB), Gpu("g0", running=True)]
+
+    assert plan(gpus, unplaced, new_gpu_memory=16 * GiB) == plan(
+        list(reversed(gpus)), reference, new_gpu_memory=16 * GiB
+    )
+
+
+owners = st.sampled_from(["a/Deployment/x", "a/Deployment/y", "b/Job/z"])
+allocations = st.builds(
+    Allocation,
+    key=st.uuids().map(str),
+    compute=st.integers(1, FULL_GPU),
+    memory=st.integers(1, 40 * GiB),
+    owner=owners,
+    exclusive=st.booleans(),
+)
+gpu_memories = st.one_of(st.none(), st.sampled_from([16 * GiB, 24 * GiB, 80 * GiB]))
+
+
+@st.composite
+def existing_gpus(draw: st.DrawFn) -> list[Gpu]:
+    """GPUs whose current allocations respect their capacity (as the scheduler keeps them)."""
+    gpus = []
+    for index in range(draw(st.integers(0, 4))):
+        memory = draw(gpu_memories)
+        on_it = draw(allocations)
+        fits = memory is None or on_it.memory <= memory
+        gpus.append(
+            Gpu(
+                f"g{index}",
+                memory=memory,
+                running=draw(st.booleans()),
+                allocations=(on_it,) if fits else (),
+            )
+        )
+    return gpus
+
+
+@given(existing_gpus(), st.lists(allocations, max_size=25), gpu_memories)
+def test_planned_gpus_always_suffice(
+    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+) -> None:
+    result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
+
+    placed = [a for b in result.bins for a in b.allocations]
+    already = [a for g in gpus for a in g.allocations]
+    assert sorted(placed, key=repr) == sorted(already + unplaced, key=repr)
+    for b in result.bins:
+        assert b.compute_used <= FULL_GPU
+        assert b.memory is None or b.memory_used <= b.memory
+        exclusive = {a.owner for a in b.allocations if a.exclusive}
+        assert not exclusive or {a.owner for a in b.allocations} == exclusive
+    assert result.missing <= len(unplaced)
+    assert {b.name for b in result.bins if b.name is not None} == {g.name for g in gpus}
+
+
+def test_a_demand_becomes_an_allocation_of_its_workload() -> None:
+    demand = Demand("uid-1", POOL, {}, 300, 8 * GiB, "ml", "Deployment/llm", exclusive=True)
+
+    assert allocation_of(demand) == Allocation("uid-1", 300, 8 * GiB, "ml/Deployment/llm", True)
+
+
+@pytest.mark.parametrize(
+    ("used", "count", "names"),
+    [
+        pytest.param([], 3, (0, 1, 2), id="empty-pool-starts-at-zero"),
+        pytest.param([0, 2], 3, (1, 3, 4), id="lowest-free-indices"),
+        pytest.param([0, 1, 2], 1, (3,), id="after-the-last"),
+        pytest.param([1], 0, (), id="none-wanted"),
+    ],
+)
+def test_capacity_names_take_the_lowest_free_indices(
+    used: list[int], count: int, names: tuple[int, ...]
+) -> None:
+    taken = [f"gpupack-capacity-{POOL}-{i}" for i in used]
+    other = ["gpupack-capacity-ffffffffffffffff-0", f"gpupack-capacity-{POOL}-01", "coredns"]
+
+    chosen = capacity_names(POOL, taken + other, count)
+
+    assert chosen == tuple(f"gpupack-capacity-{POOL}-{i}" for i in names)
+    assert [capacity_index(POOL, name) for name in chosen] == list(names)
+
+
+def test_capacity_index_ignores_other_pools_and_names() -> None:
+    assert capacity_index(POOL, f"gpupack-capacity-{POOL}-7") == 7
+    assert capacity_index(POOL, "gpupack-capacity-ffffffffffffffff-7") is None
+    assert capacity_index(POOL, f"gpupack-capacity-{POOL}-x") is None
+
+
+SCHEDULING: JSON = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    },
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "priorityClassName": "inference",
+    "runtimeClassName": "nvidia",
+}
+
+
+def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> None:
+    pod = capacity_pod(POOL, SCHEDULING, index=2, created_for="ml/Deployment/llm")
+
+    kubernetes_validate.validate(pod, "1.34", strict=True)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == f"gpupack-capacity-{POOL}-2"
+    assert meta["namespace"] == keys.SYSTEM_NAMESPACE
+    assert meta["labels"][keys.ROLE] == keys.ROLE_CAPACITY
+    assert meta["labels"][keys.POOL] == POOL
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "gpupack"
+    assert meta["annotations"] == {CREATED_FOR: "ml/Deployment/llm"}
+    assert "ownerReferences" not in meta
+    for field, value in SCHEDULING.items():
+        assert spec[field] == value
+    (container,) = spec["containers"]
+    assert container["image"] == "registry.k8s.io/pause:3.10"
+    assert container["resources"]["limits"] == {keys.NVIDIA_GPU: "1"}
+    assert container["resources"]["requests"][keys.NVIDIA_GPU] == "1"
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+
+
+def test_capacity_pod_takes_only_scheduling_fields_and_does_not_alias_them() -> None:
+    scheduling = {**SCHEDULING, "containers": [{"name": "evil"}]}
+
+    pod = capacity_pod(POOL, scheduling, index=0, created_for="ml/Pod/x", image="pause:x")
+
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["capacity"]
+    assert pod["spec"]["containers"][0]["image"] == "pause:x"
+    pod["spec"]["tolerations"].append({"key": "other"})
+    assert len(SCHEDULING["tolerations"]) == 1

@@ -1,0 +1,374 @@
+"""The capacity manager: make sure a pool has a GPU for the pod being admitted.
+
+The pool view comes from two caches (informers): capacity pods (`gpupack-system`, label
+`gpupack.io/role=capacity`, pool from their `gpupack.io/pool` label) and fractional pods
+(all namespaces, schedulerName `gpupack-scheduler`, pool from their spec). Terminated and
+deleting pods do not count. A fractional pod annotated `gpupack.io/capacity-pod` sits on
+that GPU; one without it and without a node is waiting for a GPU.
+
+Two things the caches cannot know yet are remembered here, per pool, for `ttl` seconds:
+reservations (pods this replica admitted that the watch has not shown yet, keyed by
+decision id, dropped as soon as a pod with that `gpupack.io/decision` appears) and
+in-flight capacity pods (created, not yet seen). Admissions of one pool are serialized by
+a lock, so the nine pods a ReplicaSet creates at once count each other.
+
+Nothing here raises into an admission: API failures and bugs become an "error" outcome,
+and the pod is admitted anyway (the scheduler creates capacity when nothing fits).
+"""
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Protocol, cast
+
+from gpupack import codec, keys
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
+from gpupack.policy import BUILTIN, Sharing
+from gpupack.pool import pool_key
+from webhook.capacity_plan import (
+    DEFAULT_IMAGE,
+    Allocation,
+    Gpu,
+    allocation_of,
+    capacity_index,
+    capacity_names,
+    capacity_pod,
+    plan,
+)
+from webhook.decision import CapacityOutcome, Demand
+from webhook.kube import ApiError, Backoff, KubeClient, retry
+from webhook.policies import workload_of
+
+log = logging.getLogger(__name__)
+
+POOL_INDEX: Final = "pool"
+DECISION_INDEX: Final = "decision"
+RESERVATION_TTL: Final = 60.0
+CREATE_BUDGET: Final = 5.0  # seconds of retrying creates within one admission
+TERMINATED: Final = frozenset({"Succeeded", "Failed"})
+
+
+class PodCache(Protocol):
+    """What the manager reads from an informer."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def by_index(self, index: str, value: str) -> list[JSON]: ...
+
+
+# Indexers for the two informers (see webhook.cluster).
+
+
+def capacity_pool(pod: JSON) -> list[str]:
+    pool = labels_of(pod).get(keys.POOL)
+    return [pool] if pool else []
+
+
+def fractional_pool(pod: JSON) -> list[str]:
+    return [pool_key(cast(PodSpec, pod.get("spec") or {}))]
+
+
+def decision_of(pod: JSON) -> list[str]:
+    decision = annotations_of(pod).get(keys.DECISION)
+    return [decision] if decision else []
+
+
+# Reading pods.
+
+
+def is_live(pod: JSON) -> bool:
+    """Neither finished nor being deleted."""
+    phase = (pod.get("status") or {}).get("phase")
+    return phase not in TERMINATED and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def workload(pod: JSON) -> str:
+    """`Kind/name` of the pod's workload, exactly as the admission's `Demand.workload`."""
+    name = str((pod.get("metadata") or {}).get("name", ""))
+    kind, owner = workload_of(cast(Pod, pod), name)
+    return f"{kind}/{owner}"
+
+
+def is_exclusive(annotations: dict[str, str]) -> bool:
+    """A pod whose GPU must not be shared with other workloads (CUDA MPS)."""
+    enforcement = annotations.get(keys.ENFORCEMENT)
+    if enforcement is not None:
+        return enforcement == Sharing.MPS.value
+    policy = BUILTIN.get(annotations.get(keys.POLICY, ""))
+    return policy is not None and policy.sharing is Sharing.MPS
+
+
+def pod_allocation(pod: JSON) -> Allocation | None:
+    """The allocation a fractional pod holds, or None when its annotations do not parse."""
+    meta = pod.get("metadata") or {}
+    annotations = annotations_of(pod)
+    try:
+        compute = codec.read_compute(annotations)
+        memory = codec.read_memory(annotations)
+    except ContractError as error:
+        log.warning("ignoring pod %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
+        return None
+    if compute is None:
+        return None
+    namespace = str(meta.get("namespace", ""))
+    return Allocation(
+        key=f"{namespace}/{meta.get('name', '')}",
+        compute=compute,
+        memory=memory or 0,
+        owner=f"{namespace}/{workload(pod)}",
+        exclusive=is_exclusive(annotations),
+    )
+
+
+def gpu_memory(pod: JSON) -> int | None:
+    """The device memory the exporter wrote on a capacity pod, None when unknown."""
+    try:
+        return codec.read_memory(annotations_of(pod))
+    except ContractError as error:
+        log.warning("capacity pod %s: %s", (pod.get("metadata") or {}).get("name"), error)
+        return None
+
+
+@dataclass(slots=True)
+class _Reservation:
+    allocation: Allocation
+    expires: float
+
+
+@dataclass(slots=True)
+class _PoolState:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    reservations: dict[str, _Reservation] = field(default_factory=dict)  # by decision id
+    in_flight: dict[str, float] = field(default_factory=dict)  # capacity pod name -> expiry
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    """A pool as the planner needs it: GPUs, allocations waiting, names in use."""
+
+    gpus: tuple[Gpu, ...]
+    unplaced: tuple[Allocation, ...]
+    used_names: frozenset[str]
+    new_gpu_memory: int | None
+
+
+class CapacityManager:
+    """Creates capacity pods when a pool lacks room for a new fractional pod."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        capacity_pods: PodCache,
+        fractional_pods: PodCache,
+        *,
+        image: str = DEFAULT_IMAGE,
+        namespace: str = keys.SYSTEM_NAMESPACE,
+        ttl: float = RESERVATION_TTL,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        create_attempts: int = 3,
+        create_budget: float = CREATE_BUDGET,
+        on_created: Callable[[int], None] | None = None,
+    ) -> None:
+        self._client = client
+        self._capacity = capacity_pods
+        self._fractional = fractional_pods
+        self._image = image
+        self._namespace = namespace
+        self._ttl = ttl
+        self._clock = clock
+        self._sleep = sleep
+        self._attempts = create_attempts
+        self._budget = create_budget
+        self._on_created = on_created
+        self._guard = threading.Lock()
+        self._pools: dict[str, _PoolState] = {}
+        self.created_total = 0
+
+    @property
+    def synced(self) -> bool:
+        return self._capacity.synced and self._fractional.synced
+
+    def ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        """Plan, and create what is missing (blocking: it may call the API)."""
+        state = self._state(demand.pool)
+        with state.lock:
+            outcome = self._guarded(state, demand, dry_run, may_create=True)
+        assert outcome is not None
+        return outcome
+
+    def try_ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome | None:
+        """Like `ensure` when that needs no API call and no waiting; None otherwise."""
+        state = self._state(demand.pool)
+        if not state.lock.acquire(blocking=False):
+            return None
+        try:
+            return self._guarded(state, demand, dry_run, may_create=False)
+        finally:
+            state.lock.release()
+
+    def reservations(self, pool: str) -> dict[str, Allocation]:
+        """The live reservations of a pool, by decision id (for tests and debugging)."""
+        state = self._state(pool)
+        with state.lock:
+            self._prune(state, pool, self._clock())
+            return {key: r.allocation for key, r in state.reservations.items()}
+
+    def _state(self, pool: str) -> _PoolState:
+        with self._guard:
+            return self._pools.setdefault(pool, _PoolState())
+
+    def _guarded(
+        self, state: _PoolState, demand: Demand, dry_run: bool, *, may_create: bool
+    ) -> CapacityOutcome | None:
+        try:
+            return self._ensure_locked(state, demand, dry_run, may_create=may_create)
+        except Exception as exc:  # never into the admission
+            log.exception("capacity for pool %s failed", demand.pool)
+            return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
+
+    def _ensure_locked(
+        self, state: _PoolState, demand: Demand, dry_run: bool, *, may_create: bool
+    ) -> CapacityOutcome | None:
+        now = self._clock()
+        if not self.synced:
+            if not dry_run:
+                self._reserve(state, demand, now)
+            return CapacityOutcome(
+                "not-synced", detail="the pod caches have not synced yet; created nothing"
+            )
+        self._prune(state, demand.pool, now)
+        view = self._view(state, demand)
+        needed = plan(
+            view.gpus,
+            (*view.unplaced, allocation_of(demand)),
+            new_gpu_memory=view.new_gpu_memory,
+        )
+        extra: JSON = {"pool": demand.pool, "gpus": len(view.gpus), "missing": needed.missing}
+        if needed.oversized:  # larger than the pool's known GPUs: a bigger one must come
+            extra["oversized"] = list(needed.oversized)
+        if needed.missing == 0:
+            if not dry_run:
+                self._reserve(state, demand, now)
+            return CapacityOutcome("sufficient", extra=extra)
+        names = capacity_names(demand.pool, view.used_names, needed.missing)
+        if dry_run:
+            detail = f"would create {len(names)} capacity pod(s): {', '.join(names)}"
+            return CapacityOutcome("dry-run", detail=detail, extra=extra)
+        if not may_create:
+            return None
+        self._reserve(state, demand, now)
+        return self._create(state, demand, names, now, extra)
+
+    def _reserve(self, state: _PoolState, demand: Demand, now: float) -> None:
+        state.reservations[demand.decision_id] = _Reservation(
+            allocation_of(demand), now + self._ttl
+        )
+
+    def _prune(self, state: _PoolState, pool: str, now: float) -> None:
+        """Forget reservations whose pod is visible or that expired; same for new GPUs."""
+        for decision, reservation in list(state.reservations.items()):
+            if reservation.expires <= now or self._fractional.by_index(DECISION_INDEX, decision):
+                del state.reservations[decision]
+        seen = {pod["metadata"]["name"] for pod in self._capacity.by_index(POOL_INDEX, pool)}
+        for name, expires in list(state.in_flight.items()):
+            if expires <= now or name in seen:
+                del state.in_flight[name]
+
+    def _view(self, state: _PoolState, demand: Demand) -> PoolView:
+        capacity = self._capacity.by_index(POOL_INDEX, demand.pool)
+        live = {pod["metadata"]["name"]: pod for pod in capacity if is_live(pod)}
+        placed: dict[str, list[Allocation]] = {name: [] for name in live}
+        unplaced: list[Allocation] = []
+        for pod in self._fractional.by_index(POOL_INDEX, demand.pool):
+            allocation = pod_allocation(pod) if is_live(pod) else None
+            if allocation is None:
+                continue
+            host = annotations_of(pod).get(keys.CAPACITY_POD)
+            if host is not None:
+                if host in placed:  # else: a GPU this pool no longer has
+                    placed[host].append(allocation)
+            elif not (pod.get("spec") or {}).get("nodeName"):
+                unplaced.append(allocation)
+        for decision, reservation in state.reservations.items():
+            if decision != demand.decision_id:
+                unplaced.append(reservation.allocation)
+        memories = {name: gpu_memory(pod) for name, pod in live.items()}
+        gpus = [
+            Gpu(
+                name=name,
+                memory=memories[name],
+                running=(pod.get("status") or {}).get("phase") == "Running",
+                allocations=tuple(placed[name]),
+            )
+            for name, pod in live.items()
+        ]
+        gpus.extend(Gpu(name=name) for name in state.in_flight if name not in live)
+        known = [memory for memory in memories.values() if memory is not None]
+        return PoolView(
+            gpus=tuple(gpus),
+            unplaced=tuple(unplaced),
+            used_names=frozenset(pod["metadata"]["name"] for pod in capacity)
+            | frozenset(state.in_flight),
+            new_gpu_memory=min(known) if known else None,
+        )
+
+    def _create(
+        self,
+        state: _PoolState,
+        demand: Demand,
+        names: tuple[str, ...],
+        now: float,
+        extra: JSON,
+    ) -> CapacityOutcome:
+        path = f"/api/v1/namespaces/{self._namespace}/pods"
+        created: list[str] = []
+        existing: list[str] = []
+        failure: str | None = None
+        deadline = now + self._budget
+        for name in names:
+            index = capacity_index(demand.pool, name)
+            assert index is not None
+            body = capacity_pod(
+                demand.pool,
+                demand.scheduling,
+                index=index,
+                created_for=f"{demand.namespace}/{demand.workload}",
+                image=self._image,
+                namespace=self._namespace,
+            )
+            try:
+                retry(
+                    functools.partial(self._client.create, path, body),
+                    attempts=self._attempts,
+                    backoff=Backoff(base=0.1, cap=1.0),
+                    sleep=self._sleep,
+                    retryable=lambda error: error.retryable and self._clock() < deadline,
+                )
+            except ApiError as error:
+                if not error.already_exists:
+                    failure = f"creating capacity pod {name} failed: {error}"
+                    log.warning("pool %s: %s", demand.pool, failure)
+                    break
+                existing.append(name)  # another replica won the race: same GPU
+            else:
+                created.append(name)
+            state.in_flight[name] = now + self._ttl
+        if created:
+            with self._guard:
+                self.created_total += len(created)
+            if self._on_created is not None:
+                self._on_created(len(created))
+            log.info("pool %s: created capacity pods %s", demand.pool, ", ".join(created))
+        extra = {**extra, "already_existed": existing} if existing else extra
+        if failure is not None:
+            return CapacityOutcome("error", created=tuple(created), detail=failure, extra=extra)
+        if not created:
+            detail = f"already created by another replica: {', '.join(existing)}"
+            return CapacityOutcome("sufficient", detail=detail, extra=extra)
+        return CapacityOutcome("created", created=tuple(created), extra=extra)

@@ -1,0 +1,245 @@
+"""How many capacity pods a pool is missing, what to call them, and what they look like.
+
+Pure: no I/O, no Kubernetes client (import-linter enforces it). The capacity manager
+(`webhook.capacity`) turns its caches into `Gpu`s and `Allocation`s, asks `plan` how many
+GPUs the pool lacks, names them with `capacity_names` and builds them with `capacity_pod`.
+
+Packing is first-fit-decreasing in two dimensions: compute (millis, 1000 per GPU) and
+memory (bytes, checked only where the GPU's memory is known; the exporter writes it on
+the capacity pod). An exclusive allocation (`real-time-mps`) shares a GPU only with
+allocations of the same workload. The result depends only on the values, never on the
+order they arrive in, so every webhook replica computes the same answer.
+
+Names are `gpupack-capacity-<pool>-<n>` with the lowest free n: two replicas racing for
+the same pool choose the same names, and the API server's AlreadyExists turns the second
+create into a no-op instead of a duplicate GPU.
+"""
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from gpupack import keys
+from gpupack.kube import JSON
+from webhook.decision import Demand
+
+FULL_GPU: Final = 1000  # compute millis in one GPU
+NAME_PREFIX: Final = "gpupack-capacity"
+CONTAINER_NAME: Final = "capacity"
+DEFAULT_IMAGE: Final = "registry.k8s.io/pause:3.10"
+CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked for the GPU
+MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+COMPONENT: Final = "app.kubernetes.io/component"
+PAUSE_USER: Final = 65535  # the pause image's nobody user
+INHERITED: Final = (
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "priorityClassName",
+    "runtimeClassName",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One fractional pod's share: placed on a GPU, pending, or about to be admitted."""
+
+    key: str  # unique: the decision id or the pod's namespace/name
+    compute: int  # millis of one GPU
+    memory: int  # bytes
+    owner: str  # "namespace/Kind/name" of the workload
+    exclusive: bool = False  # real-time-mps: shares a GPU only with the same owner
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """A capacity pod: one whole GPU, running or pending, and what is already on it."""
+
+    name: str
+    memory: int | None = None  # bytes; None until the exporter reports the device
+    running: bool = False
+    allocations: tuple[Allocation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Bin:
+    """A GPU in the packing: an existing capacity pod (`name`) or one to create (None)."""
+
+    name: str | None
+    memory: int | None
+    allocations: tuple[Allocation, ...]
+
+    @property
+    def compute_used(self) -> int:
+        return sum(a.compute for a in self.allocations)
+
+    @property
+    def memory_used(self) -> int:
+        return sum(a.memory for a in self.allocations)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    bins: tuple[Bin, ...]
+    oversized: tuple[str, ...] = ()  # keys of allocations larger than the assumed new GPU
+
+    @property
+    def missing(self) -> int:
+        """How many capacity pods to create."""
+        return sum(1 for b in self.bins if b.name is None)
+
+
+@dataclass(slots=True)
+class _OpenBin:
+    name: str | None
+    memory: int | None
+    allocations: list[Allocation] = field(default_factory=list)
+    compute_used: int = 0
+    memory_used: int = 0
+    owners: set[str] = field(default_factory=set)
+    exclusive_owner: str | None = None
+
+    def fits(self, a: Allocation) -> bool:
+        if self.compute_used + a.compute > FULL_GPU:
+            return False
+        if self.memory is not None and self.memory_used + a.memory > self.memory:
+            return False
+        if self.exclusive_owner is not None and self.exclusive_owner != a.owner:
+            return False
+        return not (a.exclusive and self.owners - {a.owner})
+
+    def add(self, a: Allocation) -> None:
+        self.allocations.append(a)
+        self.compute_used += a.compute
+        self.memory_used += a.memory
+        self.owners.add(a.owner)
+        if a.exclusive:
+            self.exclusive_owner = a.owner
+
+    def freeze(self) -> Bin:
+        return Bin(self.name, self.memory, tuple(self.allocations))
+
+
+def allocation_of(demand: Demand) -> Allocation:
+    return Allocation(
+        key=demand.decision_id,
+        compute=demand.compute,
+        memory=demand.memory,
+        owner=f"{demand.namespace}/{demand.workload}",
+        exclusive=demand.exclusive,
+    )
+
+
+def _decreasing(a: Allocation) -> tuple[int, int, str, str]:
+    return (-a.compute, -a.memory, a.owner, a.key)
+
+
+def plan(
+    gpus: Sequence[Gpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
+) -> Plan:
+    """Pack `unplaced` onto `gpus` (first fit, largest first), opening new GPUs as needed.
+
+    New GPUs are assumed to have `new_gpu_memory` bytes (None: unknown, check compute only).
+    An allocation too large for that gets a new GPU of unknown memory to itself and is
+    reported in `oversized`.
+    """
+    bins: list[_OpenBin] = []
+    for gpu in sorted(gpus, key=lambda g: (not g.running, g.name)):
+        open_bin = _OpenBin(gpu.name, gpu.memory)
+        for allocation in gpu.allocations:
+            open_bin.add(allocation)
+        bins.append(open_bin)
+    oversized: list[str] = []
+    for allocation in sorted(unplaced, key=_decreasing):
+        target = next((b for b in bins if b.fits(allocation)), None)
+        if target is None:
+            target = _OpenBin(None, new_gpu_memory)
+            if not target.fits(allocation):
+                target = _OpenBin(None, None)
+                oversized.append(allocation.key)
+            bins.append(target)
+        target.add(allocation)
+    return Plan(tuple(b.freeze() for b in bins), tuple(oversized))
+
+
+def capacity_name(pool: str, index: int) -> str:
+    return f"{NAME_PREFIX}-{pool}-{index}"
+
+
+def capacity_index(pool: str, name: str) -> int | None:
+    """n for `gpupack-capacity-<pool>-<n>`, None for any other name."""
+    match = re.fullmatch(rf"{re.escape(NAME_PREFIX)}-{re.escape(pool)}-(0|[1-9][0-9]*)", name)
+    return int(match[1]) if match else None
+
+
+def capacity_names(pool: str, used: Iterable[str], count: int) -> tuple[str, ...]:
+    """`count` names for new capacity pods: the lowest indices not in `used`."""
+    taken = {i for name in used if (i := capacity_index(pool, name)) is not None}
+    names: list[str] = []
+    index = 0
+    while len(names) < count:
+        if index not in taken:
+            names.append(capacity_name(pool, index))
+        index += 1
+    return tuple(names)
+
+
+def capacity_pod(
+    pool: str,
+    scheduling: JSON,
+    *,
+    index: int,
+    created_for: str,
+    image: str = DEFAULT_IMAGE,
+    namespace: str = keys.SYSTEM_NAMESPACE,
+) -> JSON:
+    """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else.
+
+    It inherits the workload's scheduling metadata (nodeSelector, node affinity,
+    tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
+    where the workload may run. No owner reference: owners cannot cross namespaces.
+    """
+    one_gpu = {keys.NVIDIA_GPU: "1"}
+    container: JSON = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "resources": {
+            "limits": dict(one_gpu),
+            "requests": {**one_gpu, "cpu": "1m", "memory": "8Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": PAUSE_USER,
+            "runAsGroup": PAUSE_USER,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    spec: JSON = {
+        "containers": [container],
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        **{k: copy.deepcopy(v) for k, v in scheduling.items() if k in INHERITED},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": capacity_name(pool, index),
+            "namespace": namespace,
+            "labels": {
+                keys.ROLE: keys.ROLE_CAPACITY,
+                keys.POOL: pool,
+                MANAGED_BY: "gpupack",
+                COMPONENT: "capacity",
+            },
+            "annotations": {CREATED_FOR: created_for},
+        },
+        "spec": spec,
+    }

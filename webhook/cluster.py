@@ -1,0 +1,132 @@
+"""The webhook's view of the cluster: three informers and the capacity manager.
+
+`connect` returns None when there is no cluster to talk to (the server then runs without
+namespace opt-in lookups and without capacity spawning). `Cluster` is what the server
+uses: `synced`, `namespace(name)`, `ensure_capacity(demand, dry_run)`, `start`, `stop`.
+`ensure_capacity` answers from the caches on the event loop when no API call is needed,
+and moves the blocking part (creating capacity pods) to a worker thread.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Final
+
+from gpupack import keys
+from gpupack.kube import JSON
+from webhook.capacity import (
+    DECISION_INDEX,
+    POOL_INDEX,
+    RESERVATION_TTL,
+    CapacityManager,
+    capacity_pool,
+    decision_of,
+    fractional_pool,
+)
+from webhook.capacity_plan import DEFAULT_IMAGE
+from webhook.decision import CapacityOutcome, Demand
+from webhook.informer import WATCH_TIMEOUT_SECONDS, Informer
+from webhook.kube import KubeClient, load_client
+
+NAMESPACES_PATH: Final = "/api/v1/namespaces"
+ALL_PODS_PATH: Final = "/api/v1/pods"
+
+
+class Cluster:
+    """Informers for namespaces, capacity pods and fractional pods, plus capacity spawning."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        capacity_image: str = DEFAULT_IMAGE,
+        system_namespace: str = keys.SYSTEM_NAMESPACE,
+        reservation_ttl: float = RESERVATION_TTL,
+        on_capacity_created: Callable[[int], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+    ) -> None:
+        self.namespaces = Informer(
+            client,
+            NAMESPACES_PATH,
+            name="namespaces",
+            watch_timeout_seconds=watch_timeout_seconds,
+        )
+        self.capacity_pods = Informer(
+            client,
+            f"/api/v1/namespaces/{system_namespace}/pods",
+            {"labelSelector": f"{keys.ROLE}={keys.ROLE_CAPACITY}"},
+            name="capacity-pods",
+            indexers={POOL_INDEX: capacity_pool},
+            watch_timeout_seconds=watch_timeout_seconds,
+        )
+        self.fractional_pods = Informer(
+            client,
+            ALL_PODS_PATH,
+            {"fieldSelector": f"spec.schedulerName={keys.SCHEDULER_NAME}"},
+            name="fractional-pods",
+            indexers={POOL_INDEX: fractional_pool, DECISION_INDEX: decision_of},
+            watch_timeout_seconds=watch_timeout_seconds,
+        )
+        self.capacity = CapacityManager(
+            client,
+            self.capacity_pods,
+            self.fractional_pods,
+            image=capacity_image,
+            namespace=system_namespace,
+            ttl=reservation_ttl,
+            clock=clock,
+            sleep=sleep,
+            on_created=on_capacity_created,
+        )
+        self._informers = (self.namespaces, self.capacity_pods, self.fractional_pods)
+        self._client = client
+
+    @property
+    def synced(self) -> bool:
+        """Every informer has completed its first list."""
+        return all(informer.synced for informer in self._informers)
+
+    def namespace(self, name: str) -> JSON | None:
+        """The Namespace object from the cache, None when unknown (or not synced yet)."""
+        return self.namespaces.get(name)
+
+    async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        outcome = self.capacity.try_ensure(demand, dry_run)
+        if outcome is not None:
+            return outcome
+        return await asyncio.to_thread(self.capacity.ensure, demand, dry_run)
+
+    def start(self) -> None:
+        for informer in self._informers:
+            informer.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for informer in self._informers:
+            informer.stop(timeout=0)  # interrupt all first, then wait for each
+        for informer in self._informers:
+            informer.join(timeout)
+        self._client.close()
+
+
+def connect(
+    kubeconfig: str | None,
+    *,
+    capacity_image: str = DEFAULT_IMAGE,
+    on_capacity_created: Callable[[int], None] | None = None,
+    reservation_ttl: float = RESERVATION_TTL,
+    environ: Mapping[str, str] | None = None,
+    home: Path | None = None,
+) -> Cluster | None:
+    """A (not yet started) Cluster, or None when `load_client` finds no cluster."""
+    client = load_client(kubeconfig, environ=environ, home=home)
+    if client is None:
+        return None
+    return Cluster(
+        client,
+        capacity_image=capacity_image,
+        reservation_ttl=reservation_ttl,
+        on_capacity_created=on_capacity_created,
+    )

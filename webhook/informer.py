@@ -1,0 +1,289 @@
+"""A list-then-watch cache of one kind of object, kept current by a daemon thread.
+
+The reflector loop client-go and kopf use: list (every page), remember the list's
+resourceVersion, watch from it, apply ADDED/MODIFIED/DELETED to a store keyed by
+`namespace/name` (or `name` for cluster-scoped objects), follow BOOKMARKs, and list
+again when the server says the resourceVersion is gone (HTTP 410 or an ERROR event with
+code 410). Other failures back off (bounded) and resume. `synced` becomes true after the
+first complete list; readers get snapshots under a lock and never see a half-applied list.
+
+Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
+reader asks for one pool's pods without scanning every pod in the cluster.
+"""
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+from gpupack.kube import JSON
+from webhook.kube import ApiError, Backoff, KubeClient, WatchStream
+
+log = logging.getLogger(__name__)
+
+Indexer = Callable[[JSON], Iterable[str]]
+
+WATCH_TIMEOUT_SECONDS: Final = 300
+PAGE_SIZE: Final = 500
+
+
+def object_key(obj: JSON) -> str:
+    """`namespace/name`, or `name` for a cluster-scoped object."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = str(meta.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
+class _GoneError(Exception):
+    """The watch's resourceVersion is too old: list again."""
+
+
+class Informer:
+    """List, then watch `path` (with `params` such as labelSelector) into a local store."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        name: str = "",
+        indexers: Mapping[str, Indexer] | None = None,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], None] | None = None,
+        watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
+        page_size: int = PAGE_SIZE,
+    ) -> None:
+        self._client = client
+        self._path = path
+        self._params = dict(params or {})
+        self.name = name or path
+        self._indexers = dict(indexers or {})
+        self._backoff = backoff or Backoff(base=0.5, cap=30.0)
+        self._sleep = sleep
+        self._watch_timeout = watch_timeout_seconds
+        self._page_size = page_size
+        self._changed = threading.Condition()  # guards everything below
+        self._store: dict[str, JSON] = {}
+        self._index: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+        self._resource_version = ""
+        self._synced = threading.Event()
+        self._stopped = threading.Event()
+        self._stream: WatchStream | None = None
+        self._thread: threading.Thread | None = None
+        self.lists = 0  # completed lists, for tests and metrics
+
+    # Readers.
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    @property
+    def resource_version(self) -> str:
+        with self._changed:
+            return self._resource_version
+
+    def get(self, key: str) -> JSON | None:
+        with self._changed:
+            return self._store.get(key)
+
+    def items(self) -> list[JSON]:
+        """A snapshot list; the objects are shared with the store, so never mutate them."""
+        with self._changed:
+            return list(self._store.values())
+
+    def keys(self) -> list[str]:
+        with self._changed:
+            return list(self._store)
+
+    def by_index(self, index: str, value: str) -> list[JSON]:
+        """The objects an indexer maps to `value` (KeyError for an unknown index)."""
+        with self._changed:
+            keys = self._index[index].get(value, ())
+            return [self._store[key] for key in sorted(keys)]
+
+    def wait_for(self, predicate: Callable[["Informer"], bool], timeout: float) -> bool:
+        """Block until `predicate(self)` holds after a change, or `timeout` seconds pass."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
+
+    # Lifecycle.
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"informer {self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the thread: interrupt the open watch and wait for the loop to notice."""
+        self._stopped.set()
+        with self._changed:
+            stream = self._stream
+        if stream is not None:
+            stream.close()
+        self.join(timeout)
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # The loop.
+
+    def _pause(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        if self._sleep is not None:
+            self._sleep(seconds)
+        else:
+            self._stopped.wait(seconds)
+
+    def _run(self) -> None:
+        failures = 0  # consecutive failures of any kind but 410
+        gone = 0  # consecutive 410s: the first re-lists at once, repeats back off
+        need_list = True
+        while not self._stopped.is_set():
+            try:
+                if need_list:
+                    self._list()
+                    need_list = False
+                    failures = 0
+                applied = self._watch()
+                failures = 0
+                if applied:
+                    gone = 0
+                elif not self._stopped.is_set():
+                    self._pause(self._backoff.delay(1))  # an empty watch must not spin
+            except _GoneError:
+                gone += 1
+                need_list = True
+                log.info("%s: resourceVersion expired, listing again", self.name)
+                self._pause(0.0 if gone == 1 else self._backoff.delay(gone - 1))
+            except ApiError as error:
+                if self._stopped.is_set():
+                    return
+                if error.gone:
+                    gone += 1
+                    need_list = True
+                    pause = 0.0 if gone == 1 else self._backoff.delay(gone - 1)
+                else:
+                    failures += 1
+                    pause = self._backoff.delay(failures)
+                log.warning("%s: %s; retrying in %.1fs", self.name, error, pause)
+                self._pause(pause)
+            except Exception:  # a bug must not silently end the cache
+                failures += 1
+                need_list = True
+                log.exception("%s: unexpected failure; listing again", self.name)
+                self._pause(self._backoff.delay(failures))
+
+    def _list(self) -> None:
+        items: list[JSON] = []
+        params = {**self._params, "limit": str(self._page_size)}
+        while True:
+            page = self._client.list(self._path, params)
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                break
+            params = {**params, "continue": str(token)}
+        store = {object_key(obj): obj for obj in items}
+        index: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+        for key, obj in store.items():
+            for name in self._indexers:
+                for value in self._values(name, obj):
+                    index[name].setdefault(value, set()).add(key)
+        with self._changed:
+            self._store = store
+            self._index = index
+            self._resource_version = str(meta.get("resourceVersion", ""))
+            self.lists += 1
+            self._changed.notify_all()
+        self._synced.set()
+        log.info("%s: listed %d objects at %s", self.name, len(store), self._resource_version)
+
+    def _watch(self) -> int:
+        """Watch until the stream ends; the number of events applied."""
+        params = {
+            **self._params,
+            "resourceVersion": self.resource_version,
+            "timeoutSeconds": str(self._watch_timeout),
+            "allowWatchBookmarks": "true",
+        }
+        stream = self._client.watch(self._path, params)
+        with self._changed:
+            self._stream = stream
+        if self._stopped.is_set():  # stop() ran before the stream was published
+            stream.close()
+        applied = 0
+        try:
+            for event in stream:
+                if self._stopped.is_set():
+                    break
+                self._apply(event)
+                applied += 1
+        finally:
+            with self._changed:
+                self._stream = None
+            stream.close()
+        return applied
+
+    def _apply(self, event: JSON) -> None:
+        kind = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            raise ApiError(0, "BadWatchEvent", f"{kind} event without an object")
+        if kind == "ERROR":
+            code = obj.get("code")
+            if code == 410:
+                raise _GoneError
+            raise ApiError(int(code or 0), str(obj.get("reason", "")), str(obj.get("message", "")))
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        key = object_key(obj)
+        with self._changed:
+            if kind in ("ADDED", "MODIFIED"):
+                self._remove_from_index(key)
+                self._store[key] = obj
+                self._add_to_index(key, obj)
+            elif kind == "DELETED":
+                self._remove_from_index(key)
+                self._store.pop(key, None)
+            elif kind != "BOOKMARK":
+                log.warning("%s: ignoring watch event of type %r", self.name, kind)
+            if version:
+                self._resource_version = version
+            self._changed.notify_all()
+
+    def _values(self, name: str, obj: JSON) -> Iterable[str]:
+        try:
+            return list(self._indexers[name](obj))
+        except Exception:  # one malformed object must not break the cache
+            log.exception("%s: index %r failed for %s", self.name, name, object_key(obj))
+            return ()
+
+    def _add_to_index(self, key: str, obj: JSON) -> None:
+        for name in self._indexers:
+            for value in self._values(name, obj):
+                self._index[name].setdefault(value, set()).add(key)
+
+    def _remove_from_index(self, key: str) -> None:
+        old = self._store.get(key)
+        if old is None:
+            return
+        for name in self._indexers:
+            for value in self._values(name, old):
+                keys = self._index[name].get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del self._index[name][value]
