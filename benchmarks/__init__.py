@@ -1,0 +1,1 @@
+"""Benchmarks: measured as ratios against a baseline run in the same run."""

@@ -1,0 +1,1 @@
+"""The webhook's HTTP benchmark: gpupack's POST /mutate against bare starlette + uvicorn."""

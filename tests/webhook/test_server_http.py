@@ -1,0 +1,574 @@
+"""The webhook over real HTTPS: uvicorn (uvloop, httptools) with our TLS context in a
+thread, an httpx client that verifies the test CA, and the metrics port over plain HTTP."""
+
+import asyncio
+import base64
+import copy
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonpatch
+import kubernetes_validate
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupack import keys
+from gpupack.kube import JSON
+from webhook.audit import AUDIT_MARKER, AuditLog
+from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
+from webhook.metrics import WebhookMetrics, start_metrics_server
+from webhook.mutate import MutationContext
+from webhook.review import MAX_BODY_BYTES, AdmissionRequest
+from webhook.serve import build_uvicorn_config, serve
+from webhook.server import ClusterPort, Decide, create_app
+from webhook.tls import CertificateReloader
+
+from .builders import namespace, review
+from .conftest import CertificateAuthority, ServingFiles, run_server
+
+KUBERNETES_VERSION = "1.34"
+
+
+def gpu_deployment_pod() -> JSON:
+    """A pod as the ReplicaSet controller of Deployment `llm-server` creates it, after the
+    API server's defaulting: about what kube-apiserver sends a mutating webhook."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "llm-server-7d9f8b6c5d-",
+            "namespace": "ml",
+            "labels": {"app.kubernetes.io/name": "llm-server", "pod-template-hash": "7d9f8b6c5d"},
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "llm-server-7d9f8b6c5d",
+                    "uid": "6f1c2b9e-8a47-4c3e-9b1d-2f5e7a9c0d11",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "vllm/vllm-openai:v0.6.3",
+                    "args": ["--model", "/models/llama-3-8b", "--port", "8000"],
+                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                    "env": [{"name": "HF_HOME", "value": "/models/cache"}],
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "24Gi"},
+                        "requests": {"nvidia.com/gpu": "1", "cpu": "2", "memory": "16Gi"},
+                    },
+                    "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+                        "periodSeconds": 10,
+                    },
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "schedulerName": "default-scheduler",
+            "securityContext": {},
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0,
+        },
+    }
+
+
+def cpu_pod() -> JSON:
+    pod = gpu_deployment_pod()
+    del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+    del pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+    return pod
+
+
+@dataclass
+class FakeCluster:
+    """A ClusterPort in memory: namespaces by name, a scripted capacity answer."""
+
+    namespaces: dict[str, JSON] = field(default_factory=dict)
+    capacity: Callable[[Demand, bool], CapacityOutcome] | None = None
+    hang: bool = False
+    synced: bool = True
+    calls: list[tuple[Demand, bool]] = field(default_factory=list)
+    lifecycle: list[str] = field(default_factory=list)
+
+    def namespace(self, name: str) -> JSON | None:
+        return self.namespaces.get(name)
+
+    async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        self.calls.append((demand, dry_run))
+        if self.hang:
+            await asyncio.Event().wait()  # cancelled when the server's loop closes
+        if self.capacity is not None:
+            return self.capacity(demand, dry_run)
+        return CapacityOutcome("dry-run" if dry_run else "sufficient")
+
+    def start(self) -> None:
+        self.lifecycle.append("start")
+
+    def stop(self) -> None:
+        self.lifecycle.append("stop")
+
+
+@dataclass
+class Webhook:
+    client: httpx.Client
+    metrics_url: str
+    audit: io.StringIO
+
+    def post(self, doc: Any) -> httpx.Response:
+        return self.client.post("/mutate", json=doc)
+
+    def admit(self, pod: JSON, uid: str = "req-1", dry_run: bool = False) -> JSON:
+        response = self.post(review(pod, uid=uid, dry_run=dry_run))
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "application/json"
+        answer: JSON = response.json()["response"]
+        assert answer["uid"] == uid
+        return answer
+
+    def audit_lines(self) -> list[JSON]:
+        return [json.loads(line) for line in self.audit.getvalue().splitlines()]
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(self.metrics_url).raise_for_status().text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return 0.0
+
+
+StartWebhook = Callable[..., Webhook]
+
+
+@pytest.fixture
+def start_webhook(ca: CertificateAuthority, serving_files: ServingFiles) -> Iterator[StartWebhook]:
+    """Start the whole webhook (TLS, app, metrics port) with the given dependencies."""
+    with ExitStack() as stack:
+
+        def start(
+            cluster: ClusterPort | None = None,
+            decide: Decide | None = None,
+            capacity_timeout: float = 2.0,
+        ) -> Webhook:
+            registry = CollectorRegistry()
+            metrics = WebhookMetrics(registry)
+            tls = CertificateReloader(str(serving_files.cert), str(serving_files.key))
+            audit = io.StringIO()
+            options: dict[str, Any] = {} if decide is None else {"decide": decide}
+            app = create_app(
+                audit=AuditLog(stream=audit),
+                metrics=metrics,
+                cluster=cluster,
+                capacity_timeout=capacity_timeout,
+                tls_ready=lambda: tls.loaded,
+                **options,
+            )
+            server = stack.enter_context(run_server(app, tls.context))
+            metrics_server = start_metrics_server(registry, "127.0.0.1", 0)
+            stack.callback(metrics_server.close)
+            client = stack.enter_context(
+                httpx.Client(base_url=server.url, verify=ca.client_context(), timeout=10)
+            )
+            return Webhook(client, f"http://127.0.0.1:{metrics_server.port}/metrics", audit)
+
+        yield start
+
+
+@pytest.fixture
+def webhook(start_webhook: StartWebhook) -> Webhook:
+    """The webhook without cluster access."""
+    return start_webhook()
+
+
+def patched(pod: JSON, answer: JSON) -> JSON:
+    assert answer["patchType"] == "JSONPatch"
+    ops = json.loads(base64.b64decode(answer["patch"]))
+    result: JSON = jsonpatch.apply_patch(copy.deepcopy(pod), ops)
+    return result
+
+
+def gpu_resources(pod: JSON) -> list[str]:
+    found = []
+    for field_name in ("containers", "initContainers"):
+        for container in pod["spec"].get(field_name, []):
+            for section in container.get("resources", {}).values():
+                found += [name for name in section if name == keys.NVIDIA_GPU]
+    return found
+
+
+def test_gpu_pod_of_a_deployment_becomes_a_valid_fractional_pod(webhook: Webhook) -> None:
+    pod = gpu_deployment_pod()
+
+    answer = webhook.admit(pod, uid="b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91")
+
+    assert answer["allowed"] is True
+    result = patched(pod, answer)
+    kubernetes_validate.validate(result, KUBERNETES_VERSION, strict=True)
+    assert gpu_resources(result) == []
+    assert result["spec"]["schedulerName"] == keys.SCHEDULER_NAME
+    annotations = result["metadata"]["annotations"]
+    assert annotations[keys.DECISION] == "b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91"
+    for key in (keys.POLICY, keys.GPU_COMPUTE, keys.GPU_MEMORY, keys.ORIGINAL_RESOURCES):
+        assert annotations[key]
+    assert annotations["prometheus.io/scrape"] == "true"  # the user's annotations stay
+
+
+def test_pod_without_gpu_is_admitted_unchanged(webhook: Webhook) -> None:
+    answer = webhook.admit(cpu_pod())
+
+    assert answer["allowed"] is True
+    assert "patch" not in answer
+
+
+def test_every_admission_writes_one_audit_line(webhook: Webhook) -> None:
+    webhook.admit(gpu_deployment_pod(), uid="uid-gpu")
+    webhook.admit(cpu_pod(), uid="uid-cpu")
+
+    lines = webhook.audit_lines()
+    assert [(line["audit"], line["uid"], line["outcome"]) for line in lines] == [
+        (AUDIT_MARKER, "uid-gpu", "mutated"),
+        (AUDIT_MARKER, "uid-cpu", "skipped"),
+    ]
+    assert lines[0]["capacity"]["action"] == "no-cluster"
+    assert lines[0]["namespace"] == "ml"
+    assert lines[0]["ownerKind"] == "Deployment"
+    assert lines[0]["latencyMs"] >= 0
+
+
+def test_dry_run_is_passed_to_the_capacity_check(start_webhook: StartWebhook) -> None:
+    cluster = FakeCluster()
+    webhook = start_webhook(cluster=cluster)
+
+    answer = webhook.admit(gpu_deployment_pod(), dry_run=True)
+
+    assert answer["allowed"] is True
+    assert [dry_run for _, dry_run in cluster.calls] == [True]
+    assert webhook.audit_lines()[0]["dryRun"] is True
+    assert webhook.audit_lines()[0]["capacity"]["action"] == "dry-run"
+
+
+def test_namespace_from_the_cluster_is_used_for_the_opt_in(start_webhook: StartWebhook) -> None:
+    opted_out = namespace(labels={keys.OPTIMIZE: keys.OPTIMIZE_DISABLED})
+    webhook = start_webhook(cluster=FakeCluster(namespaces={"ml": opted_out}))
+
+    answer = webhook.admit(gpu_deployment_pod())
+
+    assert "patch" not in answer
+    assert webhook.audit_lines()[0]["reason"] == "opted-out"
+
+
+def test_created_capacity_pods_are_counted(start_webhook: StartWebhook) -> None:
+    created = CapacityOutcome("created", created=("gpupack-system/capacity-a1b2c3",))
+    webhook = start_webhook(cluster=FakeCluster(capacity=lambda demand, dry_run: created))
+
+    webhook.admit(gpu_deployment_pod())
+
+    assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
+    assert webhook.metric("gpupack_webhook_capacity_checks_total", action="created") == 1
+    assert webhook.audit_lines()[0]["capacity"]["created"] == ["gpupack-system/capacity-a1b2c3"]
+
+
+def _raise(demand: Demand, dry_run: bool) -> CapacityOutcome:
+    raise RuntimeError("apiserver unreachable")
+
+
+def _api_timeout(demand: Demand, dry_run: bool) -> CapacityOutcome:
+    raise TimeoutError("POST /api/v1/namespaces/gpupack-system/pods timed out")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "detail"),
+    [
+        pytest.param(FakeCluster(capacity=_raise), "apiserver unreachable", id="fails"),
+        pytest.param(FakeCluster(capacity=_api_timeout), "timed out", id="api-call-times-out"),
+        pytest.param(FakeCluster(hang=True), "still running", id="times-out"),
+    ],
+)
+def test_capacity_trouble_still_admits_the_pod(
+    start_webhook: StartWebhook, cluster: FakeCluster, detail: str
+) -> None:
+    webhook = start_webhook(cluster=cluster, capacity_timeout=0.05)
+
+    answer = webhook.admit(gpu_deployment_pod())
+
+    assert answer["allowed"] is True
+    assert "patch" in answer
+    capacity = webhook.audit_lines()[0]["capacity"]
+    assert capacity["action"] == "error"
+    assert detail in capacity["detail"]
+    assert webhook.metric("gpupack_webhook_errors_total", kind="capacity") == 1
+
+
+def test_a_bug_in_the_decision_admits_the_pod_unchanged(start_webhook: StartWebhook) -> None:
+    def broken(request: AdmissionRequest, ctx: MutationContext) -> Decision:
+        raise KeyError("spec")
+
+    webhook = start_webhook(decide=broken)
+
+    answer = webhook.admit(gpu_deployment_pod())
+
+    assert answer["allowed"] is True
+    assert "patch" not in answer
+    assert webhook.audit_lines()[0]["reason"] == "internal-error"
+    assert webhook.metric("gpupack_webhook_errors_total", kind="internal") == 1
+
+
+def test_a_decision_that_cannot_be_encoded_admits_the_pod_unchanged(
+    start_webhook: StartWebhook,
+) -> None:
+    def unencodable(request: AdmissionRequest, ctx: MutationContext) -> Decision:
+        op = {"op": "add", "path": "/metadata/labels/x", "value": object()}
+        return Decision(Outcome.MUTATED, Reason.MUTATED, "mutated", patch=(op,))
+
+    webhook = start_webhook(decide=unencodable)
+
+    answer = webhook.admit(gpu_deployment_pod())
+
+    assert answer["allowed"] is True
+    assert "patch" not in answer
+    assert webhook.audit_lines()[0]["reason"] == "internal-error"
+
+
+def test_invalid_policy_annotation_is_denied_with_a_message(webhook: Webhook) -> None:
+    pod = gpu_deployment_pod()
+    pod["metadata"]["annotations"][keys.POLICY] = "no-such-policy"
+
+    answer = webhook.admit(pod)
+
+    assert answer["allowed"] is False
+    assert "no-such-policy" in answer["status"]["message"]
+
+
+def _review_with(**request_changes: Any) -> JSON:
+    doc = review(gpu_deployment_pod())
+    doc["request"].update(request_changes)
+    return doc
+
+
+def _without(key: str) -> JSON:
+    doc = review(gpu_deployment_pod())
+    del doc["request"][key]
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        pytest.param(b'{"apiVersion": ', 400, "not valid JSON", id="malformed-json"),
+        pytest.param(b"[]", 400, "JSON object", id="not-an-object"),
+        pytest.param(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+            400,
+            "request is missing",
+            id="missing-request",
+        ),
+        pytest.param(_without("uid"), 400, "uid", id="missing-uid"),
+        pytest.param(
+            {**review(gpu_deployment_pod()), "apiVersion": "admission.k8s.io/v1beta1"},
+            400,
+            "apiVersion",
+            id="wrong-api-version",
+        ),
+        pytest.param(
+            {**review(gpu_deployment_pod()), "kind": "TokenReview"},
+            400,
+            "AdmissionReview",
+            id="wrong-kind",
+        ),
+        pytest.param(
+            _review_with(kind={"group": "apps", "version": "v1", "kind": "Deployment"}),
+            400,
+            "Pods",
+            id="not-a-pod",
+        ),
+        pytest.param(b"x" * (MAX_BODY_BYTES + 1), 413, "limit", id="body-over-3MiB"),
+    ],
+)
+def test_bad_input_gets_a_client_error_and_the_server_keeps_serving(
+    webhook: Webhook, body: bytes | JSON, status: int, message: str
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+
+    response = webhook.client.post(
+        "/mutate", content=content, headers={"content-type": "application/json"}
+    )
+
+    assert response.status_code == status
+    assert message in response.json()["error"]
+    assert webhook.admit(gpu_deployment_pod())["allowed"] is True
+    kind = "body_too_large" if status == 413 else "bad_request"
+    assert webhook.metric("gpupack_webhook_errors_total", kind=kind) == 1
+
+
+def test_oversized_chunked_body_is_cut_off_with_413(webhook: Webhook) -> None:
+    def chunks() -> Iterator[bytes]:
+        for _ in range(4):
+            yield b" " * 2**20
+
+    response = webhook.client.post("/mutate", content=chunks())
+
+    assert response.status_code == 413
+    assert webhook.admit(gpu_deployment_pod())["allowed"] is True
+
+
+def test_health_and_readiness(start_webhook: StartWebhook) -> None:
+    cluster = FakeCluster(synced=False)
+    webhook = start_webhook(cluster=cluster)
+
+    assert webhook.client.get("/healthz").status_code == 200
+    not_ready = webhook.client.get("/readyz")
+    assert not_ready.status_code == 503
+    assert "not synced" in not_ready.json()["reason"]
+    cluster.synced = True
+    assert webhook.client.get("/readyz").status_code == 200
+
+
+def test_readiness_without_a_cluster(webhook: Webhook) -> None:
+    assert webhook.client.get("/readyz").json() == {"ready": True}
+
+
+def test_unknown_path_is_404_and_wrong_method_is_405(webhook: Webhook) -> None:
+    assert webhook.client.get("/mutate").status_code == 405
+    assert webhook.client.post("/healthz").status_code == 405
+    assert webhook.client.post("/validate", json={}).status_code == 404
+
+
+def test_metrics_port_shows_the_counters_moving(webhook: Webhook) -> None:
+    mutated = {"outcome": "mutated", "reason": "mutated"}
+    assert webhook.metric("gpupack_webhook_admissions_total", **mutated) == 0
+
+    webhook.admit(gpu_deployment_pod())
+    webhook.admit(gpu_deployment_pod())
+    webhook.admit(cpu_pod())
+
+    assert webhook.metric("gpupack_webhook_admissions_total", **mutated) == 2
+    skipped = {"outcome": "skipped", "reason": "no-gpu"}
+    assert webhook.metric("gpupack_webhook_admissions_total", **skipped) == 1
+    assert webhook.metric("gpupack_webhook_admission_duration_seconds_count") == 3
+    assert webhook.metric("gpupack_webhook_errors_total", kind="internal") == 0
+
+
+def test_serving_starts_the_cluster_and_stops_it_after_the_server(
+    serving_files: ServingFiles,
+) -> None:
+    cluster = FakeCluster()
+    tls = CertificateReloader(str(serving_files.cert), str(serving_files.key))
+    app = create_app(
+        audit=AuditLog(stream=io.StringIO()), metrics=WebhookMetrics(CollectorRegistry())
+    )
+    server = uvicorn.Server(
+        build_uvicorn_config(app, host="127.0.0.1", port=0, ssl_context=tls.context)
+    )
+    server.should_exit = True  # as if SIGTERM came right after the start
+
+    asyncio.run(serve(server, cluster))
+
+    assert server.started
+    assert cluster.lifecycle == ["start", "stop"]
+
+
+# The command itself, in a subprocess: option errors and a full start, admit, SIGTERM.
+
+
+def _serve(*args: str) -> list[str]:
+    return [sys.executable, "-m", "webhook.cli", "serve", *args]
+
+
+def _clean_env() -> dict[str, str]:
+    """No kubeconfig and not in a pod: the webhook runs without a cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
+    return env
+
+
+def test_serve_with_a_missing_certificate_exits_2_with_a_clear_message(tmp_path: Path) -> None:
+    missing = str(tmp_path / "tls.crt")
+    result = subprocess.run(
+        _serve("--tls-cert-file", missing, "--tls-private-key-file", missing),
+        capture_output=True,
+        text=True,
+        env=_clean_env(),
+        timeout=60,
+        check=False,
+    )
+
+    assert result.returncode == 2
+    error = json.loads(result.stderr.strip().splitlines()[-1])
+    assert error["level"] == "error"
+    assert missing in error["message"]
+    assert "does not exist" in error["message"]
+
+
+def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
+    tmp_path: Path, ca: CertificateAuthority, serving_files: ServingFiles
+) -> None:
+    with socket.socket() as probe:  # a free port; the tiny race is acceptable in a test
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    audit_file = tmp_path / "audit.jsonl"
+    args = ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
+    args += ["--tls-cert-file", str(serving_files.cert)]
+    args += ["--tls-private-key-file", str(serving_files.key), "--audit-file", str(audit_file)]
+    process = subprocess.Popen(
+        _serve(*args),
+        env=_clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with httpx.Client(
+            base_url=f"https://127.0.0.1:{port}", verify=ca.client_context(), timeout=10
+        ) as client:
+            for _ in range(600):  # the process needs a moment to import and listen
+                try:
+                    client.get("/healthz")
+                    break
+                except httpx.ConnectError:
+                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                    time.sleep(0.05)
+            response = client.post("/mutate", json=review(gpu_deployment_pod(), uid="sub-1"))
+            assert response.json()["response"]["uid"] == "sub-1"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 0, stderr
+    assert json.loads(audit_file.read_text().splitlines()[0])["uid"] == "sub-1"
+    messages = [json.loads(line)["message"] for line in stderr.splitlines()]
+    assert "no cluster access: capacity spawning skipped" in messages
+    assert "stopped on SIGTERM" in messages

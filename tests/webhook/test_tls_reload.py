@@ -1,0 +1,201 @@
+"""The serving certificate follows its files: rotated in place or by a Kubernetes-style
+symlink swap, a new TLS connection gets the new certificate without a restart; a
+half-written pair keeps the old one. Checked against a real server (uvloop) and, for the
+timing rules, with a fake clock."""
+
+import hashlib
+import io
+import logging
+import os
+import socket
+import ssl
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+
+from webhook.audit import AuditLog
+from webhook.metrics import WebhookMetrics
+from webhook.server import create_app
+from webhook.tls import MINIMUM_VERSION, CertificateError, CertificateReloader
+
+from .conftest import CertificateAuthority, CertPair, RunningServer, ServingFiles, run_server
+
+DEADLINE_SECONDS = 30.0
+
+
+def served_fingerprint(port: int, client: ssl.SSLContext) -> str:
+    """SHA-256 of the certificate a fresh TLS connection to 127.0.0.1:port is served."""
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        client.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+    ):
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return hashlib.sha256(der).hexdigest()
+
+
+def wait_for_fingerprint(port: int, client: ssl.SSLContext, expected: str) -> str:
+    """Poll with fresh connections until `expected` is served or the deadline passes."""
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    seen = served_fingerprint(port, client)
+    while seen != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        seen = served_fingerprint(port, client)
+    return seen
+
+
+def webhook_app() -> Starlette:
+    return create_app(
+        audit=AuditLog(stream=io.StringIO()), metrics=WebhookMetrics(CollectorRegistry())
+    )
+
+
+@pytest.fixture
+def reloader(serving_files: ServingFiles) -> CertificateReloader:
+    return CertificateReloader(str(serving_files.cert), str(serving_files.key), interval=0.1)
+
+
+@pytest.fixture
+def server(reloader: CertificateReloader) -> Iterator[RunningServer]:
+    with run_server(webhook_app(), reloader.context) as running:
+        yield running
+
+
+def test_rotated_files_are_served_to_new_connections(
+    server: RunningServer, ca: CertificateAuthority, serving_files: ServingFiles
+) -> None:
+    client = ca.client_context()
+    assert served_fingerprint(server.port, client) == serving_files.pair.fingerprint
+
+    rotated = ca.issue()  # a new key pair, signed by the same CA
+    rotated.write(serving_files.cert, serving_files.key)
+
+    assert wait_for_fingerprint(server.port, client, rotated.fingerprint) == rotated.fingerprint
+
+
+def _atomic_writer_layout(directory: Path, pair: CertPair, version: int) -> None:
+    """What kubelet's AtomicWriter does for a Secret volume: write the files into a new
+    timestamped directory, then atomically swap the `..data` symlink to it."""
+    target = directory / f"..2026_01_01_00_00_0{version}.{version:04d}"
+    target.mkdir()
+    pair.write(target / "tls.crt", target / "tls.key")
+    staging = directory / "..data_tmp"
+    staging.symlink_to(target.name)
+    os.replace(staging, directory / "..data")
+    for name in ("tls.crt", "tls.key"):
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(f"..data/{name}")
+
+
+def test_kubernetes_secret_symlink_swap_is_picked_up(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    first, second = ca.issue(), ca.issue()
+    _atomic_writer_layout(secret, first, 1)
+    tls = CertificateReloader(str(secret / "tls.crt"), str(secret / "tls.key"), interval=0.1)
+    client = ca.client_context()
+
+    with run_server(webhook_app(), tls.context) as server:
+        assert served_fingerprint(server.port, client) == first.fingerprint
+        _atomic_writer_layout(secret, second, 2)
+
+        assert wait_for_fingerprint(server.port, client, second.fingerprint) == second.fingerprint
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_files_are_checked_at_most_once_per_interval(
+    ca: CertificateAuthority, serving_files: ServingFiles
+) -> None:
+    clock = FakeClock()
+    tls = CertificateReloader(str(serving_files.cert), str(serving_files.key), clock=clock)
+    rotated = ca.issue()
+    rotated.write(serving_files.cert, serving_files.key)
+
+    clock.now += 0.5
+    assert tls.maybe_reload() is False
+    clock.now += 0.5
+    assert tls.maybe_reload() is True
+    assert tls.fingerprint == rotated.fingerprint
+
+
+def test_half_written_pair_keeps_the_old_certificate_and_is_logged_once(
+    ca: CertificateAuthority, serving_files: ServingFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    tls = CertificateReloader(
+        str(serving_files.cert), str(serving_files.key), on_reload=metrics.certificate_reload
+    )
+    rotated = ca.issue()
+    serving_files.cert.write_bytes(rotated.cert_pem)  # the key is not there yet
+
+    with caplog.at_level(logging.WARNING, logger="webhook.tls"):
+        assert tls.reload() is False
+        assert tls.reload() is False  # retried, not logged or counted again
+
+    assert tls.fingerprint == serving_files.pair.fingerprint
+    assert len(caplog.records) == 1
+    assert "still serving the previous certificate" in caplog.records[0].getMessage()
+    failures = registry.get_sample_value(
+        "gpupack_webhook_certificate_reloads_total", {"result": "failure"}
+    )
+    assert failures == 1
+
+    serving_files.key.write_bytes(rotated.key_pem)
+    assert tls.reload() is True
+    assert tls.fingerprint == rotated.fingerprint
+    successes = registry.get_sample_value(
+        "gpupack_webhook_certificate_reloads_total", {"result": "success"}
+    )
+    assert successes == 1
+
+
+def test_garbage_files_keep_serving_the_old_certificate(
+    server: RunningServer,
+    ca: CertificateAuthority,
+    serving_files: ServingFiles,
+    reloader: CertificateReloader,
+) -> None:
+    serving_files.cert.write_text("-----BEGIN CERTIFICATE-----\ntruncat")
+
+    assert reloader.reload() is False
+    assert served_fingerprint(server.port, ca.client_context()) == serving_files.pair.fingerprint
+
+
+def test_missing_files_fail_with_a_message_naming_the_file(tmp_path: Path) -> None:
+    missing = tmp_path / "tls.crt"
+
+    with pytest.raises(CertificateError, match=r"tls\.crt.* does not exist"):
+        CertificateReloader(str(missing), str(tmp_path / "tls.key"))
+
+
+def test_tls_older_than_1_2_is_refused(
+    server: RunningServer, ca: CertificateAuthority, reloader: CertificateReloader
+) -> None:
+    assert reloader.context.minimum_version == MINIMUM_VERSION == ssl.TLSVersion.TLSv1_2
+    tls_1_2 = ca.client_context()
+    tls_1_2.maximum_version = ssl.TLSVersion.TLSv1_2
+    tls_1_1 = ca.client_context()
+    tls_1_1.set_ciphers("DEFAULT:@SECLEVEL=0")  # let this client offer TLS 1.1 at all
+    with warnings.catch_warnings():  # Python deprecates TLS 1.1: that is the point here
+        warnings.simplefilter("ignore", DeprecationWarning)
+        tls_1_1.minimum_version = tls_1_1.maximum_version = ssl.TLSVersion.TLSv1_1
+
+    assert served_fingerprint(server.port, tls_1_2)
+    with pytest.raises(ssl.SSLError):
+        served_fingerprint(server.port, tls_1_1)

@@ -1,0 +1,134 @@
+"""The webhook's Prometheus metrics, and the plain-HTTP endpoint that serves them.
+
+`WebhookMetrics` owns every metric family, registered on a registry the caller passes in
+(never the global one), so a test or a benchmark gets a fresh set. Recording methods are
+cheap: the admission counter's label children are cached after first use, since the hot
+path of `POST /mutate` records one admission per request.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+from threading import Thread
+from typing import Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+
+from webhook.decision import Outcome, Reason
+
+# From well under a millisecond (the pure decision) up to the capacity timeout.
+DURATION_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class ErrorKind(StrEnum):
+    """A closed set of error kinds: the `kind` label of `gpupack_webhook_errors_total`."""
+
+    BAD_REQUEST = "bad_request"  # not a usable AdmissionReview: HTTP 400
+    BODY_TOO_LARGE = "body_too_large"  # HTTP 413
+    INTERNAL = "internal"  # a bug in the decision: the pod was admitted unchanged
+    CAPACITY = "capacity"  # capacity check failed or timed out: admitted, capacity unsure
+    AUDIT = "audit"  # the audit line could not be built or written
+
+
+class WebhookMetrics:
+    """Every metric the webhook exports, on the given registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._admissions = Counter(
+            "gpupack_webhook_admissions",
+            "Admission reviews answered, by outcome (mutated, skipped, denied) and reason.",
+            ["outcome", "reason"],
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "gpupack_webhook_admission_duration_seconds",
+            "Time to answer one admission review, capacity check included.",
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._capacity_checks = Counter(
+            "gpupack_webhook_capacity_checks",
+            "Capacity checks for admitted fractional pods, by what the capacity manager did.",
+            ["action"],
+            registry=registry,
+        )
+        self._capacity_pods_created = Counter(
+            "gpupack_webhook_capacity_pods_created",
+            "Capacity pods (one whole GPU each) created by the webhook.",
+            registry=registry,
+        )
+        self._errors = Counter(
+            "gpupack_webhook_errors",
+            "Requests that went wrong, by kind; bad input never gets a 5xx.",
+            ["kind"],
+            registry=registry,
+        )
+        self._certificate_reloads = Counter(
+            "gpupack_webhook_certificate_reloads",
+            "Serving certificate reloads after its files changed, by result.",
+            ["result"],
+            registry=registry,
+        )
+        self._admission_children: dict[tuple[str, str], Counter] = {}
+        self._error_children = {kind: self._errors.labels(kind.value) for kind in ErrorKind}
+        for result in ("success", "failure"):
+            self._certificate_reloads.labels(result)
+
+    def admission(self, outcome: Outcome, reason: Reason, seconds: float) -> None:
+        key = (outcome.value, reason.value)
+        child = self._admission_children.get(key)
+        if child is None:
+            child = self._admission_children[key] = self._admissions.labels(*key)
+        child.inc()
+        self._duration.observe(seconds)
+
+    def capacity(self, action: str, created: int) -> None:
+        self._capacity_checks.labels(action).inc()
+        self.capacity_pods_created(created)
+
+    def capacity_pods_created(self, count: int) -> None:
+        if count:
+            self._capacity_pods_created.inc(count)
+
+    def error(self, kind: ErrorKind) -> None:
+        self._error_children[kind].inc()
+
+    def certificate_reload(self, succeeded: bool) -> None:
+        self._certificate_reloads.labels("success" if succeeded else "failure").inc()
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """The `/metrics` endpoint, on its own plain-HTTP port and thread."""
+
+    httpd: WSGIServer
+    thread: Thread
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_port
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    """Serve `registry` at http://host:port/metrics (port 0: any free port)."""
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(httpd, thread)

@@ -1,0 +1,249 @@
+"""`gpupack-webhook serve`: the process shell around the HTTP app.
+
+Parses the options, sets up JSON logs on stderr, loads the TLS certificate (reloaded when
+its files change), connects to the cluster when there is one, starts the metrics port,
+and runs uvicorn with one worker until SIGTERM, then drains and stops the watches.
+Configuration errors (unreadable certificate, bad kubeconfig, busy port) are one clear
+log line and exit status 2, not a traceback.
+"""
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import signal
+import ssl
+import sys
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any, Final, TextIO
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.types import ASGIApp
+
+from webhook.audit import AuditLog
+from webhook.metrics import MetricsServer, WebhookMetrics, start_metrics_server
+from webhook.server import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
+from webhook.tls import CertificateError, CertificateReloader
+
+DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+EXIT_CONFIG: Final = 2
+GRACEFUL_SHUTDOWN_SECONDS: Final = 20
+
+log = logging.getLogger("webhook.serve")
+
+# LogRecord attributes that are not "extra" fields.
+_RECORD_FIELDS: Final = frozenset(
+    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "color_message"}
+)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and any `extra` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        doc.update((k, v) for k, v in vars(record).items() if k not in _RECORD_FIELDS)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(level: str, stream: TextIO | None = None) -> None:
+    """Structured logs for the server's own messages (uvicorn's included) on stderr."""
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",  # noqa: S104 - a pod listens on its own IP, whatever it is
+        help="address to listen on for HTTPS (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8443, help="HTTPS port for /mutate (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--tls-cert-file",
+        required=True,
+        metavar="PATH",
+        help="PEM serving certificate (chain); reloaded when the file changes",
+    )
+    parser.add_argument(
+        "--tls-private-key-file",
+        required=True,
+        metavar="PATH",
+        help="PEM private key of the serving certificate; reloaded with it",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=9090,
+        help="plain-HTTP port for Prometheus /metrics; 0 disables it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        default=None,
+        help="kubeconfig for namespace lookups and capacity pods (default: $KUBECONFIG or "
+        "~/.kube/config when present, else the in-cluster service account, else run "
+        "without a cluster: no namespace opt-in lookups, no capacity pods)",
+    )
+    parser.add_argument(
+        "--audit-file",
+        metavar="PATH",
+        default=None,
+        help="also append the JSON audit lines to this file (they always go to stdout)",
+    )
+    parser.add_argument(
+        "--capacity-timeout",
+        type=positive_seconds,
+        default=DEFAULT_CAPACITY_TIMEOUT,
+        metavar="SECONDS",
+        help="longest an admission waits for the capacity check; the pod is admitted "
+        "either way (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--capacity-image",
+        default=DEFAULT_CAPACITY_IMAGE,
+        metavar="IMAGE",
+        help="image of the capacity pods that hold a GPU (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="level of the server's JSON logs on stderr (default: %(default)s)",
+    )
+    parser.set_defaults(run=run)
+
+
+def build_uvicorn_config(
+    app: ASGIApp, *, host: str, port: int, ssl_context: ssl.SSLContext
+) -> uvicorn.Config:
+    """One worker, uvloop and httptools when installed, no access log, our TLS context.
+
+    The benchmark's baseline uses this too, so both run with the same settings.
+    """
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="auto",
+        http="auto",
+        ws="none",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        proxy_headers=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        ssl_context_factory=lambda _config, _default: ssl_context,
+    )
+
+
+class Terminated(BaseException):  # like KeyboardInterrupt: not caught by `except Exception`
+    """SIGTERM: raised by our handler, which uvicorn calls after its graceful shutdown."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def connect_cluster(args: argparse.Namespace) -> ClusterPort | None:
+    # Lazy: importing the kubernetes client is slow, and `explain` never needs it.
+    from webhook.cluster import connect  # noqa: PLC0415
+
+    cluster: ClusterPort | None = connect(args.kubeconfig, capacity_image=args.capacity_image)
+    return cluster
+
+
+async def serve(server: uvicorn.Server, cluster: ClusterPort | None) -> None:
+    """Run until uvicorn exits. The cluster is started from inside the event loop, so its
+    watches may use the loop as well as threads; it is stopped after the server drained."""
+    if cluster is not None:
+        cluster.start()
+    try:
+        await server.serve()
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    try:
+        tls = CertificateReloader(
+            args.tls_cert_file, args.tls_private_key_file, on_reload=metrics.certificate_reload
+        )
+        audit = AuditLog(path=args.audit_file)
+    except (CertificateError, OSError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_CONFIG
+    previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+    metrics_server: MetricsServer | None = None
+    try:
+        try:
+            cluster = connect_cluster(args)
+        except Exception as exc:
+            log.error("cannot connect to the cluster: %s: %s", type(exc).__name__, exc)
+            return EXIT_CONFIG
+        if cluster is None:
+            log.warning(NO_CLUSTER.detail)
+        app = create_app(
+            audit=audit,
+            metrics=metrics,
+            cluster=cluster,
+            capacity_timeout=args.capacity_timeout,
+            tls_ready=lambda: tls.loaded,
+        )
+        config = build_uvicorn_config(app, host=args.host, port=args.port, ssl_context=tls.context)
+        if args.metrics_port:
+            try:
+                metrics_server = start_metrics_server(registry, args.host, args.metrics_port)
+            except OSError as exc:
+                log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
+                return EXIT_CONFIG
+        server = uvicorn.Server(config)
+        # Everything long-lived exists now (the kubernetes client's modules included): keep
+        # it out of the garbage collector's full scans, which otherwise cost about 10 % of
+        # the throughput of POST /mutate (see benchmarks/webhook).
+        gc.freeze()
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            runner.run(serve(server, cluster))
+        return 0
+    except SystemExit as exc:  # uvicorn's startup failure (e.g. the port is taken), logged
+        return exc.code if isinstance(exc.code, int) else 1
+    except Terminated:
+        log.info("stopped on SIGTERM")
+        return 0
+    finally:
+        if metrics_server is not None:
+            metrics_server.close()
+        audit.close()
+        signal.signal(signal.SIGTERM, previous_sigterm)

@@ -1,0 +1,264 @@
+"""The webhook's HTTP application: `POST /mutate`, `GET /healthz`, `GET /readyz`.
+
+A thin adapter around the pure decision (`webhook.mutate.decide`): read and parse the
+AdmissionReview, decide, ensure capacity through the cluster port (bounded by a timeout,
+never an exception into the request), answer, audit, count. Bad input is a 400 or 413
+with `{"error": message}`, never a 5xx; a bug in the decision admits the pod unchanged.
+
+Everything the app uses is passed to `create_app`: the cluster port (or None), the audit
+log, the metrics, the clocks, the policies. No module-level state, no work at import.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Final, Protocol
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gpupack.kube import JSON
+from gpupack.policy import BUILTIN, Policy
+from webhook.audit import AuditLog, audit_line
+from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
+from webhook.metrics import ErrorKind, WebhookMetrics
+from webhook.mutate import MutationContext, decide
+from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
+
+NO_CLUSTER: Final = CapacityOutcome(
+    "no-cluster", detail="no cluster access: capacity spawning skipped"
+)
+DEFAULT_CAPACITY_TIMEOUT: Final = 2.0
+JSON_TYPE: Final = "application/json"
+
+log = logging.getLogger("webhook.server")
+
+Decide = Callable[[AdmissionRequest, MutationContext], Decision]
+
+
+class ClusterPort(Protocol):
+    """What the server needs from the cluster (implemented by `webhook.cluster`)."""
+
+    @property
+    def synced(self) -> bool: ...  # the watch caches have listed; readiness depends on it
+
+    def namespace(self, name: str) -> JSON | None: ...  # from a watch cache; None if unknown
+
+    async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def json_response(doc: JSON, status: int = 200) -> Response:
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type=JSON_TYPE)
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body; ReviewError(413) as soon as it is known to exceed `limit`.
+
+    Reads the ASGI messages directly: cheaper than Starlette's async-generator stream on
+    the hot path, which almost always gets the whole body in one message.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise ReviewError(400, f"Content-Length {declared!r} is not a byte count")
+        if int(declared) > limit:
+            raise ReviewError(413, f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise ReviewError(413, f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def internal_error(exc: Exception) -> Decision:
+    return Decision(
+        Outcome.SKIPPED,
+        Reason.INTERNAL_ERROR,
+        f"gpupack internal error ({type(exc).__name__}: {exc}); the pod was admitted unchanged",
+    )
+
+
+def capacity_error(exc: BaseException) -> CapacityOutcome:
+    return CapacityOutcome("error", detail=f"capacity check failed: {type(exc).__name__}: {exc}")
+
+
+class Admissions:
+    """The `POST /mutate` pipeline; one instance per app."""
+
+    def __init__(
+        self,
+        *,
+        audit: AuditLog,
+        metrics: WebhookMetrics,
+        cluster: ClusterPort | None,
+        policies: Mapping[str, Policy],
+        decide: Decide,
+        clock: Callable[[], datetime],
+        timer: Callable[[], float],
+        capacity_timeout: float,
+    ) -> None:
+        self._audit = audit
+        self._metrics = metrics
+        self._cluster = cluster
+        self._policies = policies
+        self._decide = decide
+        self._clock = clock
+        self._timer = timer
+        self._capacity_timeout = capacity_timeout
+        self._background: set[asyncio.Task[CapacityOutcome]] = set()
+
+    async def mutate(self, request: Request) -> Response:
+        started = self._timer()
+        try:
+            review = parse_review(await read_body(request))
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody is listening any more
+        except ReviewError as exc:
+            kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
+            self._metrics.error(kind)
+            log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
+            return json_response({"error": exc.message}, exc.status)
+        decision = self._decision(review)
+        capacity = None
+        if decision.demand is not None:
+            capacity = await self._ensure_capacity(decision.demand, review.dry_run)
+            self._metrics.capacity(capacity.action, len(capacity.created))
+            if capacity.action == "error":
+                self._metrics.error(ErrorKind.CAPACITY)
+        decision, response = self._respond(review, decision)
+        elapsed = self._timer() - started
+        self._write_audit(review, decision, capacity, elapsed)
+        self._metrics.admission(decision.outcome, decision.reason, elapsed)
+        return response
+
+    def _decision(self, review: AdmissionRequest) -> Decision:
+        try:
+            namespace = self._cluster.namespace(review.namespace) if self._cluster else None
+            return self._decide(review, MutationContext(namespace, self._policies))
+        except Exception as exc:
+            log.exception("decision failed; admitting the pod unchanged", extra={"uid": review.uid})
+            self._metrics.error(ErrorKind.INTERNAL)
+            return internal_error(exc)
+
+    def _respond(self, review: AdmissionRequest, decision: Decision) -> tuple[Decision, Response]:
+        """The AdmissionReview response; a decision that cannot be encoded (a bug) admits
+        the pod unchanged, like a decision that raised."""
+        try:
+            if decision.outcome is Outcome.DENIED:
+                return decision, json_response(deny(review.uid, decision.message))
+            patch, warnings = list(decision.patch), list(decision.warnings)
+            return decision, json_response(allow(review.uid, patch or None, warnings or None))
+        except Exception as exc:
+            log.exception("cannot encode the decision; admitting the pod unchanged")
+            self._metrics.error(ErrorKind.INTERNAL)
+            return internal_error(exc), json_response(allow(review.uid))
+
+    async def _ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        """The cluster's capacity outcome, or an "error" outcome; never raises. On timeout
+        the check goes on in the background (a cancelled create helps nobody)."""
+        if self._cluster is None:
+            return NO_CLUSTER
+        try:
+            task = asyncio.ensure_future(self._cluster.ensure_capacity(demand, dry_run))
+        except Exception as exc:  # raised before it even started
+            return capacity_error(exc)
+        try:
+            return await asyncio.wait_for(asyncio.shield(task), self._capacity_timeout)
+        except TimeoutError as exc:
+            if task.done():  # the check itself raised TimeoutError (an API call timed out)
+                return capacity_error(exc)
+            self._background.add(task)
+            task.add_done_callback(self._background_done)
+            detail = f"capacity check still running after {self._capacity_timeout:g} s"
+            return CapacityOutcome("error", detail=detail)
+        except Exception as exc:
+            return capacity_error(exc)
+
+    def _background_done(self, task: "asyncio.Task[CapacityOutcome]") -> None:
+        self._background.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("late capacity check failed", exc_info=exc)
+        else:  # the admission already counted this check as an error; count its pods
+            self._metrics.capacity_pods_created(len(task.result().created))
+
+    def _write_audit(
+        self,
+        review: AdmissionRequest,
+        decision: Decision,
+        capacity: CapacityOutcome | None,
+        elapsed: float,
+    ) -> None:
+        try:
+            self._audit.write(audit_line(review, decision, capacity, elapsed, self._clock()))
+        except Exception:
+            log.exception("cannot write the audit line", extra={"uid": review.uid})
+            self._metrics.error(ErrorKind.AUDIT)
+
+
+async def healthz(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+def create_app(
+    *,
+    audit: AuditLog,
+    metrics: WebhookMetrics,
+    cluster: ClusterPort | None = None,
+    policies: Mapping[str, Policy] = BUILTIN,
+    decide: Decide = decide,
+    clock: Callable[[], datetime] = utc_now,
+    timer: Callable[[], float] = time.perf_counter,
+    capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
+    tls_ready: Callable[[], bool] = lambda: True,
+) -> Starlette:
+    """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods."""
+    admissions = Admissions(
+        audit=audit,
+        metrics=metrics,
+        cluster=cluster,
+        policies=policies,
+        decide=decide,
+        clock=clock,
+        timer=timer,
+        capacity_timeout=capacity_timeout,
+    )
+
+    async def readyz(request: Request) -> Response:
+        if not tls_ready():
+            return json_response({"ready": False, "reason": "TLS certificate not loaded"}, 503)
+        if cluster is not None and not cluster.synced:
+            return json_response({"ready": False, "reason": "cluster caches not synced"}, 503)
+        return json_response({"ready": True})
+
+    return Starlette(
+        routes=[
+            Route("/mutate", admissions.mutate, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/readyz", readyz, methods=["GET"]),
+        ]
+    )
