@@ -704,7 +704,10 @@ def test_mutation_rules(case: Case) -> None:
         assert check(result, decision) is not False
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if isinstance(c.values[0], Case) and c.values[0].outcome is Outcome.MUTATED])
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if isinstance(c.values[0], Case) and c.values[0].outcome is Outcome.MUTATED],
+)
 def test_running_on_its_own_output_changes_nothing(case: Case) -> None:
     first = decide(request(case.pod), MutationContext(namespace=case.ns))
     mutated: Pod = jsonpatch.apply_patch(case.pod, list(first.patch))
