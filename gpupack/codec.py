@@ -17,6 +17,8 @@ from gpupack.quantity import format_compute, format_memory, parse_compute, parse
 
 OPTIMIZE_FORM: Final = f"{keys.OPTIMIZE_ENABLED!r} or {keys.OPTIMIZE_DISABLED!r}"
 UUID_FORM: Final = "an NVIDIA GPU UUID such as GPU-4c2f8f3e-1b2a-4d3c-9e8f-0a1b2c3d4e5f"
+# One encoder, not one per call: json.dumps with options builds a new JSONEncoder each time.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 _GPU_UUID = re.compile(r"^(GPU|MIG)-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 
 
@@ -88,7 +90,7 @@ def write_original_resources(original: OriginalResources) -> str:
         doc["initContainers"] = original.init_containers
     if original.scheduler_name is not None:
         doc["schedulerName"] = original.scheduler_name
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(doc)
 
 
 def read_original_resources(annotations: dict[str, str]) -> OriginalResources | None:

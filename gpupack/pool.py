@@ -33,13 +33,34 @@ def scheduling_metadata(spec: PodSpec) -> JSON:
     return inherited
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return _ENCODER.encode(value)
+
+
+_MEMO_SIZE: Final = 4096
+_memo: dict[str, str] = {}  # repr of the metadata -> key; the admission hot path
 
 
 def pool_key(spec: PodSpec) -> str:
-    """Stable hex digest of the inherited scheduling metadata."""
+    """Stable hex digest of the inherited scheduling metadata.
+
+    Memoised by the metadata's repr, which is exact for JSON-like values in a given key
+    order (a different order only costs a recomputation, never a different key).
+    """
     inherited = scheduling_metadata(spec)
+    marker = repr(inherited)
+    key = _memo.get(marker)
+    if key is None:
+        if len(_memo) >= _MEMO_SIZE:
+            _memo.clear()
+        key = _memo[marker] = _digest(inherited)
+    return key
+
+
+def _digest(inherited: JSON) -> str:
     if "tolerations" in inherited:
         inherited["tolerations"] = sorted(inherited["tolerations"], key=_canonical)
     digest = hashlib.sha256(_canonical(inherited).encode()).hexdigest()

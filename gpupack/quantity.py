@@ -4,6 +4,7 @@ Parsed exactly with Fraction, then turned into the two integer units gpupack use
 GPU compute in millicores of one GPU (1000 = a whole GPU) and memory in bytes.
 """
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -44,16 +45,26 @@ def parse_quantity(value: object, key: str = "quantity") -> Fraction:
         return Fraction(str(value))
     if not isinstance(value, str):
         raise ContractError(key, value, QUANTITY_FORM)
+    parsed = _parse_text(value)
+    if isinstance(parsed, str):
+        raise ContractError(key, value, QUANTITY_FORM, parsed)
+    return parsed
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction | str:
+    """The quantity, or why it does not parse. Cached: the same few strings ("1", "300m",
+    "8Gi") arrive with every admission, and Fraction arithmetic is slow."""
     match = _QUANTITY.match(value.strip())
     if match is None or len(value) > 64:
-        raise ContractError(key, value, QUANTITY_FORM)
+        return ""
     number = Fraction(match["num"])
     if match["bin"]:
         number *= _BINARY[match["bin"]]
     elif match["exp"]:
         exponent = int(match["exp"][1:])
         if abs(exponent) > 30:
-            raise ContractError(key, value, QUANTITY_FORM, "exponent out of range")
+            return "exponent out of range"
         number *= Fraction(10) ** exponent
     else:
         number *= _DECIMAL[match["dec"] or ""]
@@ -86,14 +97,19 @@ def parse_count(value: object, key: str) -> int:
     return int(quantity)
 
 
+@functools.lru_cache(maxsize=1024)
 def format_compute(millis: int) -> str:
     """`300m` for fractions, `1` for a whole GPU: the canonical Kubernetes form."""
     return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
 
 
+_LARGEST_FIRST = sorted(_BINARY.items(), key=lambda item: -item[1])
+
+
+@functools.lru_cache(maxsize=1024)
 def format_memory(nbytes: int) -> str:
     """The largest binary suffix that represents the value exactly (`12Gi`, `1536Mi`)."""
-    for suffix, factor in sorted(_BINARY.items(), key=lambda item: -item[1]):
+    for suffix, factor in _LARGEST_FIRST:
         if nbytes >= factor and nbytes % factor == 0:
             return f"{nbytes // factor}{suffix}"
     return str(nbytes)

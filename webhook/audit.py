@@ -5,11 +5,12 @@
 field names here are a public format: add fields, never rename them.
 """
 
-import json
 import sys
 import threading
 from datetime import datetime
 from typing import TextIO
+
+import orjson
 
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
@@ -75,7 +76,7 @@ class AuditLog:
         self._lock = threading.Lock()
 
     def write(self, line: JSON) -> None:
-        text = json.dumps(line, separators=(",", ":"), default=str) + "\n"
+        text = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE).decode()
         with self._lock:
             self._stream.write(text)
             self._stream.flush()

@@ -84,6 +84,7 @@ class WebhookMetrics:
             registry=registry,
         )
         self._admission_children: dict[tuple[str, str], Counter] = {}
+        self._capacity_children: dict[str, Counter] = {}
         self._error_children = {kind: self._errors.labels(kind.value) for kind in ErrorKind}
         for result in ("success", "failure"):
             self._certificate_reloads.labels(result)
@@ -97,7 +98,10 @@ class WebhookMetrics:
         self._duration.observe(seconds)
 
     def capacity(self, action: str, created: int) -> None:
-        self._capacity_checks.labels(action).inc()
+        child = self._capacity_children.get(action)
+        if child is None:
+            child = self._capacity_children[action] = self._capacity_checks.labels(action)
+        child.inc()
         self.capacity_pods_created(created)
 
     def capacity_pods_created(self, count: int) -> None:

@@ -211,12 +211,12 @@ def _set_annotations(pod: Pod, annotations: dict[str, str], wanted: dict[str, st
     if "annotations" not in meta or meta.get("annotations") is None:
         return [patch.add("/metadata/annotations", wanted)]
     ops = []
-    for key in sorted(wanted):
+    for key, value in wanted.items():  # built in key order by build_patch: deterministic
         path = patch.pointer("metadata", "annotations", key)
         if key not in annotations:
-            ops.append(patch.add(path, wanted[key]))
-        elif annotations[key] != wanted[key]:
-            ops.append(patch.replace(path, wanted[key]))
+            ops.append(patch.add(path, value))
+        elif annotations[key] != value:
+            ops.append(patch.replace(path, value))
     return ops
 
 
@@ -253,13 +253,13 @@ def build_patch(
     else:
         ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
     ops.extend(strip_ops)
-    wanted = {
-        keys.POLICY: choice.policy.name,
+    wanted = {  # in sorted key order, so the ops come out sorted
+        keys.DECISION: request.uid,
+        keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
         keys.GPU_COMPUTE: format_compute(allocation.compute),
         keys.GPU_MEMORY: format_memory(allocation.memory),
         keys.ORIGINAL_RESOURCES: write_original_resources(original),
-        keys.DECISION: request.uid,
-        keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
+        keys.POLICY: choice.policy.name,
     }
     ops.extend(_set_annotations(request.pod, annotations, wanted))
     env = gpu_env(choice.policy, allocation)

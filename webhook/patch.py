@@ -4,15 +4,19 @@ Keys like `gpupack.io/policy` or `nvidia.com/gpu` contain `/` and must be escape
 (`~1`), as must `~` (`~0`); every path the webhook writes goes through `pointer`.
 """
 
+import functools
 from typing import Any
 
 from gpupack.kube import JSON
 
 
 def escape(token: str) -> str:
+    if "~" not in token and "/" not in token:
+        return token
     return token.replace("~", "~0").replace("/", "~1")
 
 
+@functools.lru_cache(maxsize=4096)  # the same few paths come up in every admission
 def pointer(*tokens: str | int) -> str:
     return "".join("/" + escape(str(token)) for token in tokens)
 

@@ -5,9 +5,10 @@ message says what was wrong with the request; the server turns it into that HTTP
 """
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
 
 from gpupack.kube import JSON, Pod
 
@@ -44,8 +45,8 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if len(body) > MAX_BODY_BYTES:
         raise ReviewError(413, f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}")
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise ReviewError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ReviewError(400, "request body must be a JSON object (an AdmissionReview)")
@@ -100,9 +101,7 @@ def allow(uid: str, patch: list[JSON] | None = None, warnings: list[str] | None 
     response: JSON = {"uid": uid, "allowed": True}
     if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(
-            json.dumps(patch, separators=(",", ":")).encode()
-        ).decode()
+        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     if warnings:
         response["warnings"] = warnings
     return {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}

@@ -40,22 +40,33 @@ def _is_other_gpu(resource: str) -> bool:
     return resource.startswith(keys.NVIDIA_PREFIX) or resource.startswith(keys.OTHER_GPU_PREFIXES)
 
 
+def _gpu_count(value: object, field: str, index: int, section: str) -> int:
+    if type(value) is int and value >= 0:  # the usual JSON form: skip quantity parsing
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return parse_count(value, f"{field}[{index}].resources.{section}[{keys.NVIDIA_GPU}]")
+
+
 def _container_slot(
     field: str, index: int, container: Container
 ) -> tuple[GpuSlot | None, set[str]]:
-    resources = container.get("resources") or {}
+    resources = container.get("resources")
+    if not resources:
+        return None, set()
     count = 0
     where: list[str] = []
     other: set[str] = set()
     for section in ("limits", "requests"):
-        values = resources.get(section) or {}
-        if not isinstance(values, dict):
+        values = resources.get(section)
+        if not values or not isinstance(values, dict):
             continue
-        other.update(name for name in values if _is_other_gpu(name))
+        for name in values:
+            if "/" in name and _is_other_gpu(name):
+                other.add(name)
         if keys.NVIDIA_GPU in values:
             where.append(section)
-            key = f"{field}[{index}].resources.{section}[{keys.NVIDIA_GPU}]"
-            count = max(count, parse_count(values[keys.NVIDIA_GPU], key))
+            count = max(count, _gpu_count(values[keys.NVIDIA_GPU], field, index, section))
     if not where:
         return None, other
     name = str(container.get("name", ""))

@@ -10,13 +10,13 @@ log, the metrics, the clocks, the policies. No module-level state, no work at im
 """
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -61,7 +61,7 @@ def utc_now() -> datetime:
 
 
 def json_response(doc: JSON, status: int = 200) -> Response:
-    body = json.dumps(doc, separators=(",", ":")).encode()
+    body = orjson.dumps(doc)
     return Response(body, status_code=status, media_type=JSON_TYPE)
 
 

@@ -762,3 +762,11 @@ def test_dry_run_gets_the_same_patch() -> None:
     wet = decide(request(pod), MutationContext())
     dry = decide(request(pod, dry_run=True), MutationContext())
     assert wet.patch == dry.patch
+
+
+def test_annotation_ops_come_in_sorted_key_order() -> None:
+    pod = annotated(deployment_pod(), {"team": "a"})
+    decision = decide(request(pod), MutationContext())
+    paths = [op["path"] for op in decision.patch if op["path"].startswith("/metadata/annotations/")]
+    assert paths == sorted(paths)
+    assert len(paths) == 6
