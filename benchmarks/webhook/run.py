@@ -34,21 +34,21 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any, Final
 
 import uvicorn
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from certs import pem
 from webhook.mutate import MutationContext, decide
+
+# Run as a script: make the repository's test builders (the realistic pod) importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.webhook.builders import review, vllm_pod
 from webhook.review import allow, parse_review
 from webhook.serve import build_uvicorn_config
 
@@ -76,86 +76,8 @@ end
 
 def admission_review() -> dict[str, Any]:
     """A realistic AdmissionReview: the ReplicaSet controller creating a vLLM pod of a
-    Deployment that asks for one GPU, as kube-apiserver sends it (about 2 KB)."""
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": "llm-server-7d9f8b6c5d-",
-            "namespace": "ml",
-            "labels": {"app.kubernetes.io/name": "llm-server", "pod-template-hash": "7d9f8b6c5d"},
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": "llm-server-7d9f8b6c5d",
-                    "uid": "6f1c2b9e-8a47-4c3e-9b1d-2f5e7a9c0d11",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "vllm/vllm-openai:v0.6.3",
-                    "args": ["--model", "/models/llama-3-8b", "--port", "8000"],
-                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
-                    "env": [{"name": "HF_HOME", "value": "/models/cache"}],
-                    "resources": {
-                        "limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "24Gi"},
-                        "requests": {"nvidia.com/gpu": "1", "cpu": "2", "memory": "16Gi"},
-                    },
-                    "volumeMounts": [{"name": "models", "mountPath": "/models"}],
-                    "readinessProbe": {
-                        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
-                        "periodSeconds": 10,
-                    },
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-            ],
-            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
-            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-            "tolerations": [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-            ],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "schedulerName": "default-scheduler",
-            "securityContext": {},
-            "enableServiceLinks": True,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "priority": 0,
-        },
-    }
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": "ml",
-            "operation": "CREATE",
-            "userInfo": {
-                "username": "system:serviceaccount:kube-system:replicaset-controller",
-                "uid": "2a4e6c8e-0f1b-4d3c-8e5a-7b9c1d3e5f70",
-                "groups": ["system:serviceaccounts", "system:authenticated"],
-            },
-            "object": pod,
-            "oldObject": None,
-            "dryRun": False,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-        },
-    }
+    Deployment that asks for one GPU, as kube-apiserver sends it (about 2.4 KB)."""
+    return review(vllm_pod(), uid="b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91")
 
 
 # -- the baseline server (runs in its own process: `run.py --serve-baseline ...`) -----------
@@ -212,33 +134,19 @@ class Figures:
 
 
 def write_certificate(directory: Path) -> tuple[Path, Path]:
-    """A self-signed serving certificate for 127.0.0.1 (EC P-256, like certs/ issues)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpupack-webhook-benchmark")])
+    """A serving certificate for 127.0.0.1 from a throwaway CA (EC P-256), from certs/."""
     now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(IPv4Address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
+    ca = pem.new_ca("gpupack benchmark CA", now=now, algorithm=pem.KeyAlgorithm.ECDSA_P256)
+    leaf = pem.issue(
+        ca,
+        "gpupack-webhook-benchmark",
+        now=now,
+        names=["127.0.0.1"],
+        algorithm=pem.KeyAlgorithm.ECDSA_P256,
     )
     cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert_path.write_bytes(leaf.cert_pem + ca.cert_pem)
+    key_path.write_bytes(leaf.key_pem)
     return cert_path, key_path
 
 

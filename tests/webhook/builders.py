@@ -50,6 +50,68 @@ def deployment_pod(**spec_extra: Any) -> TestPod:
     return pod
 
 
+def vllm_pod() -> TestPod:
+    """A pod as the ReplicaSet controller of Deployment `llm-server` creates it, after the
+    API server's defaulting: about what kube-apiserver sends a mutating webhook."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "llm-server-7d9f8b6c5d-",
+            "namespace": "ml",
+            "labels": {"app.kubernetes.io/name": "llm-server", "pod-template-hash": "7d9f8b6c5d"},
+            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": "llm-server-7d9f8b6c5d",
+                    "uid": "6f1c2b9e-8a47-4c3e-9b1d-2f5e7a9c0d11",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "server",
+                    "image": "vllm/vllm-openai:v0.6.3",
+                    "args": ["--model", "/models/llama-3-8b", "--port", "8000"],
+                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                    "env": [{"name": "HF_HOME", "value": "/models/cache"}],
+                    "resources": {
+                        "limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "24Gi"},
+                        "requests": {"nvidia.com/gpu": "1", "cpu": "2", "memory": "16Gi"},
+                    },
+                    "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+                    "readinessProbe": {
+                        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+                        "periodSeconds": 10,
+                    },
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "schedulerName": "default-scheduler",
+            "securityContext": {},
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0,
+        },
+    }
+
+
 def request(
     pod: TestPod, *, operation: str = "CREATE", dry_run: bool = False, uid: str = "req-1"
 ) -> AdmissionRequest:

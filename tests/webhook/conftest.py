@@ -8,19 +8,17 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from ipaddress import IPv4Address
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import uvicorn
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from starlette.types import ASGIApp
 
+from certs import pem
 from webhook.serve import build_uvicorn_config
+
+ALGORITHM = pem.KeyAlgorithm.ECDSA_P256  # fast to generate, and what kube-apiserver accepts
 
 
 @dataclass(frozen=True)
@@ -38,61 +36,23 @@ class CertPair:
         cert_path.write_bytes(self.cert_pem)
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
 class CertificateAuthority:
-    """A self-signed CA (EC P-256) that issues serving certificates for 127.0.0.1."""
+    """A throwaway CA (EC P-256, from `certs.pem`) that issues serving certificates."""
 
     def __init__(self, common_name: str = "gpupack test CA") -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.now(UTC)
-        self._name = _name(common_name)
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(self._name)
-            .issuer_name(self._name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(self._key, hashes.SHA256())
-        )
-        self.pem = self.cert.public_bytes(serialization.Encoding.PEM)
+        self._ca = pem.new_ca(common_name, now=datetime.now(UTC), algorithm=ALGORITHM)
+        self.pem = self._ca.cert_pem
 
     def issue(
         self,
         common_name: str = "gpupack-webhook.gpupack-system.svc",
-        dns_names: tuple[str, ...] = ("localhost", "gpupack-webhook.gpupack-system.svc"),
-        ips: tuple[str, ...] = ("127.0.0.1",),
+        names: tuple[str, ...] = ("localhost", "gpupack-webhook.gpupack-system.svc", "127.0.0.1"),
     ) -> CertPair:
         """A new key pair and a serving certificate for it, signed by this CA."""
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.now(UTC)
-        names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-        names += [x509.IPAddress(IPv4Address(ip)) for ip in ips]
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(common_name))
-            .issuer_name(self._name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5))
-            .not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(self._key, hashes.SHA256())
+        leaf = pem.issue(
+            self._ca, common_name, now=datetime.now(UTC), names=list(names), algorithm=ALGORITHM
         )
-        return CertPair(
-            cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-            key_pem=key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            ),
-        )
+        return CertPair(leaf.cert_pem, leaf.key_pem)
 
     def client_context(self) -> ssl.SSLContext:
         """A client context that trusts only this CA (hostname checking on)."""

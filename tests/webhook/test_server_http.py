@@ -37,76 +37,14 @@ from webhook.serve import build_uvicorn_config, serve
 from webhook.server import ClusterPort, Decide, create_app
 from webhook.tls import CertificateReloader
 
-from .builders import namespace, review
+from .builders import namespace, review, vllm_pod
 from .conftest import CertificateAuthority, ServingFiles, run_server
 
 KUBERNETES_VERSION = "1.34"
 
 
-def gpu_deployment_pod() -> JSON:
-    """A pod as the ReplicaSet controller of Deployment `llm-server` creates it, after the
-    API server's defaulting: about what kube-apiserver sends a mutating webhook."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": "llm-server-7d9f8b6c5d-",
-            "namespace": "ml",
-            "labels": {"app.kubernetes.io/name": "llm-server", "pod-template-hash": "7d9f8b6c5d"},
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "apps/v1",
-                    "kind": "ReplicaSet",
-                    "name": "llm-server-7d9f8b6c5d",
-                    "uid": "6f1c2b9e-8a47-4c3e-9b1d-2f5e7a9c0d11",
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "containers": [
-                {
-                    "name": "server",
-                    "image": "vllm/vllm-openai:v0.6.3",
-                    "args": ["--model", "/models/llama-3-8b", "--port", "8000"],
-                    "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
-                    "env": [{"name": "HF_HOME", "value": "/models/cache"}],
-                    "resources": {
-                        "limits": {"nvidia.com/gpu": "1", "cpu": "4", "memory": "24Gi"},
-                        "requests": {"nvidia.com/gpu": "1", "cpu": "2", "memory": "16Gi"},
-                    },
-                    "volumeMounts": [{"name": "models", "mountPath": "/models"}],
-                    "readinessProbe": {
-                        "httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
-                        "periodSeconds": 10,
-                    },
-                    "terminationMessagePath": "/dev/termination-log",
-                    "terminationMessagePolicy": "File",
-                    "imagePullPolicy": "IfNotPresent",
-                }
-            ],
-            "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
-            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
-            "tolerations": [
-                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-            ],
-            "restartPolicy": "Always",
-            "terminationGracePeriodSeconds": 30,
-            "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default",
-            "schedulerName": "default-scheduler",
-            "securityContext": {},
-            "enableServiceLinks": True,
-            "preemptionPolicy": "PreemptLowerPriority",
-            "priority": 0,
-        },
-    }
-
-
 def cpu_pod() -> JSON:
-    pod = gpu_deployment_pod()
+    pod = vllm_pod()
     del pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     del pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
     return pod
@@ -230,7 +168,7 @@ def gpu_resources(pod: JSON) -> list[str]:
 
 
 def test_gpu_pod_of_a_deployment_becomes_a_valid_fractional_pod(webhook: Webhook) -> None:
-    pod = gpu_deployment_pod()
+    pod = vllm_pod()
 
     answer = webhook.admit(pod, uid="b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91")
 
@@ -254,7 +192,7 @@ def test_pod_without_gpu_is_admitted_unchanged(webhook: Webhook) -> None:
 
 
 def test_every_admission_writes_one_audit_line(webhook: Webhook) -> None:
-    webhook.admit(gpu_deployment_pod(), uid="uid-gpu")
+    webhook.admit(vllm_pod(), uid="uid-gpu")
     webhook.admit(cpu_pod(), uid="uid-cpu")
 
     lines = webhook.audit_lines()
@@ -272,7 +210,7 @@ def test_dry_run_is_passed_to_the_capacity_check(start_webhook: StartWebhook) ->
     cluster = FakeCluster()
     webhook = start_webhook(cluster=cluster)
 
-    answer = webhook.admit(gpu_deployment_pod(), dry_run=True)
+    answer = webhook.admit(vllm_pod(), dry_run=True)
 
     assert answer["allowed"] is True
     assert [dry_run for _, dry_run in cluster.calls] == [True]
@@ -284,7 +222,7 @@ def test_namespace_from_the_cluster_is_used_for_the_opt_in(start_webhook: StartW
     opted_out = namespace(labels={keys.OPTIMIZE: keys.OPTIMIZE_DISABLED})
     webhook = start_webhook(cluster=FakeCluster(namespaces={"ml": opted_out}))
 
-    answer = webhook.admit(gpu_deployment_pod())
+    answer = webhook.admit(vllm_pod())
 
     assert "patch" not in answer
     assert webhook.audit_lines()[0]["reason"] == "opted-out"
@@ -294,7 +232,7 @@ def test_created_capacity_pods_are_counted(start_webhook: StartWebhook) -> None:
     created = CapacityOutcome("created", created=("gpupack-system/capacity-a1b2c3",))
     webhook = start_webhook(cluster=FakeCluster(capacity=lambda demand, dry_run: created))
 
-    webhook.admit(gpu_deployment_pod())
+    webhook.admit(vllm_pod())
 
     assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
     assert webhook.metric("gpupack_webhook_capacity_checks_total", action="created") == 1
@@ -322,7 +260,7 @@ def test_capacity_trouble_still_admits_the_pod(
 ) -> None:
     webhook = start_webhook(cluster=cluster, capacity_timeout=0.05)
 
-    answer = webhook.admit(gpu_deployment_pod())
+    answer = webhook.admit(vllm_pod())
 
     assert answer["allowed"] is True
     assert "patch" in answer
@@ -338,7 +276,7 @@ def test_a_bug_in_the_decision_admits_the_pod_unchanged(start_webhook: StartWebh
 
     webhook = start_webhook(decide=broken)
 
-    answer = webhook.admit(gpu_deployment_pod())
+    answer = webhook.admit(vllm_pod())
 
     assert answer["allowed"] is True
     assert "patch" not in answer
@@ -355,7 +293,7 @@ def test_a_decision_that_cannot_be_encoded_admits_the_pod_unchanged(
 
     webhook = start_webhook(decide=unencodable)
 
-    answer = webhook.admit(gpu_deployment_pod())
+    answer = webhook.admit(vllm_pod())
 
     assert answer["allowed"] is True
     assert "patch" not in answer
@@ -363,7 +301,7 @@ def test_a_decision_that_cannot_be_encoded_admits_the_pod_unchanged(
 
 
 def test_invalid_policy_annotation_is_denied_with_a_message(webhook: Webhook) -> None:
-    pod = gpu_deployment_pod()
+    pod = vllm_pod()
     pod["metadata"]["annotations"][keys.POLICY] = "no-such-policy"
 
     answer = webhook.admit(pod)
@@ -373,13 +311,13 @@ def test_invalid_policy_annotation_is_denied_with_a_message(webhook: Webhook) ->
 
 
 def _review_with(**request_changes: Any) -> JSON:
-    doc = review(gpu_deployment_pod())
+    doc = review(vllm_pod())
     doc["request"].update(request_changes)
     return doc
 
 
 def _without(key: str) -> JSON:
-    doc = review(gpu_deployment_pod())
+    doc = review(vllm_pod())
     del doc["request"][key]
     return doc
 
@@ -397,13 +335,13 @@ def _without(key: str) -> JSON:
         ),
         pytest.param(_without("uid"), 400, "uid", id="missing-uid"),
         pytest.param(
-            {**review(gpu_deployment_pod()), "apiVersion": "admission.k8s.io/v1beta1"},
+            {**review(vllm_pod()), "apiVersion": "admission.k8s.io/v1beta1"},
             400,
             "apiVersion",
             id="wrong-api-version",
         ),
         pytest.param(
-            {**review(gpu_deployment_pod()), "kind": "TokenReview"},
+            {**review(vllm_pod()), "kind": "TokenReview"},
             400,
             "AdmissionReview",
             id="wrong-kind",
@@ -428,7 +366,7 @@ def test_bad_input_gets_a_client_error_and_the_server_keeps_serving(
 
     assert response.status_code == status
     assert message in response.json()["error"]
-    assert webhook.admit(gpu_deployment_pod())["allowed"] is True
+    assert webhook.admit(vllm_pod())["allowed"] is True
     kind = "body_too_large" if status == 413 else "bad_request"
     assert webhook.metric("gpupack_webhook_errors_total", kind=kind) == 1
 
@@ -441,7 +379,7 @@ def test_oversized_chunked_body_is_cut_off_with_413(webhook: Webhook) -> None:
     response = webhook.client.post("/mutate", content=chunks())
 
     assert response.status_code == 413
-    assert webhook.admit(gpu_deployment_pod())["allowed"] is True
+    assert webhook.admit(vllm_pod())["allowed"] is True
 
 
 def test_health_and_readiness(start_webhook: StartWebhook) -> None:
@@ -470,8 +408,8 @@ def test_metrics_port_shows_the_counters_moving(webhook: Webhook) -> None:
     mutated = {"outcome": "mutated", "reason": "mutated"}
     assert webhook.metric("gpupack_webhook_admissions_total", **mutated) == 0
 
-    webhook.admit(gpu_deployment_pod())
-    webhook.admit(gpu_deployment_pod())
+    webhook.admit(vllm_pod())
+    webhook.admit(vllm_pod())
     webhook.admit(cpu_pod())
 
     assert webhook.metric("gpupack_webhook_admissions_total", **mutated) == 2
@@ -561,7 +499,7 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
                 except httpx.ConnectError:
                     assert process.poll() is None, process.stderr.read() if process.stderr else ""
                     time.sleep(0.05)
-            response = client.post("/mutate", json=review(gpu_deployment_pod(), uid="sub-1"))
+            response = client.post("/mutate", json=review(vllm_pod(), uid="sub-1"))
             assert response.json()["response"]["uid"] == "sub-1"
     finally:
         process.send_signal(signal.SIGTERM)
