@@ -137,7 +137,9 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
 def device_memory_hint(spec: PodSpec) -> int | None:
     """Per-GPU memory when the pod's nodeSelector pins GFD's `nvidia.com/gpu.memory` (MiB)."""
     value = (spec.get("nodeSelector") or {}).get(keys.GFD_MEMORY_MIB)
-    return int(value) * MIB if isinstance(value, str) and value.isdigit() else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value) * MIB
+    return None
 
 
 def allocate(annotations: dict[str, str], spec: PodSpec, policy: Policy) -> Allocation:

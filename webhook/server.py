@@ -73,7 +73,7 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise ReviewError(400, f"Content-Length {declared!r} is not a byte count")
         if int(declared) > limit:
             raise ReviewError(413, f"request body is {declared} bytes; the limit is {limit}")

@@ -510,3 +510,32 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     messages = [json.loads(line)["message"] for line in stderr.splitlines()]
     assert "no cluster access: capacity spawning skipped" in messages
     assert "stopped on SIGTERM" in messages
+
+
+@pytest.mark.parametrize(
+    ("declared", "status"),
+    [
+        pytest.param("²", 400, id="latin-1-superscript"),
+        pytest.param("12a", 400, id="not-a-number"),
+        pytest.param(str(MAX_BODY_BYTES + 1), 413, id="too-large"),
+    ],
+)
+def test_content_length_is_checked_before_reading(declared: str, status: int) -> None:
+    from starlette.requests import Request
+
+    from webhook.review import ReviewError
+    from webhook.server import read_body
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mutate",
+        "headers": [(b"content-length", declared.encode("latin-1"))],
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    with pytest.raises(ReviewError) as info:
+        asyncio.run(read_body(Request(scope, receive)))
+    assert info.value.status == status
