@@ -1,8 +1,8 @@
 """Which policy a pod gets, and why: pod annotation, namespace annotation, auto-detection.
 
-Auto-detection reads the controlling owner's kind and well-known labels of training
-operators, notebook servers, Ray and model-serving frameworks. The returned `source`
-is written to the audit log so an operator can see how each choice was made.
+Auto-detection reads the controlling owner's kind, well-known labels of training
+operators, notebook servers, Ray and model-serving frameworks, and model-server images.
+The returned `source` is written to the audit log so an operator can see how each choice was made.
 """
 
 from collections.abc import Mapping
@@ -52,6 +52,27 @@ LABEL_RULES: Final[tuple[tuple[str, str | None, str, str], ...]] = (
 SERVING_APPS: Final = frozenset(
     {"triton", "tritonserver", "vllm", "text-generation-inference", "tgi", "torchserve", "ollama"}
 )
+# Image repository names (the part after the last "/", before the tag) of model servers.
+SERVING_IMAGES: Final = (
+    "vllm",
+    "tritonserver",
+    "text-generation-inference",
+    "torchserve",
+    "ollama",
+    "sglang",
+    "tensorrt-llm",
+    "llama.cpp",
+)
+
+
+def serving_image(pod: Pod) -> str | None:
+    """The first container image that is a known model server, if any."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        image = str(container.get("image", ""))
+        repository = image.rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0].lower()
+        if any(name in repository for name in SERVING_IMAGES):
+            return image
+    return None
 
 
 class UnknownPolicyError(ValueError):
@@ -88,6 +109,9 @@ def detect(pod: Pod, owner_kind: str) -> tuple[str, str]:
     app = labels.get("app.kubernetes.io/name", labels.get("app", "")).lower()
     if app in SERVING_APPS:
         return "real-time", f"serving framework {app!r}"
+    image = serving_image(pod)
+    if image is not None:
+        return "real-time", f"model-server image {image}"
     if owner_kind in TRAINING_OWNERS:
         return "training", f"owner kind {owner_kind}"
     if owner_kind in NOTEBOOK_OWNERS:

@@ -25,7 +25,7 @@ def test_explain_a_deployment_prints_the_decision_and_the_pod(
     assert main(["explain", "-f", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out
     assert "#   outcome: mutated" in out
-    assert "#   policy: near-real-time" in out
+    assert "#   policy: real-time" in out  # a vLLM image
     pod = yaml.safe_load(out)
     assert pod["spec"]["schedulerName"] == keys.SCHEDULER_NAME
     assert pod["metadata"]["annotations"][keys.GPU_COMPUTE] == "300m"

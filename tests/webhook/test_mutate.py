@@ -581,6 +581,24 @@ CASES = [
     ),
     pytest.param(
         Case(
+            deployment_pod(containers=[gpu_container(image="ghcr.io/org/vllm-openai:v0.6.3")]),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("real-time", "auto: model-server image")],
+        ),
+        id="serving-image-real-time",
+    ),
+    pytest.param(
+        Case(
+            deployment_pod(containers=[gpu_container(image="registry.local/vllm-tools/trainer:1")]),
+            Outcome.MUTATED,
+            Reason.MUTATED,
+            checks=[policy_is("near-real-time")],
+        ),
+        id="serving-name-in-registry-path-only",
+    ),
+    pytest.param(
+        Case(
             annotated(deployment_pod(), {keys.POLICY: "does-not-exist"}),
             Outcome.DENIED,
             Reason.UNKNOWN_POLICY,
