@@ -153,3 +153,12 @@ def issue(
         builder = builder.add_extension(x509.SubjectAlternativeName(_san(names)), critical=False)
     cert = builder.sign(ca.private_key(), hashes.SHA256())
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem(key))
+
+
+def new_key_pair(algorithm: KeyAlgorithm = KeyAlgorithm.RSA2048) -> tuple[bytes, bytes]:
+    """(private key PEM, public key PEM): e.g. the API server's service-account signing key."""
+    key = _new_key(algorithm)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return _pem(key), public

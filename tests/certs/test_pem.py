@@ -6,7 +6,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from certs.pem import KeyAlgorithm, Usage, issue, new_ca
+from certs.pem import KeyAlgorithm, Usage, issue, new_ca, new_key_pair
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
@@ -57,3 +57,12 @@ def test_leaf_never_outlives_its_ca() -> None:
     leaf = issue(ca, "x", now=NOW, valid_for=timedelta(days=365), algorithm=KeyAlgorithm.ECDSA_P256)
     assert leaf.certificate.not_valid_after_utc == ca.certificate.not_valid_after_utc
     assert leaf.certificate.not_valid_before_utc == NOW - timedelta(minutes=5)
+
+
+def test_key_pair_halves_belong_together() -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    private_pem, public_pem = new_key_pair(KeyAlgorithm.ECDSA_P256)
+    private = serialization.load_pem_private_key(private_pem, password=None)
+    public = serialization.load_pem_public_key(public_pem)
+    assert private.public_key() == public
