@@ -1,0 +1,72 @@
+"""The integration tier: a real control plane with simulated GPU nodes.
+
+By default the whole session shares one local cluster (hack/localcluster.py: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler, kwok) with the webhook running
+as a local process. With GPUPACK_TEST_KUBECONFIG set, the same tests run against that
+cluster instead, which must already have gpupack installed (the kind path, docs/kind.md);
+tests that stop or restart gpupack's processes need the local cluster and say so.
+"""
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
+
+EXTERNAL = os.environ.get("GPUPACK_TEST_KUBECONFIG")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster | None]:
+    if EXTERNAL:
+        yield None
+        return
+    with LocalCluster(tmp_path_factory.mktemp("cluster")) as local:
+        local.install_webhook()
+        yield local
+
+
+@pytest.fixture
+def local_cluster(cluster: LocalCluster | None) -> LocalCluster:
+    if cluster is None:
+        pytest.skip("stops and starts gpupack's processes: needs the local cluster")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster | None) -> Kube:
+    return Kube.from_kubeconfig(Path(EXTERNAL)) if EXTERNAL else cluster.kube()  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="session")
+def gpu_assigner(kube: Kube) -> Iterator[SimulatedGpuAssigner | None]:
+    if EXTERNAL:  # a real or kind cluster has its own node agent
+        yield None
+        return
+    with SimulatedGpuAssigner(kube) as assigner:
+        yield assigner
+
+
+def _namespace(kube: Kube, labels: dict[str, str]) -> Iterator[str]:
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    kube.create("/api/v1/namespaces", body)
+    kube.wait_for(
+        f"the default ServiceAccount of {name}",
+        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+    )
+    yield name
+    kube.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def opted_in_namespace(kube: Kube) -> Iterator[str]:
+    yield from _namespace(kube, {"gpupack.io/optimize": "enabled"})
+
+
+@pytest.fixture
+def plain_namespace(kube: Kube) -> Iterator[str]:
+    yield from _namespace(kube, {})

@@ -1,0 +1,322 @@
+"""The webhook against a real API server: what the cluster stores is what we promise.
+
+Each test isolates its pool with a toleration of its own (harmless: no node has that
+taint), so capacity pods of one test never count for another.
+"""
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from gpupack.pool import pool_key
+from hack.localcluster import (
+    SYSTEM_NAMESPACE,
+    ClusterError,
+    Kube,
+    LocalCluster,
+    SimulatedGpuAssigner,
+)
+
+pytestmark = pytest.mark.integration
+
+JSON = dict[str, Any]
+VISIBLE_DEVICES = {
+    "name": "NVIDIA_VISIBLE_DEVICES",
+    "valueFrom": {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.annotations['gpupack.io/gpu-uuid']"}
+    },
+}
+
+
+def isolate(namespace: str) -> JSON:
+    return {
+        "key": "gpupack.test/isolate",
+        "operator": "Equal",
+        "value": namespace,
+        "effect": "NoSchedule",
+    }
+
+
+def gpu_spec(namespace: str, gpus: int = 1, env: list[JSON] | None = None) -> JSON:
+    gpu = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    container: JSON = {
+        "name": "cuda",
+        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+        "command": ["sleep", "infinity"],
+        "resources": {
+            # The GPU in requests too: the API server would default it from limits, and
+            # "stored as submitted" compares what was sent with what was stored.
+            "requests": {"cpu": "100m", "memory": "128Mi", **gpu},
+            "limits": {"cpu": "1", "memory": "1Gi", **gpu},
+        },
+    }
+    if env is not None:
+        container["env"] = env
+    return {
+        "containers": [container],
+        "tolerations": [isolate(namespace)],
+        "terminationGracePeriodSeconds": 0,
+    }
+
+
+def pod(
+    namespace: str,
+    name: str,
+    *,
+    labels: JSON | None = None,
+    annotations: JSON | None = None,
+    **spec: Any,
+) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
+        "spec": {**gpu_spec(namespace), **spec},
+    }
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+def capacity_pods(kube: Kube, stored: JSON) -> list[JSON]:
+    """The capacity pods of a stored pod's pool. The pool is keyed by the spec the webhook
+    saw, after the API server's defaulting (DefaultTolerationSeconds adds tolerations)."""
+    selector = f"gpupack.io/role=capacity,gpupack.io/pool={pool_key(stored['spec'])}"
+    items: list[JSON] = kube.get(
+        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector=selector
+    )["items"]
+    return items
+
+
+def delete_capacity(kube: Kube, stored: JSON | None) -> None:
+    for item in capacity_pods(kube, stored) if stored else []:
+        kube.delete(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{item['metadata']['name']}")
+
+
+def has_gpu_request(stored: JSON) -> bool:
+    return any(
+        keys.NVIDIA_GPU in (c.get("resources", {}).get(section) or {})
+        for c in stored["spec"]["containers"]
+        for section in ("limits", "requests")
+    )
+
+
+def assert_mutated(stored: JSON, compute: str | None = None) -> None:
+    annotations = stored["metadata"].get("annotations") or {}
+    assert not has_gpu_request(stored)
+    assert stored["spec"]["schedulerName"] == keys.SCHEDULER_NAME
+    for key in (
+        keys.POLICY,
+        keys.GPU_COMPUTE,
+        keys.GPU_MEMORY,
+        keys.ORIGINAL_RESOURCES,
+        keys.DECISION,
+    ):
+        assert key in annotations, key
+    if compute is not None:
+        assert annotations[keys.GPU_COMPUTE] == compute
+    env = stored["spec"]["containers"][0]["env"]
+    assert VISIBLE_DEVICES in env
+    assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"} in env
+
+
+def assert_as_submitted(stored: JSON, submitted: JSON) -> None:
+    annotations = stored["metadata"].get("annotations") or {}
+    assert not [k for k in annotations if k.startswith("gpupack.io/")]
+    assert stored["spec"]["schedulerName"] == "default-scheduler"
+    assert stored["metadata"].get("labels", {}) == submitted["metadata"].get("labels", {})
+    for got, sent in zip(
+        stored["spec"]["containers"], submitted["spec"]["containers"], strict=True
+    ):
+        assert got["resources"] == sent["resources"]
+        assert got.get("env") == sent.get("env")
+
+
+def test_deployment_pods_are_stored_mutated_and_capacity_is_placed_on_gpu_nodes(
+    kube: Kube, opted_in_namespace: str, gpu_assigner: SimulatedGpuAssigner | None
+) -> None:
+    ns = opted_in_namespace
+    spec = gpu_spec(ns)
+    template = {
+        "metadata": {
+            "labels": {"app": "llm"},
+            "annotations": {keys.GPU_COMPUTE: "300m", keys.POLICY: "batch"},
+        },
+        "spec": spec,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "llm", "namespace": ns},
+        "spec": {"replicas": 9, "selector": {"matchLabels": {"app": "llm"}}, "template": template},
+    }
+    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+    first: JSON | None = None
+    try:
+
+        def nine_pods() -> list[JSON] | None:
+            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=llm")["items"]
+            return items if len(items) == 9 else None
+
+        pods = kube.wait_for("the ReplicaSet's 9 pods", nine_pods)
+        first = pods[0]
+        for stored in pods:
+            assert_mutated(stored, compute="300m")
+            assert stored["metadata"]["annotations"][keys.POLICY] == "batch"
+            assert stored["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+
+        def placed() -> list[JSON] | None:
+            items = capacity_pods(kube, first)
+            ok = len(items) >= 3 and all(
+                i["spec"].get("nodeName") and i.get("status", {}).get("phase") == "Running"
+                for i in items
+            )
+            return items if ok else None
+
+        try:
+            capacity = kube.wait_for("3 capacity pods Running on GPU nodes", placed, timeout=60)
+        except ClusterError as exc:
+            states = [(i["metadata"]["name"], i.get("status")) for i in capacity_pods(kube, first)]
+            raise AssertionError(f"{exc}; capacity pods: {states}") from None
+        assert len(capacity) == 3  # 9 x 300m: three GPUs, not nine
+        nodes = {n["metadata"]["name"]: n for n in kube.get("/api/v1/nodes")["items"]}
+        for item in capacity:
+            node = nodes[item["spec"]["nodeName"]]
+            assert int(node["status"]["allocatable"]["nvidia.com/gpu"]) >= 1
+            assert item["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+            assert isolate(ns) in item["spec"]["tolerations"]  # inherited scheduling metadata
+        if gpu_assigner is not None:  # the node agent's stand-in gives each one its GPU
+
+            def assigned() -> set[str] | None:
+                found = {
+                    (i["metadata"].get("annotations") or {}).get(keys.GPU_UUID)
+                    for i in capacity_pods(kube, first)
+                }
+                return None if None in found else found  # type: ignore[return-value]
+
+            uuids = kube.wait_for("GPU UUIDs on the capacity pods", assigned)
+            assert len(uuids) == 3
+    finally:
+        kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/llm")
+        delete_capacity(kube, first)
+
+
+@pytest.mark.parametrize(
+    ("case", "opted_in"),
+    [
+        pytest.param("no-gpu", True, id="pod-without-gpu"),
+        pytest.param("opted-out", True, id="pod-opted-out"),
+        pytest.param("gpu", False, id="namespace-not-opted-in"),
+    ],
+)
+def test_pods_out_of_scope_are_stored_as_submitted(
+    kube: Kube, opted_in_namespace: str, plain_namespace: str, case: str, opted_in: bool
+) -> None:
+    ns = opted_in_namespace if opted_in else plain_namespace
+    labels = {"gpupack.io/optimize": "disabled"} if case == "opted-out" else {"app": "x"}
+    submitted = pod(
+        ns,
+        f"p-{case}",
+        labels=labels,
+        **gpu_spec(ns, gpus=0 if case == "no-gpu" else 1, env=[{"name": "A", "value": "1"}]),
+    )
+    stored = kube.create(pods_path(ns), submitted)
+    assert_as_submitted(stored, submitted)
+    assert_as_submitted(kube.get(f"{pods_path(ns)}/p-{case}"), submitted)
+    assert capacity_pods(kube, stored) == []
+
+
+def test_workload_opt_in_label_is_mutated_in_a_namespace_that_is_not(
+    kube: Kube, plain_namespace: str
+) -> None:
+    ns = plain_namespace
+    stored = kube.create(
+        pods_path(ns), pod(ns, "opted-in-pod", labels={"gpupack.io/optimize": "enabled"})
+    )
+    assert_mutated(stored)
+    delete_capacity(kube, stored)
+
+
+def kubectl() -> str | None:
+    bin_dir = os.environ.get("GPUPACK_BIN_DIR", "")
+    candidate = Path(bin_dir, "kubectl")
+    return str(candidate) if bin_dir and candidate.is_file() else shutil.which("kubectl")
+
+
+def test_server_side_dry_run_returns_the_mutated_pod_and_creates_no_capacity(
+    kube: Kube, cluster: LocalCluster | None, opted_in_namespace: str
+) -> None:
+    ns = opted_in_namespace
+    submitted = pod(ns, "dry")
+    binary = kubectl()
+    assert binary is not None, "kubectl is built with the other binaries (hack/lib/binaries.sh)"
+    kubeconfig = os.environ.get("GPUPACK_TEST_KUBECONFIG") or str(cluster.kubeconfig)  # type: ignore[union-attr]
+    result = subprocess.run(
+        [
+            binary,
+            f"--kubeconfig={kubeconfig}",
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        input=json.dumps(submitted),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    dry = json.loads(result.stdout)
+    assert_mutated(dry)
+    assert kube.get(pods_path(ns))["items"] == []
+    assert capacity_pods(kube, dry) == []
+
+
+def test_user_supplied_assignment_annotations_are_stripped(
+    kube: Kube, opted_in_namespace: str
+) -> None:
+    ns = opted_in_namespace
+    forged = {
+        keys.GPU_UUID: "GPU-4c2f8f3e-1b2a-4d3c-9e8f-0a1b2c3d4e5f",
+        keys.CAPACITY_POD: "someone-elses-gpu",
+    }
+    stored = kube.create(pods_path(ns), pod(ns, "forger", annotations={**forged, "team": "a"}))
+    assert_mutated(stored)
+    annotations = stored["metadata"]["annotations"]
+    assert keys.GPU_UUID not in annotations
+    assert keys.CAPACITY_POD not in annotations
+    assert annotations["team"] == "a"
+    delete_capacity(kube, stored)
+
+
+def test_with_the_webhook_down_pods_are_admitted_unchanged(
+    kube: Kube, local_cluster: LocalCluster, opted_in_namespace: str
+) -> None:
+    """failurePolicy: Ignore (the default): an outage never blocks workloads."""
+    ns = opted_in_namespace
+    submitted = pod(ns, "during-outage")
+    local_cluster.stop_webhook()
+    try:
+        stored = kube.create(pods_path(ns), copy.deepcopy(submitted))
+        assert_as_submitted(stored, submitted)
+        assert has_gpu_request(stored)
+    finally:
+        local_cluster.install_webhook()
+    after = kube.create(pods_path(ns), pod(ns, "after-outage"))
+    assert_mutated(after)
+    delete_capacity(kube, after)
