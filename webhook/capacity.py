@@ -50,6 +50,7 @@ DECISION_INDEX: Final = "decision"
 RESERVATION_TTL: Final = 60.0
 CREATE_BUDGET: Final = 5.0  # seconds of retrying creates within one admission
 TERMINATED: Final = frozenset({"Succeeded", "Failed"})
+ALLOCATION_MEMO_SIZE: Final = 50_000
 
 
 class PodCache(Protocol):
@@ -188,6 +189,7 @@ class CapacityManager:
         self._on_created = on_created
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
+        self._allocations: dict[tuple[str, str], Allocation | None] = {}
         self.created_total = 0
 
     @property
@@ -286,7 +288,7 @@ class CapacityManager:
         placed: dict[str, list[Allocation]] = {name: [] for name in live}
         unplaced: list[Allocation] = []
         for pod in self._fractional.by_index(POOL_INDEX, demand.pool):
-            allocation = pod_allocation(pod) if is_live(pod) else None
+            allocation = self._allocation(pod) if is_live(pod) else None
             if allocation is None:
                 continue
             host = annotations_of(pod).get(keys.CAPACITY_POD)
@@ -317,6 +319,19 @@ class CapacityManager:
             | frozenset(state.in_flight),
             new_gpu_memory=min(known) if known else None,
         )
+
+    def _allocation(self, pod: JSON) -> Allocation | None:
+        """`pod_allocation`, memoised by uid and resourceVersion: every admission reads the
+        whole pool, and parsing each pod's annotations every time made bursts quadratic."""
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
+        if not all(key):
+            return pod_allocation(pod)
+        if key not in self._allocations:
+            if len(self._allocations) >= ALLOCATION_MEMO_SIZE:
+                self._allocations.clear()
+            self._allocations[key] = pod_allocation(pod)
+        return self._allocations[key]
 
     def _create(
         self,

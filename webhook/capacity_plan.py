@@ -16,6 +16,7 @@ create into a no-op instead of a duplicate GPU.
 """
 
 import copy
+import itertools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ INHERITED: Final = (
     "priorityClassName",
     "runtimeClassName",
 )
+
+
+_UNBOUNDED: Final = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,18 @@ class _OpenBin:
         if a.exclusive:
             self.exclusive_owner = a.owner
 
+    def room_for(self, a: Allocation) -> int:
+        """How many more allocations shaped like `a` fit (the same answer `fits` gives
+        one at a time)."""
+        if self.exclusive_owner is not None and self.exclusive_owner != a.owner:
+            return 0
+        if a.exclusive and self.owners - {a.owner}:
+            return 0
+        count = (FULL_GPU - self.compute_used) // a.compute if a.compute > 0 else _UNBOUNDED
+        if self.memory is not None and a.memory > 0:
+            count = min(count, (self.memory - self.memory_used) // a.memory)
+        return max(count, 0)
+
     def freeze(self) -> Bin:
         return Bin(self.name, self.memory, tuple(self.allocations))
 
@@ -136,6 +152,31 @@ def _decreasing(a: Allocation) -> tuple[int, int, str, str]:
     return (-a.compute, -a.memory, a.owner, a.key)
 
 
+def _shape(a: Allocation) -> tuple[int, int, bool, str]:
+    """Allocations that pack alike. The owner matters only to exclusive (MPS) ones; for
+    the rest it matters only at GPUs an MPS workload holds (see `_fill`)."""
+    return (a.compute, a.memory, a.exclusive, a.owner if a.exclusive else "")
+
+
+def _fill(open_bin: _OpenBin, pending: list[Allocation]) -> list[Allocation]:
+    """Put as many of `pending` (one shape, in order) on `open_bin` as fit, first ones
+    first, the way first fit one at a time would; return the rest."""
+    owner = open_bin.exclusive_owner
+    if owner is None or pending[0].exclusive:
+        room = open_bin.room_for(pending[0])
+        for allocation in pending[:room]:
+            open_bin.add(allocation)
+        return pending[room:]
+    # A GPU held by an MPS workload takes only that workload's pods.
+    eligible = [i for i, a in enumerate(pending) if a.owner == owner]
+    if not eligible:
+        return pending
+    taken = set(eligible[: open_bin.room_for(pending[eligible[0]])])
+    for index in sorted(taken):
+        open_bin.add(pending[index])
+    return [a for i, a in enumerate(pending) if i not in taken]
+
+
 def plan(
     gpus: Sequence[Gpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
 ) -> Plan:
@@ -152,15 +193,25 @@ def plan(
             open_bin.add(allocation)
         bins.append(open_bin)
     oversized: list[str] = []
-    for allocation in sorted(unplaced, key=_decreasing):
-        target = next((b for b in bins if b.fits(allocation)), None)
-        if target is None:
+    # First-fit decreasing, a run of equal shapes at a time: first fit of k identical
+    # allocations fills each bin with as many as fit, in bin order. A burst of one
+    # workload's pods is one run, so this is O(runs x bins + n), not O(n x bins).
+    for _, run in itertools.groupby(sorted(unplaced, key=_decreasing), key=_shape):
+        pending = list(run)
+        for open_bin in bins:
+            if not pending:
+                break
+            pending = _fill(open_bin, pending)
+        while pending:
             target = _OpenBin(None, new_gpu_memory)
-            if not target.fits(allocation):
+            if not target.fits(pending[0]):
                 target = _OpenBin(None, None)
-                oversized.append(allocation.key)
+                oversized.append(pending[0].key)
+            room = max(target.room_for(pending[0]), 1)
+            for allocation in pending[:room]:
+                target.add(allocation)
+            pending = pending[room:]
             bins.append(target)
-        target.add(allocation)
     return Plan(tuple(b.freeze() for b in bins), tuple(oversized))
 
 

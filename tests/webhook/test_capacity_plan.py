@@ -287,3 +287,66 @@ def test_capacity_pod_takes_only_scheduling_fields_and_does_not_alias_them() -> 
     assert pod["spec"]["containers"][0]["image"] == "pause:x"
     pod["spec"]["tolerations"].append({"key": "other"})
     assert len(SCHEDULING["tolerations"]) == 1
+
+
+def one_at_a_time(
+    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+) -> list[list[str]]:
+    """Plain first-fit decreasing, one allocation at a time: the specification that the
+    planner's run-at-a-time packing must reproduce exactly."""
+    bins: list[tuple[int | None, list[Allocation]]] = [
+        (g.memory, list(g.allocations)) for g in sorted(gpus, key=lambda g: (not g.running, g.name))
+    ]
+
+    def fits(memory: int | None, on: list[Allocation], a: Allocation) -> bool:
+        if sum(x.compute for x in on) + a.compute > FULL_GPU:
+            return False
+        if memory is not None and sum(x.memory for x in on) + a.memory > memory:
+            return False
+        exclusive = {x.owner for x in on if x.exclusive}
+        if exclusive and exclusive != {a.owner}:
+            return False
+        return not (a.exclusive and {x.owner for x in on} - {a.owner})
+
+    for a in sorted(unplaced, key=lambda a: (-a.compute, -a.memory, a.owner, a.key)):
+        target = next((b for b in bins if fits(b[0], b[1], a)), None)
+        if target is None:
+            memory = new_gpu_memory if fits(new_gpu_memory, [], a) else None
+            target = (memory, [])
+            bins.append(target)
+        target[1].append(a)
+    return [[a.key for a in on] for _, on in bins]
+
+
+same_shapes = st.builds(
+    lambda n, compute, memory, owner: [
+        Allocation(f"k{i:03}", compute, memory, owner) for i in range(n)
+    ],
+    st.integers(0, 40),
+    st.sampled_from([100, 250, 300, 400, 1000]),
+    st.sampled_from([4 * GiB, 8 * GiB, 12 * GiB]),
+    owners,
+)
+
+
+mixed_runs = st.lists(
+    st.builds(
+        Allocation,
+        key=st.uuids().map(str),
+        compute=st.sampled_from([100, 250, 500]),
+        memory=st.sampled_from([4 * GiB, 8 * GiB]),
+        owner=owners,
+        exclusive=st.booleans(),
+    ),
+    max_size=40,
+)
+
+
+@given(existing_gpus(), st.lists(allocations, max_size=25) | same_shapes | mixed_runs, gpu_memories)
+def test_packing_runs_of_equal_shapes_equals_first_fit_one_at_a_time(
+    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+) -> None:
+    result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
+    assert [[a.key for a in b.allocations] for b in result.bins] == one_at_a_time(
+        gpus, unplaced, new_gpu_memory
+    )
