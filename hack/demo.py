@@ -1,0 +1,202 @@
+"""The main job: gpupack on a local cluster with simulated GPU nodes, explained.
+
+`python -m hack.demo start` (what `hack/demo` runs) starts the local control plane with
+kwok GPU nodes, the webhook, and the node agent's stand-in, all detached so they keep
+running; applies the sample workloads in examples/; and prints what happened: which pods
+were rewritten and why, the capacity pods, GPUs held versus GPUs asked for, and where the
+logs are. `python -m hack.demo stop` stops everything it started.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hack.localcluster import (
+    SYSTEM_NAMESPACE,
+    ClusterError,
+    Kube,
+    LocalCluster,
+    Process,
+    log,
+)
+from webhook.decisions import parse_lines, table
+
+REPO = Path(__file__).resolve().parents[1]
+WORKDIR = REPO / ".cache" / "demo"
+MANIFESTS = [
+    REPO / "examples" / "demo" / "namespaces.yaml",
+    REPO / "examples" / "llm-deployment.yaml",
+    REPO / "examples" / "demo" / "inference.yaml",
+    REPO / "examples" / "demo" / "training.yaml",
+    REPO / "examples" / "demo" / "notebook.yaml",
+    REPO / "examples" / "demo" / "research.yaml",
+]
+NAMESPACES = ("ml", "research")
+JSON = dict[str, Any]
+
+
+def kubectl(cluster: LocalCluster, *args: str) -> str:
+    command = [cluster.binary("kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout  # noqa: S603
+
+
+def gpus_asked(pod: JSON) -> int:
+    """GPUs the pod asked for before gpupack: its original-resources record, else its spec."""
+    original = (pod["metadata"].get("annotations") or {}).get("gpupack.io/original-resources")
+    if original:
+        doc = json.loads(original)
+        return sum(
+            int(section.get("nvidia.com/gpu", 0))
+            for containers in (doc.get("containers", {}), doc.get("initContainers", {}))
+            for sections in containers.values()
+            for section in [sections.get("limits", sections.get("requests", {}))]
+        )
+    return sum(
+        int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0))
+        for c in pod["spec"]["containers"]
+    )
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def workload_pods(kube: Kube) -> list[JSON]:
+    pods: list[JSON] = []
+    for namespace in NAMESPACES:
+        pods += kube.get(f"/api/v1/namespaces/{namespace}/pods")["items"]
+    return pods
+
+
+def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
+    """Until every sample pod exists and every capacity pod runs with its GPU."""
+
+    def settled() -> bool:
+        if len(workload_pods(kube)) < expected_pods:
+            return False
+        capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods")["items"]
+        return bool(capacity) and all(
+            (c["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid") for c in capacity
+        )
+
+    with contextlib.suppress(ClusterError):
+        kube.wait_for("the sample workloads to settle", settled, timeout=timeout, interval=0.5)
+
+
+def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
+    kube = cluster.kube()
+    pods = workload_pods(kube)
+    capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods")["items"]
+    rewritten = [
+        p for p in pods if "gpupack.io/decision" in (p["metadata"].get("annotations") or {})
+    ]
+    untouched = [p for p in pods if p not in rewritten]
+    asked = sum(gpus_asked(p) for p in rewritten)
+    whole = sum(gpus_asked(p) for p in untouched)
+
+    out.write("\n== Decisions (the webhook's audit log)\n")
+    records = list(parse_lines(cluster.audit_log.read_text().splitlines()))
+    table(records, out)
+
+    out.write("\n== Capacity pods: each holds one whole GPU that fractional pods share\n")
+    rows = [["NAME", "NODE", "PHASE", "GPU"]]
+    for item in sorted(capacity, key=lambda c: c["metadata"]["name"]):
+        annotations = item["metadata"].get("annotations") or {}
+        rows.append(
+            [
+                item["metadata"]["name"],
+                item["spec"].get("nodeName", "-"),
+                item.get("status", {}).get("phase", "-"),
+                annotations.get("gpupack.io/gpu-uuid", "(waiting for the node agent)"),
+            ]
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+    out.write("\n== GPUs\n")
+    out.write(
+        f"  {plural(len(rewritten), 'pod')} rewritten in opted-in namespaces asked for "
+        f"{plural(asked, 'GPU')};\n  they share {plural(len(capacity), 'GPU')} held by "
+        f"capacity pods.\n  {plural(len(untouched), 'pod')} left alone (not opted in, or no "
+        f"GPU) {'holds' if len(untouched) == 1 else 'hold'} {plural(whole, 'whole GPU')}.\n"
+    )
+    out.write(
+        "  Fractional pods stay Pending until the gpupack scheduler (next release) binds them.\n"
+    )
+    out.write("\n== Where to look\n")
+    out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
+    out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")
+    out.write(f"  audit log:        {cluster.audit_log}\n")
+    out.write(
+        f"  decisions:        .venv/bin/gpupack-webhook decisions {cluster.audit_log} -n ml\n"
+    )
+    out.write(f"  component logs:   {cluster.workdir / 'logs'}/\n")
+    out.write("  stop everything:  hack/demo stop\n")
+
+
+def start(workdir: Path) -> int:
+    stopped = LocalCluster.stop_from_state(workdir)
+    if stopped:
+        log(f"stopped the previous demo cluster ({', '.join(stopped)})")
+    if workdir.exists():
+        subprocess.run(["rm", "-rf", str(workdir)], check=True)  # noqa: S603, S607
+    cluster = LocalCluster(workdir, detach=True)
+    try:
+        cluster.start()
+        cluster.install_webhook()
+        assigner = Process(
+            "gpu-assigner",
+            [
+                sys.executable,
+                "-m",
+                "hack.localcluster",
+                "assign-gpus",
+                f"--kubeconfig={cluster.kubeconfig}",
+            ],
+            workdir / "logs" / "gpu-assigner.log",
+        )
+        assigner.start({**os.environ, "PYTHONPATH": str(REPO)}, detach=True)
+        cluster.processes["gpu-assigner"] = assigner
+        cluster.write_state()
+        for manifest in MANIFESTS:
+            log(f"kubectl apply -f {manifest.relative_to(REPO)}")
+            kubectl(cluster, "apply", "-f", str(manifest))
+        wait_settled(cluster.kube(), expected_pods=9 + 2 + 1 + 1 + 1)
+        time.sleep(1)  # let the last audit lines land
+        report(cluster)
+    except BaseException:
+        cluster.stop()
+        raise
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hack/demo", description=__doc__)
+    parser.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
+    parser.add_argument("--workdir", type=Path, default=WORKDIR)
+    args = parser.parse_args(argv)
+    if args.action == "stop":
+        stopped = LocalCluster.stop_from_state(args.workdir)
+        print(f"stopped: {', '.join(stopped)}" if stopped else "no demo cluster is running")
+        return 0
+    if args.action == "status":
+        state = args.workdir / "state.json"
+        print(state.read_text() if state.exists() else "no demo cluster is running")
+        return 0
+    try:
+        return start(args.workdir)
+    except ClusterError as exc:
+        print(f"hack/demo: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
