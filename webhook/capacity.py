@@ -143,7 +143,7 @@ class _Reservation:
 
 @dataclass(slots=True)
 class _PoolState:
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # `ensure` creates under it
     reservations: dict[str, _Reservation] = field(default_factory=dict)  # by decision id
     in_flight: dict[str, float] = field(default_factory=dict)  # capacity pod name -> expiry
 
@@ -204,6 +204,30 @@ class CapacityManager:
         assert outcome is not None
         return outcome
 
+    def claim(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        """Plan without calling the API. When GPUs are missing, reserve the pod and claim
+        the capacity pods' names (counted as GPUs on their way from now on), and answer
+        "creating" with them; `create_claimed` then creates them, off the admission's path.
+        Holds the pool's lock only while planning."""
+        state = self._state(demand.pool)
+        with state.lock:
+            outcome = self._guarded(state, demand, dry_run, may_create=False, claim=True)
+        assert outcome is not None
+        return outcome
+
+    def create_claimed(self, demand: Demand, claimed: CapacityOutcome) -> CapacityOutcome:
+        """Create the capacity pods `claim` answered "creating" for (blocking: API calls).
+        Names that could not be created are released, so the next admission plans again."""
+        state = self._state(demand.pool)
+        try:
+            return self._create(state, demand, claimed.created, self._clock(), claimed.extra)
+        except Exception as exc:  # a bug: release the claim, never raise
+            log.exception("creating capacity for pool %s failed", demand.pool)
+            with state.lock:
+                for name in claimed.created:
+                    state.in_flight.pop(name, None)
+            return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
+
     def try_ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome | None:
         """Like `ensure` when that needs no API call and no waiting; None otherwise."""
         state = self._state(demand.pool)
@@ -226,16 +250,28 @@ class CapacityManager:
             return self._pools.setdefault(pool, _PoolState())
 
     def _guarded(
-        self, state: _PoolState, demand: Demand, dry_run: bool, *, may_create: bool
+        self,
+        state: _PoolState,
+        demand: Demand,
+        dry_run: bool,
+        *,
+        may_create: bool,
+        claim: bool = False,
     ) -> CapacityOutcome | None:
         try:
-            return self._ensure_locked(state, demand, dry_run, may_create=may_create)
+            return self._ensure_locked(state, demand, dry_run, may_create=may_create, claim=claim)
         except Exception as exc:  # never into the admission
             log.exception("capacity for pool %s failed", demand.pool)
             return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
 
     def _ensure_locked(
-        self, state: _PoolState, demand: Demand, dry_run: bool, *, may_create: bool
+        self,
+        state: _PoolState,
+        demand: Demand,
+        dry_run: bool,
+        *,
+        may_create: bool,
+        claim: bool = False,
     ) -> CapacityOutcome | None:
         now = self._clock()
         if not self.synced:
@@ -262,6 +298,11 @@ class CapacityManager:
         if dry_run:
             detail = f"would create {len(names)} capacity pod(s): {', '.join(names)}"
             return CapacityOutcome("dry-run", detail=detail, extra=extra)
+        if claim:
+            self._reserve(state, demand, now)
+            for name in names:
+                state.in_flight[name] = now + self._ttl
+            return CapacityOutcome("creating", created=names, extra=extra)
         if not may_create:
             return None
         self._reserve(state, demand, now)
@@ -369,11 +410,15 @@ class CapacityManager:
                 if not error.already_exists:
                     failure = f"creating capacity pod {name} failed: {error}"
                     log.warning("pool %s: %s", demand.pool, failure)
+                    with state.lock:  # release the names not created: plan again next time
+                        for unmade in names[names.index(name) :]:
+                            state.in_flight.pop(unmade, None)
                     break
                 existing.append(name)  # another replica won the race: same GPU
             else:
                 created.append(name)
-            state.in_flight[name] = now + self._ttl
+            with state.lock:
+                state.in_flight[name] = now + self._ttl
         if created:
             with self._guard:
                 self.created_total += len(created)

@@ -3,13 +3,15 @@
 `connect` returns None when there is no cluster to talk to (the server then runs without
 namespace opt-in lookups and without capacity spawning). `Cluster` is what the server
 uses: `synced`, `namespace(name)`, `ensure_capacity(demand, dry_run)`, `start`, `stop`.
-`ensure_capacity` answers from the caches on the event loop when no API call is needed,
-and moves the blocking part (creating capacity pods) to a worker thread.
+`ensure_capacity` plans from the caches on the event loop and answers at once; when
+GPUs are missing it claims the capacity pods' names (the next admission counts them) and
+creates them on a background thread, so no admission waits for another pod's creation.
 """
 
-import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -29,7 +31,9 @@ from webhook.decision import CapacityOutcome, Demand
 from webhook.informer import WATCH_TIMEOUT_SECONDS, Informer
 from webhook.kube import KubeClient, load_client
 
+log = logging.getLogger(__name__)
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
+CREATORS: Final = 2  # background threads creating capacity pods
 ALL_PODS_PATH: Final = "/api/v1/pods"
 
 
@@ -44,6 +48,7 @@ class Cluster:
         system_namespace: str = keys.SYSTEM_NAMESPACE,
         reservation_ttl: float = RESERVATION_TTL,
         on_capacity_created: Callable[[int], None] | None = None,
+        on_capacity_failed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
@@ -83,6 +88,8 @@ class Cluster:
         )
         self._informers = (self.namespaces, self.capacity_pods, self.fractional_pods)
         self._client = client
+        self._on_failed = on_capacity_failed
+        self._creators = ThreadPoolExecutor(CREATORS, thread_name_prefix="capacity")
 
     @property
     def synced(self) -> bool:
@@ -94,16 +101,24 @@ class Cluster:
         return self.namespaces.get(name)
 
     async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        outcome = self.capacity.try_ensure(demand, dry_run)
-        if outcome is not None:
-            return outcome
-        return await asyncio.to_thread(self.capacity.ensure, demand, dry_run)
+        outcome = self.capacity.claim(demand, dry_run)
+        if outcome.action == "creating":
+            self._creators.submit(self._create, demand, outcome)
+        return outcome
+
+    def _create(self, demand: Demand, claimed: CapacityOutcome) -> None:
+        result = self.capacity.create_claimed(demand, claimed)
+        if result.action == "error":
+            log.warning("capacity for %s/%s: %s", demand.namespace, demand.workload, result.detail)
+            if self._on_failed is not None:
+                self._on_failed(result.detail)
 
     def start(self) -> None:
         for informer in self._informers:
             informer.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._creators.shutdown(wait=True, cancel_futures=False)  # finish claimed creates
         for informer in self._informers:
             informer.stop(timeout=0)  # interrupt all first, then wait for each
         for informer in self._informers:
@@ -116,6 +131,7 @@ def connect(
     *,
     capacity_image: str = DEFAULT_IMAGE,
     on_capacity_created: Callable[[int], None] | None = None,
+    on_capacity_failed: Callable[[str], None] | None = None,
     reservation_ttl: float = RESERVATION_TTL,
     environ: Mapping[str, str] | None = None,
     home: Path | None = None,
@@ -129,4 +145,5 @@ def connect(
         capacity_image=capacity_image,
         reservation_ttl=reservation_ttl,
         on_capacity_created=on_capacity_created,
+        on_capacity_failed=on_capacity_failed,
     )

@@ -102,7 +102,8 @@ class WebhookMetrics:
         if child is None:
             child = self._capacity_children[action] = self._capacity_checks.labels(action)
         child.inc()
-        self.capacity_pods_created(created)
+        if action == "created":  # "creating": counted when the background create succeeds
+            self.capacity_pods_created(created)
 
     def capacity_pods_created(self, count: int) -> None:
         if count:

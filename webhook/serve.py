@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from webhook.audit import AuditLog
-from webhook.metrics import MetricsServer, WebhookMetrics, start_metrics_server
+from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.server import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.tls import CertificateError, CertificateReloader
 
@@ -173,11 +173,16 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
-def connect_cluster(args: argparse.Namespace) -> ClusterPort | None:
+def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> ClusterPort | None:
     # Lazy: importing the kubernetes client is slow, and `explain` never needs it.
     from webhook.cluster import connect  # noqa: PLC0415
 
-    cluster: ClusterPort | None = connect(args.kubeconfig, capacity_image=args.capacity_image)
+    cluster: ClusterPort | None = connect(
+        args.kubeconfig,
+        capacity_image=args.capacity_image,
+        on_capacity_created=metrics.capacity_pods_created,
+        on_capacity_failed=lambda _detail: metrics.error(ErrorKind.CAPACITY),
+    )
     return cluster
 
 
@@ -209,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
     metrics_server: MetricsServer | None = None
     try:
         try:
-            cluster = connect_cluster(args)
+            cluster = connect_cluster(args, metrics)
         except Exception as exc:
             log.error("cannot connect to the cluster: %s: %s", type(exc).__name__, exc)
             return EXIT_CONFIG

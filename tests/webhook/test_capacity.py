@@ -503,3 +503,43 @@ def test_create_retries_stop_when_the_admission_budget_is_spent(
 
     assert outcome.action == "error"
     assert kube.count("create") == 3  # at 0, 0.1 and 0.3 seconds; then the budget is gone
+
+
+def test_claim_calls_no_api_and_counts_the_claimed_gpu_at_once(
+    kube: FakeKube, replicas: Callable[..., Replica]
+) -> None:
+    replica = replicas()
+    first = replica.manager.claim(demand("uid-1"), False)
+    assert first.action == "creating"
+    assert first.created == (capacity_name(POOL, 0),)
+    assert kube.count("create") == 0  # the admission never waits for the API
+    # The claimed GPU (1000m) counts before it exists: 300m + 300m + 300m fit on it.
+    assert [replica.manager.claim(demand(f"uid-{i}"), False).action for i in (2, 3)] == [
+        "sufficient",
+        "sufficient",
+    ]
+    created = replica.manager.create_claimed(demand("uid-1"), first)
+    assert created.action == "created"
+    assert created_names(kube) == [capacity_name(POOL, 0)]
+    assert replica.created == [1]
+
+
+def test_a_failed_background_create_releases_its_claim(
+    kube: FakeKube, replicas: Callable[..., Replica]
+) -> None:
+    replica = replicas()
+    kube.fail("create", ApiError(403, "Forbidden", "pods is forbidden"), times=1)
+    claimed = replica.manager.claim(demand("uid-1"), False)
+    failed = replica.manager.create_claimed(demand("uid-1"), claimed)
+    assert failed.action == "error"
+    assert "Forbidden" in failed.detail
+    # Nothing is on its way any more, so the next admission plans (and claims) again.
+    again = replica.manager.claim(demand("uid-2"), False)
+    assert again.action == "creating"
+    assert again.created == (capacity_name(POOL, 0),)
+
+
+def test_claim_on_a_dry_run_creates_and_claims_nothing(replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    assert replica.manager.claim(demand("uid-1"), True).action == "dry-run"
+    assert replica.manager.claim(demand("uid-2"), False).created == (capacity_name(POOL, 0),)
