@@ -67,7 +67,7 @@ _go_install() {  # module@version and package paths into $out
 ensure_binaries() {
   set -a; source "$repo/hack/versions.env"; set +a
   local key dir
-  key=$(sha256sum "$repo/hack/versions.env" "$repo/hack/lib/binaries.sh" | sha256sum | cut -c1-12)
+  key=$(cat "$repo/hack/versions.env" "$repo/hack/lib/binaries.sh" | sha256sum | cut -c1-12)  # contents only: any clone, any path
   dir="${GPUPACK_CACHE:-$HOME/.cache/gpupack}/bin/$key"
   if [ ! -f "$dir/.complete" ]; then
     ensure_go
