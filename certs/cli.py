@@ -1,0 +1,274 @@
+"""`gpupack-certs`: the webhook's serving certificate, its Secrets, and the caBundle.
+
+Idempotent: a run keeps certificates that are valid for the wanted names outside the
+renewal window, and issues new ones otherwise. Writes the CA Secret, then the serving
+Secret (optimistic concurrency on both), then the caBundle of every entry of the
+MutatingWebhookConfiguration, when that exists (at pre-install it does not yet: the
+chart runs this again after install). Exit 0 when done, 1 when the API server is
+unreachable or refuses, 2 for input it must not touch (a Secret of another type).
+"""
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from certs.pem import KeyAlgorithm
+from certs.plan import (
+    CertsError,
+    Wanted,
+    issue_pairs,
+    review,
+    secret_manifests,
+    service_dns_names,
+)
+
+JSON = dict[str, Any]
+
+
+class ApiCallError(Exception):
+    """The API server could not be reached or refused; the message says which call."""
+
+
+class Api:
+    """The few calls this tool makes, on the official client with plain-dict bodies."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import client, config  # noqa: PLC0415 (slow import, only here)
+
+        try:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            else:
+                try:
+                    config.load_incluster_config()  # type: ignore[no-untyped-call]
+                except config.ConfigException:
+                    config.load_kube_config()  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the loaders raise several unrelated types
+            raise ApiCallError(f"no usable cluster configuration: {exc}") from None
+        self._core = client.CoreV1Api()
+        self._admission = client.AdmissionregistrationV1Api()
+        self._exception = client.exceptions.ApiException
+
+    def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> JSON | None:
+        """The JSON answer; None for 404; ApiCallError for anything else."""
+        try:
+            response = function(*args, _preload_content=False, _request_timeout=15, **kwargs)
+        except self._exception as exc:
+            if exc.status == 404:
+                return None
+            reason = _message(exc.body) or exc.reason
+            raise ApiCallError(f"{what}: HTTP {exc.status}: {reason}") from None
+        except Exception as exc:  # urllib3 connection errors and the like
+            raise ApiCallError(f"{what}: cannot reach the API server: {exc}") from None
+        result: JSON = json.loads(response.data)
+        return result
+
+    def read_secret(self, namespace: str, name: str) -> JSON | None:
+        return self._call(
+            f"reading Secret {namespace}/{name}", self._core.read_namespaced_secret, name, namespace
+        )
+
+    def write_secret(self, existing: JSON | None, body: JSON) -> None:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if existing is None:
+            self._call(
+                f"creating Secret {namespace}/{name}",
+                self._core.create_namespaced_secret,
+                namespace,
+                body,
+            )
+            return
+        body = {
+            **body,
+            "metadata": {
+                **body["metadata"],
+                "resourceVersion": existing["metadata"]["resourceVersion"],
+            },
+        }
+        self._call(
+            f"replacing Secret {namespace}/{name}",
+            self._core.replace_namespaced_secret,
+            name,
+            namespace,
+            body,
+        )
+
+    def read_webhook_config(self, name: str) -> JSON | None:
+        return self._call(
+            f"reading MutatingWebhookConfiguration {name}",
+            self._admission.read_mutating_webhook_configuration,
+            name,
+        )
+
+    def patch_webhook_config(self, name: str, patch: list[JSON]) -> None:
+        self._call(
+            f"patching MutatingWebhookConfiguration {name}",
+            self._admission.patch_mutating_webhook_configuration,
+            name,
+            patch,
+        )
+
+
+def _message(body: Any) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except (TypeError, ValueError, AttributeError):
+        return ""
+
+
+def ca_bundle_patch(config: JSON, ca_pem: bytes) -> list[JSON]:
+    """JSONPatch setting every entry's caBundle, guarded by the entries' names (a `test`
+    op each) so a configuration changed meanwhile fails instead of being mispatched."""
+    bundle = base64.b64encode(ca_pem).decode()
+    ops: list[JSON] = []
+    for index, webhook in enumerate(config.get("webhooks") or []):
+        if (webhook.get("clientConfig") or {}).get("caBundle") == bundle:
+            continue
+        ops.append({"op": "test", "path": f"/webhooks/{index}/name", "value": webhook["name"]})
+        ops.append(
+            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": bundle}
+        )
+    return ops
+
+
+def run_once(args: argparse.Namespace, api: Api, now: datetime) -> list[str]:
+    """Do the work; return the lines to print. Raises CertsError or ApiCallError."""
+    wanted = Wanted(
+        dns_names=service_dns_names(args.service_name, args.namespace, tuple(args.dns_name)),
+        ca_validity=timedelta(days=args.ca_validity_days),
+        cert_validity=timedelta(days=args.cert_validity_days),
+        renew_before=timedelta(days=args.renew_before_days),
+        algorithm=KeyAlgorithm(args.key_algorithm),
+    )
+    where = f"Secret {args.namespace}/{args.secret_name}"
+    serving = api.read_secret(args.namespace, args.secret_name)
+    ca_secret = api.read_secret(args.namespace, f"{args.secret_name}-ca")
+    verdict = review(serving, ca_secret, wanted, now, where)
+    lines = []
+    if verdict.keep:
+        ca_pem = base64.b64decode((serving or {})["data"]["ca.crt"])
+        lines.append(f"{where}: kept: {verdict.reason}")
+    else:
+        ca, leaf = issue_pairs(ca_secret, wanted, now, where)
+        ca_body, serving_body = secret_manifests(args.secret_name, args.namespace, ca, leaf)
+        api.write_secret(ca_secret, ca_body)  # the CA first: a failure in between leaves a
+        api.write_secret(serving, serving_body)  # leaf the next run sees is not signed by it
+        ca_pem = ca.cert_pem
+        lines.append(
+            f"{where}: issued, because {verdict.reason}; names: {', '.join(wanted.dns_names)}"
+        )
+    if args.webhook_config:
+        config = api.read_webhook_config(args.webhook_config)
+        what = f"MutatingWebhookConfiguration {args.webhook_config}"
+        if config is None:
+            lines.append(f"{what}: not found, caBundle not set (run again once it is installed)")
+        else:
+            patch = ca_bundle_patch(config, ca_pem)
+            if patch:
+                api.patch_webhook_config(args.webhook_config, patch)
+                lines.append(f"{what}: caBundle set on {len(patch) // 2} webhook(s)")
+            else:
+                lines.append(f"{what}: caBundle already current")
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupack-certs",
+        description="Issue or renew the gpupack webhook's serving certificate, store it in "
+        "Secrets, and put its CA into the MutatingWebhookConfiguration's caBundle. Safe to "
+        "run repeatedly: valid certificates are kept.",
+    )
+    parser.add_argument(
+        "--namespace",
+        default="gpupack-system",
+        help="namespace of the Secrets and the Service (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--secret-name",
+        default="gpupack-webhook-tls",
+        help="serving Secret; the CA goes to NAME-ca (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--service-name",
+        default="gpupack-webhook",
+        help="the webhook's Service: its DNS names become the certificate's (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dns-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an extra DNS name or IP address (repeatable)",
+    )
+    parser.add_argument(
+        "--webhook-config",
+        default="gpupack-webhook",
+        metavar="NAME",
+        help="MutatingWebhookConfiguration whose caBundle to set; '' skips it "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ca-validity-days", type=_days, default=3650, help="CA lifetime (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--cert-validity-days",
+        type=_days,
+        default=365,
+        help="serving certificate lifetime (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--renew-before-days",
+        type=_days,
+        default=30,
+        help="renew when it expires within this many days (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--key-algorithm",
+        choices=[a.value for a in KeyAlgorithm],
+        default=KeyAlgorithm.ECDSA_P256.value,
+        help="(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kubeconfig", help="default: in-cluster, else $KUBECONFIG or ~/.kube/config"
+    )
+    return parser
+
+
+def _days(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of days") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} days: must be at least 1")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.renew_before_days >= args.cert_validity_days:
+        print(
+            "gpupack-certs: --renew-before-days must be less than --cert-validity-days "
+            "(it would renew on every run)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        for line in run_once(args, Api(args.kubeconfig), datetime.now(UTC)):
+            print(line)
+    except CertsError as exc:
+        print(f"gpupack-certs: {exc}", file=sys.stderr)
+        return 2
+    except ApiCallError as exc:
+        print(f"gpupack-certs: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
