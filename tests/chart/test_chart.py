@@ -1,0 +1,214 @@
+"""The Helm chart, rendered by the pinned helm and validated against the Kubernetes
+schemas of the pinned release (kubernetes-validate)."""
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from certs.cli import build_parser
+from gpupack.policy import BUILTIN
+from gpupack.quantity import parse_compute, parse_memory
+from hack.localcluster import webhook_configuration
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "gpupack"
+KUBERNETES = "1.35"
+NAMESPACE = "gpupack-system"
+CUSTOM = [
+    "--set=webhook.replicas=3",
+    "--set=webhook.failurePolicy=Fail",
+    "--set=webhook.timeoutSeconds=10",
+    "--set=webhook.nodeSelector.pool=system",
+    "--set=webhook.tolerations[0].key=dedicated",
+    "--set=webhook.tolerations[0].operator=Exists",
+    "--set=webhook.priorityClassName=system-cluster-critical",
+    "--set=imagePullSecrets[0].name=registry",
+    "--set=image.tag=0.2.0",
+    "--set=certificates.extraDnsNames[0]=webhook.example.internal",
+    "--set=certificates.keyAlgorithm=rsa-3072",
+    "--set=excludedNamespaces[0]=monitoring",
+    "--set=policies.install=false",
+]
+
+
+def helm() -> str:
+    path = Path(os.environ.get("GPUPACK_BIN_DIR", ""), "helm")
+    assert path.is_file(), "helm is built by hack/lib/binaries.sh: run the tests through hack/test"
+    return str(path)
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [
+            helm(),
+            "template",
+            "gpupack",
+            str(CHART),
+            f"--namespace={NAMESPACE}",
+            f"--kube-version={KUBERNETES}.0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_lint_passes() -> None:
+    result = subprocess.run(
+        [helm(), "lint", "--strict", str(CHART)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    "values", [pytest.param([], id="defaults"), pytest.param(CUSTOM, id="custom")]
+)
+def test_rendered_objects_are_valid_kubernetes(values: list[str]) -> None:
+    docs = render(*values)
+    for doc in docs:
+        if doc["apiVersion"].startswith("gpupack.io/"):
+            continue  # our own kind: validated by the CRD's schema on the API server
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    assert {d["kind"] for d in docs} >= {
+        "Deployment",
+        "Service",
+        "MutatingWebhookConfiguration",
+        "PodDisruptionBudget",
+        "Job",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param("webhook.failurePolicy=Maybe", "/webhook/failurePolicy", id="failure-policy"),
+        pytest.param("webhook.replicas=0", "/webhook/replicas", id="no-replicas"),
+        pytest.param(
+            "certificates.keyAlgorithm=dsa", "/certificates/keyAlgorithm", id="key-algorithm"
+        ),
+        pytest.param("webhook.unknown=1", "unknown", id="unknown-key"),
+    ],
+)
+def test_the_schema_rejects_bad_values_naming_them(value: str, message: str) -> None:
+    result = subprocess.run(
+        [
+            helm(),
+            "template",
+            "gpupack",
+            str(CHART),
+            f"--kube-version={KUBERNETES}.0",
+            f"--set={value}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_the_chart_registers_the_webhook_exactly_as_the_tests_do() -> None:
+    """The integration tier registers the webhook with hack/localcluster.py; the chart
+    must send the same pods with the same settings."""
+    (config,) = of_kind(render(), "MutatingWebhookConfiguration")
+    reference = webhook_configuration("https://unused/mutate", b"ca")
+
+    def strip(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in e.items() if k != "clientConfig"} for e in entries]
+
+    assert strip(config["webhooks"]) == strip(reference["webhooks"])
+    for entry in config["webhooks"]:
+        assert entry["clientConfig"]["service"] == {
+            "name": "gpupack-webhook",
+            "namespace": NAMESPACE,
+            "path": "/mutate",
+            "port": 443,
+        }
+
+
+def test_excluded_namespaces_join_the_system_ones() -> None:
+    (config,) = of_kind(
+        render("--set=excludedNamespaces[0]=monitoring"), "MutatingWebhookConfiguration"
+    )
+    for entry in config["webhooks"]:
+        names = next(
+            e
+            for e in entry["namespaceSelector"]["matchExpressions"]
+            if e["key"] == "kubernetes.io/metadata.name"
+        )
+        assert names["values"] == ["kube-system", NAMESPACE, "monitoring"]
+
+
+def test_the_default_policies_are_the_builtins() -> None:
+    policies = {p["metadata"]["name"]: p["spec"] for p in of_kind(render(), "GPUPolicy")}
+    assert set(policies) == set(BUILTIN)
+    for name, builtin in BUILTIN.items():
+        spec = policies[name]
+        assert spec["historyWindowSeconds"] == builtin.history_window_seconds
+        assert (spec["percentile"], spec["computeHeadroom"], spec["memoryHeadroom"]) == (
+            builtin.percentile,
+            builtin.compute_headroom,
+            builtin.memory_headroom,
+        )
+        assert parse_compute(spec["minCompute"], name) == builtin.min_compute
+        assert parse_compute(spec["maxCompute"], name) == builtin.max_compute
+        assert parse_compute(spec["initialCompute"], name) == builtin.initial_compute
+        assert parse_memory(spec["minMemory"], name) == builtin.min_memory
+        assert parse_memory(spec["initialMemory"], name) == builtin.initial_memory
+        assert (
+            parse_memory(spec["maxMemory"], name) if "maxMemory" in spec else None
+        ) == builtin.max_memory
+        assert spec["sharing"] == builtin.sharing.value
+    assert of_kind(render("--set=policies.install=false"), "GPUPolicy") == []
+
+
+def test_the_hook_job_runs_gpupack_certs_with_arguments_it_accepts() -> None:
+    (job,) = of_kind(render(*CUSTOM), "Job")
+    assert (
+        job["metadata"]["annotations"]["helm.sh/hook"]
+        == "pre-install,pre-upgrade,post-install,post-upgrade"
+    )
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["gpupack-certs"]
+    args = build_parser().parse_args(container["args"])
+    assert (args.namespace, args.secret_name, args.service_name) == (
+        NAMESPACE,
+        "gpupack-webhook-tls",
+        "gpupack-webhook",
+    )
+    assert args.dns_name == ["webhook.example.internal"]
+    assert args.key_algorithm == "rsa-3072"
+
+
+def test_workloads_run_unprivileged_and_read_only() -> None:
+    docs = render()
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")]
+    for spec in pods:
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+    (deployment,) = of_kind(docs, "Deployment")
+    tls = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert {i["key"] for i in tls["secret"]["items"]} == {
+        "tls.crt",
+        "tls.key",
+    }  # never the CA's key
