@@ -50,6 +50,7 @@ class Api:
         except Exception as exc:  # the loaders raise several unrelated types
             raise ApiCallError(f"no usable cluster configuration: {exc}") from None
         self._core = client.CoreV1Api()
+        self._apps = client.AppsV1Api()
         self._admission = client.AdmissionregistrationV1Api()
         self._exception = client.exceptions.ApiException
 
@@ -82,19 +83,32 @@ class Api:
                 body,
             )
             return
-        body = {
-            **body,
-            "metadata": {
-                **body["metadata"],
-                "resourceVersion": existing["metadata"]["resourceVersion"],
-            },
-        }
+        meta = existing["metadata"]
+        kept = {k: meta[k] for k in ("resourceVersion", "ownerReferences") if k in meta}
+        body = {**body, "metadata": {**body["metadata"], **kept}}
         self._call(
             f"replacing Secret {namespace}/{name}",
             self._core.replace_namespaced_secret,
             name,
             namespace,
             body,
+        )
+
+    def read_deployment(self, namespace: str, name: str) -> JSON | None:
+        return self._call(
+            f"reading Deployment {namespace}/{name}",
+            self._apps.read_namespaced_deployment,
+            name,
+            namespace,
+        )
+
+    def own_secret(self, namespace: str, name: str, owner: JSON) -> None:
+        self._call(
+            f"setting the owner of Secret {namespace}/{name}",
+            self._core.patch_namespaced_secret,
+            name,
+            namespace,
+            {"metadata": {"ownerReferences": [owner]}},
         )
 
     def read_webhook_config(self, name: str) -> JSON | None:
@@ -161,6 +175,8 @@ def run_once(args: argparse.Namespace, api: Api, now: datetime) -> list[str]:
         lines.append(
             f"{where}: issued, because {verdict.reason}; names: {', '.join(wanted.dns_names)}"
         )
+    if args.owner_deployment:
+        lines.append(set_owner(args, api))
     if args.webhook_config:
         config = api.read_webhook_config(args.webhook_config)
         what = f"MutatingWebhookConfiguration {args.webhook_config}"
@@ -174,6 +190,24 @@ def run_once(args: argparse.Namespace, api: Api, now: datetime) -> list[str]:
             else:
                 lines.append(f"{what}: caBundle already current")
     return lines
+
+
+def set_owner(args: argparse.Namespace, api: Api) -> str:
+    """Make the Secrets dependents of the webhook Deployment, so that uninstalling it lets
+    the garbage collector remove them too (they are written by a hook, not by Helm)."""
+    what = f"Deployment {args.namespace}/{args.owner_deployment}"
+    deployment = api.read_deployment(args.namespace, args.owner_deployment)
+    if deployment is None:
+        return f"{what}: not found, the Secrets get their owner on the next run"
+    owner = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": args.owner_deployment,
+        "uid": deployment["metadata"]["uid"],
+    }
+    for name in (args.secret_name, f"{args.secret_name}-ca"):
+        api.own_secret(args.namespace, name, owner)
+    return f"{what}: owns the Secrets (they go when it goes)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=[a.value for a in KeyAlgorithm],
         default=KeyAlgorithm.ECDSA_P256.value,
         help="(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--owner-deployment",
+        metavar="NAME",
+        default="",
+        help="make the Secrets dependents of this Deployment in --namespace, so they are "
+        "deleted with it (the chart passes the webhook's); skipped while it does not exist",
     )
     parser.add_argument(
         "--kubeconfig", help="default: in-cluster, else $KUBECONFIG or ~/.kube/config"

@@ -22,12 +22,13 @@ app.kubernetes.io/component: webhook
 {{- define "gpupack.certs.args" -}}
 - --namespace={{ .Release.Namespace }}
 - --secret-name={{ .Values.certificates.secretName }}
-- --service-name={{ include "gpupack.webhook.name" . }}
+- --service-name={{ .Values.webhook.serviceName }}
 - --webhook-config={{ include "gpupack.webhook.name" . }}
 - --ca-validity-days={{ .Values.certificates.caValidityDays }}
 - --cert-validity-days={{ .Values.certificates.certValidityDays }}
 - --renew-before-days={{ .Values.certificates.renewBeforeDays }}
 - --key-algorithm={{ .Values.certificates.keyAlgorithm }}
+- --owner-deployment={{ include "gpupack.webhook.name" . }}
 {{- range .Values.certificates.extraDnsNames }}
 - --dns-name={{ . }}
 {{- end }}
