@@ -403,6 +403,7 @@ class LocalCluster:
     processes: dict[str, Process] = field(default_factory=dict)
     api_port: int = 0
     _admin: Kube | None = field(default=None, repr=False)
+    _webhook_configuration: JSON | None = field(default=None, repr=False)
 
     @property
     def pki(self) -> Path:
@@ -734,9 +735,11 @@ class LocalCluster:
         failure_policy: str = "Ignore",
         timeout_seconds: int = 5,
         extra_args: Sequence[str] = (),
+        configuration: JSON | None = None,
     ) -> Process:
         """Run `gpupack-webhook serve` as a local process with least-privilege RBAC, and
-        register it with a MutatingWebhookConfiguration like the chart's."""
+        register it with a MutatingWebhookConfiguration like the chart's, or with
+        `configuration` (the chart's rendered one, say), pointed at the local process."""
         admin = self.kube()
         for obj in webhook_rbac():
             admin.apply(obj)
@@ -773,14 +776,21 @@ class LocalCluster:
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self._wait_webhook_ready(process)
-        admin.apply(
-            webhook_configuration(
-                f"https://127.0.0.1:{self.webhook_port}/mutate",
-                (self.pki / "ca.crt").read_bytes(),
-                failure_policy=failure_policy,
-                timeout_seconds=timeout_seconds,
+        url = f"https://127.0.0.1:{self.webhook_port}/mutate"
+        ca_bundle = (self.pki / "ca.crt").read_bytes()
+        if configuration is None:
+            configuration = webhook_configuration(
+                url, ca_bundle, failure_policy=failure_policy, timeout_seconds=timeout_seconds
             )
-        )
+        else:
+            configuration = json.loads(json.dumps(configuration))
+            for entry in configuration["webhooks"]:
+                entry["clientConfig"] = {
+                    "url": url,
+                    "caBundle": base64.b64encode(ca_bundle).decode(),
+                }
+        admin.apply(configuration)
+        self._webhook_configuration = configuration
         self.write_state()
         return process
 
@@ -802,6 +812,10 @@ class LocalCluster:
                     return
             time.sleep(0.1)
         raise self._failed(process, "did not become ready")
+
+    def reinstall_webhook(self) -> Process:
+        """Start the webhook again with the configuration it was registered with."""
+        return self.install_webhook(configuration=self._webhook_configuration)
 
     def stop_webhook(self) -> None:
         process = self.processes.pop(WEBHOOK_NAME, None)

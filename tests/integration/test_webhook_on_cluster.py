@@ -316,7 +316,7 @@ def test_with_the_webhook_down_pods_are_admitted_unchanged(
         assert_as_submitted(stored, submitted)
         assert has_gpu_request(stored)
     finally:
-        local_cluster.install_webhook()
+        local_cluster.reinstall_webhook()
     after = kube.create(pods_path(ns), pod(ns, "after-outage"))
     assert_mutated(after)
     delete_capacity(kube, after)
