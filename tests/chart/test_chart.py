@@ -1,7 +1,9 @@
 """The Helm chart, rendered by the pinned helm and validated against the Kubernetes
 schemas of the pinned release (kubernetes-validate)."""
 
+import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,8 @@ CUSTOM = [
     "--set=certificates.keyAlgorithm=rsa-3072",
     "--set=excludedNamespaces[0]=monitoring",
     "--set=policies.install=false",
+    "--set=metrics.serviceMonitor.enabled=true",
+    "--set=metrics.grafanaDashboard.enabled=true",
 ]
 
 
@@ -81,8 +85,8 @@ def test_lint_passes() -> None:
 def test_rendered_objects_are_valid_kubernetes(values: list[str]) -> None:
     docs = render(*values)
     for doc in docs:
-        if doc["apiVersion"].startswith("gpupack.io/"):
-            continue  # our own kind: validated by the CRD's schema on the API server
+        if doc["apiVersion"].startswith(("gpupack.io/", "monitoring.coreos.com/")):
+            continue  # custom kinds: validated by their CRDs' schemas on the API server
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
     assert {d["kind"] for d in docs} >= {
         "Deployment",
@@ -212,3 +216,28 @@ def test_workloads_run_unprivileged_and_read_only() -> None:
         "tls.crt",
         "tls.key",
     }  # never the CA's key
+
+
+def test_the_dashboard_queries_metrics_the_webhook_exports() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from webhook.metrics import WebhookMetrics
+
+    registry = CollectorRegistry()
+    WebhookMetrics(registry)
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    exported = {
+        family.name + suffix
+        for family in registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+    (config_map,) = of_kind(render("--set=metrics.grafanaDashboard.enabled=true"), "ConfigMap")
+    dashboard = json.loads(config_map["data"]["gpupack.json"])
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"gpupack_[a-z_]+", target["expr"])
+    }
+    assert queried
+    assert queried <= exported
