@@ -2,9 +2,7 @@
 
 import base64
 import copy
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hack.localcluster import Kube, LocalCluster, free_port, webhook_configuration
+from tests.integration.tools import gpupack_certs
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -39,22 +38,8 @@ def target(kube: Kube) -> Iterator[tuple[str, str]]:
 def certs(
     kubeconfig: Path, namespace: str, config: str, *extra: str
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "certs.cli",
-            f"--kubeconfig={kubeconfig}",
-            f"--namespace={namespace}",
-            f"--webhook-config={config}",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=False,
+    return gpupack_certs(
+        kubeconfig, f"--namespace={namespace}", f"--webhook-config={config}", *extra
     )
 
 

@@ -8,11 +8,8 @@ cluster's webhook registration.
 """
 
 import base64
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +17,9 @@ import yaml
 from cryptography import x509
 
 from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
+from tests.integration.tools import REPO, gpupack_certs
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpupack"
 NS = "gpupack-system"
 SMALL = (NodePool("cpu", 1, 0, "none", 0, "16", "64Gi"),)
@@ -61,15 +58,7 @@ def hook_args(cluster: LocalCluster, values: list[str]) -> list[str]:
 
 
 def run_hook(cluster: LocalCluster, args: list[str]) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "certs.cli", f"--kubeconfig={cluster.kubeconfig}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        check=False,
-    )
+    result = gpupack_certs(cluster.kubeconfig, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
