@@ -24,6 +24,7 @@ from hack.localcluster import (
     Kube,
     LocalCluster,
     Process,
+    chart_webhook_configuration,
     log,
 )
 from webhook.decisions import parse_lines, table
@@ -151,7 +152,9 @@ def start(workdir: Path) -> int:
     cluster = LocalCluster(workdir, detach=True)
     try:
         cluster.start()
-        cluster.install_webhook()
+        cluster.install_webhook(
+            configuration=chart_webhook_configuration(Path(cluster.binary("helm")))
+        )
         assigner = Process(
             "gpu-assigner",
             [

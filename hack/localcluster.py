@@ -936,6 +936,29 @@ def webhook_configuration(
     }
 
 
+def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -> JSON:
+    """The MutatingWebhookConfiguration the chart (charts/gpupack) renders, so the local
+    cluster registers the webhook with the chart's selectors and settings."""
+    chart = Path(__file__).resolve().parents[1] / "charts" / "gpupack"
+    rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
+        [
+            str(helm),
+            "template",
+            "gpupack",
+            str(chart),
+            f"--namespace={namespace}",
+            "--kube-version=1.35.0",
+            "--show-only=templates/mutatingwebhookconfiguration.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    config: JSON = yaml.safe_load(rendered)
+    return config
+
+
 # -- test infrastructure: the node agent's stand-in -----------------------------------
 
 

@@ -8,17 +8,18 @@ tests that stop or restart gpupack's processes need the local cluster and say so
 """
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from hack.localcluster import JSON, Kube, LocalCluster, SimulatedGpuAssigner
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "gpupack"
+from hack.localcluster import (
+    Kube,
+    LocalCluster,
+    SimulatedGpuAssigner,
+    chart_webhook_configuration,
+)
 
 EXTERNAL = os.environ.get("GPUPACK_TEST_KUBECONFIG")
 
@@ -29,30 +30,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster |
         yield None
         return
     with LocalCluster(tmp_path_factory.mktemp("cluster")) as local:
-        local.install_webhook(configuration=chart_webhook_configuration(local))
+        local.install_webhook(configuration=chart_webhook_configuration(local.bin_dir / "helm"))
         yield local
-
-
-def chart_webhook_configuration(local: LocalCluster) -> JSON:
-    """The MutatingWebhookConfiguration the chart renders: so the opt-in flow below runs
-    with the chart's selectors and policies (the harness points it at its process)."""
-    rendered = subprocess.run(
-        [
-            str(local.bin_dir / "helm"),
-            "template",
-            "gpupack",
-            str(CHART),
-            "--namespace=gpupack-system",
-            "--kube-version=1.35.0",
-            "--show-only=templates/mutatingwebhookconfiguration.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    config: JSON = yaml.safe_load(rendered)
-    return config
 
 
 @pytest.fixture
