@@ -143,7 +143,7 @@ class _Reservation:
 
 @dataclass(slots=True)
 class _PoolState:
-    lock: threading.RLock = field(default_factory=threading.RLock)  # `ensure` creates under it
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while planning only
     reservations: dict[str, _Reservation] = field(default_factory=dict)  # by decision id
     in_flight: dict[str, float] = field(default_factory=dict)  # capacity pod name -> expiry
 
@@ -190,19 +190,15 @@ class CapacityManager:
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
         self._allocations: dict[tuple[str, str], Allocation | None] = {}
-        self.created_total = 0
 
     @property
     def synced(self) -> bool:
         return self._capacity.synced and self._fractional.synced
 
     def ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        """Plan, and create what is missing (blocking: it may call the API)."""
-        state = self._state(demand.pool)
-        with state.lock:
-            outcome = self._guarded(state, demand, dry_run, may_create=True)
-        assert outcome is not None
-        return outcome
+        """`claim`, then create what it claimed (blocking: it may call the API)."""
+        claimed = self.claim(demand, dry_run)
+        return self.create_claimed(demand, claimed) if claimed.action == "creating" else claimed
 
     def claim(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         """Plan without calling the API. When GPUs are missing, reserve the pod and claim
@@ -211,9 +207,12 @@ class CapacityManager:
         Holds the pool's lock only while planning."""
         state = self._state(demand.pool)
         with state.lock:
-            outcome = self._guarded(state, demand, dry_run, may_create=False, claim=True)
-        assert outcome is not None
-        return outcome
+            try:
+                return self._plan_and_claim(state, demand, dry_run)
+            except Exception as exc:  # never into the admission
+                log.exception("capacity for pool %s failed", demand.pool)
+                detail = f"internal error: {type(exc).__name__}: {exc}"
+                return CapacityOutcome("error", detail=detail)
 
     def create_claimed(self, demand: Demand, claimed: CapacityOutcome) -> CapacityOutcome:
         """Create the capacity pods `claim` answered "creating" for (blocking: API calls).
@@ -228,16 +227,6 @@ class CapacityManager:
                     state.in_flight.pop(name, None)
             return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
 
-    def try_ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome | None:
-        """Like `ensure` when that needs no API call and no waiting; None otherwise."""
-        state = self._state(demand.pool)
-        if not state.lock.acquire(blocking=False):
-            return None
-        try:
-            return self._guarded(state, demand, dry_run, may_create=False)
-        finally:
-            state.lock.release()
-
     def reservations(self, pool: str) -> dict[str, Allocation]:
         """The live reservations of a pool, by decision id (for tests and debugging)."""
         state = self._state(pool)
@@ -249,30 +238,7 @@ class CapacityManager:
         with self._guard:
             return self._pools.setdefault(pool, _PoolState())
 
-    def _guarded(
-        self,
-        state: _PoolState,
-        demand: Demand,
-        dry_run: bool,
-        *,
-        may_create: bool,
-        claim: bool = False,
-    ) -> CapacityOutcome | None:
-        try:
-            return self._ensure_locked(state, demand, dry_run, may_create=may_create, claim=claim)
-        except Exception as exc:  # never into the admission
-            log.exception("capacity for pool %s failed", demand.pool)
-            return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
-
-    def _ensure_locked(
-        self,
-        state: _PoolState,
-        demand: Demand,
-        dry_run: bool,
-        *,
-        may_create: bool,
-        claim: bool = False,
-    ) -> CapacityOutcome | None:
+    def _plan_and_claim(self, state: _PoolState, demand: Demand, dry_run: bool) -> CapacityOutcome:
         now = self._clock()
         if not self.synced:
             if not dry_run:
@@ -298,15 +264,10 @@ class CapacityManager:
         if dry_run:
             detail = f"would create {len(names)} capacity pod(s): {', '.join(names)}"
             return CapacityOutcome("dry-run", detail=detail, extra=extra)
-        if claim:
-            self._reserve(state, demand, now)
-            for name in names:
-                state.in_flight[name] = now + self._ttl
-            return CapacityOutcome("creating", created=names, extra=extra)
-        if not may_create:
-            return None
         self._reserve(state, demand, now)
-        return self._create(state, demand, names, now, extra)
+        for name in names:
+            state.in_flight[name] = now + self._ttl
+        return CapacityOutcome("creating", created=names, extra=extra)
 
     def _reserve(self, state: _PoolState, demand: Demand, now: float) -> None:
         state.reservations[demand.decision_id] = _Reservation(
@@ -420,8 +381,6 @@ class CapacityManager:
             with state.lock:
                 state.in_flight[name] = now + self._ttl
         if created:
-            with self._guard:
-                self.created_total += len(created)
             if self._on_created is not None:
                 self._on_created(len(created))
             log.info("pool %s: created capacity pods %s", demand.pool, ", ".join(created))
