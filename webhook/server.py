@@ -203,7 +203,9 @@ class Admissions:
         exc = task.exception()
         if exc is not None:
             log.error("late capacity check failed", exc_info=exc)
-        else:  # the admission already counted this check as an error; count its pods
+        elif task.result().action == "created":  # the admission counted the check as an
+            # error already; count the pods it created. Names merely claimed ("creating")
+            # are counted by the background creator once they exist.
             self._metrics.capacity_pods_created(len(task.result().created))
 
     def _write_audit(

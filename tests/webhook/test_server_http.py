@@ -57,6 +57,8 @@ class FakeCluster:
     namespaces: dict[str, JSON] = field(default_factory=dict)
     capacity: Callable[[Demand, bool], CapacityOutcome] | None = None
     hang: bool = False
+    delays: dict[str, float] = field(default_factory=dict)  # by decision id
+    finished: list[str] = field(default_factory=list)  # decision ids, as checks end
     synced: bool = True
     calls: list[tuple[Demand, bool]] = field(default_factory=list)
     lifecycle: list[str] = field(default_factory=list)
@@ -68,6 +70,8 @@ class FakeCluster:
         self.calls.append((demand, dry_run))
         if self.hang:
             await asyncio.Event().wait()  # cancelled when the server's loop closes
+        await asyncio.sleep(self.delays.get(demand.decision_id, 0.0))
+        self.finished.append(demand.decision_id)
         if self.capacity is not None:
             return self.capacity(demand, dry_run)
         return CapacityOutcome("dry-run" if dry_run else "sufficient")
@@ -237,6 +241,31 @@ def test_created_capacity_pods_are_counted(start_webhook: StartWebhook) -> None:
     assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
     assert webhook.metric("gpupack_webhook_capacity_checks_total", action="created") == 1
     assert webhook.audit_lines()[0]["capacity"]["created"] == ["gpupack-system/capacity-a1b2c3"]
+
+
+def test_a_late_capacity_check_counts_only_pods_it_created(start_webhook: StartWebhook) -> None:
+    """A check that outlives the admission finishes in the background. Names it merely
+    claimed ("creating") are not pods yet: the creator counts those when they exist."""
+    answers = {
+        "req-1": CapacityOutcome("creating", created=("gpupack-capacity-p-0",)),
+        "req-2": CapacityOutcome("created", created=("gpupack-capacity-p-1",)),
+    }
+    cluster = FakeCluster(
+        capacity=lambda demand, dry_run: answers[demand.decision_id],
+        delays={"req-1": 0.2, "req-2": 0.4},  # req-1's check ends first
+    )
+    webhook = start_webhook(cluster=cluster, capacity_timeout=0.05)
+
+    webhook.admit(vllm_pod(), uid="req-1")
+    webhook.admit(vllm_pod(), uid="req-2")
+
+    deadline = time.monotonic() + 10
+    while len(cluster.finished) < 2:
+        assert time.monotonic() < deadline, "the late checks never finished"
+        time.sleep(0.05)
+    # The checks' done-callbacks were queued on the server's loop before this request.
+    assert webhook.client.get("/healthz").status_code == 200
+    assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
 
 
 def _raise(demand: Demand, dry_run: bool) -> CapacityOutcome:
