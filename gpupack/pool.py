@@ -45,12 +45,16 @@ _memo: dict[str, str] = {}  # repr of the metadata -> key; the admission hot pat
 
 
 def pool_key(spec: PodSpec) -> str:
-    """Stable hex digest of the inherited scheduling metadata.
+    """Stable hex digest of the inherited scheduling metadata."""
+    return metadata_key(scheduling_metadata(spec))
+
+
+def metadata_key(inherited: JSON) -> str:
+    """`pool_key` of metadata already taken from a spec with `scheduling_metadata`.
 
     Memoised by the metadata's repr, which is exact for JSON-like values in a given key
     order (a different order only costs a recomputation, never a different key).
     """
-    inherited = scheduling_metadata(spec)
     marker = repr(inherited)
     key = _memo.get(marker)
     if key is None:
@@ -61,7 +65,7 @@ def pool_key(spec: PodSpec) -> str:
 
 
 def _digest(inherited: JSON) -> str:
-    if "tolerations" in inherited:
-        inherited["tolerations"] = sorted(inherited["tolerations"], key=_canonical)
+    if "tolerations" in inherited:  # a set to Kubernetes; the caller's list stays as it is
+        inherited = {**inherited, "tolerations": sorted(inherited["tolerations"], key=_canonical)}
     digest = hashlib.sha256(_canonical(inherited).encode()).hexdigest()
     return digest[:KEY_LENGTH]

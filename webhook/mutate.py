@@ -18,7 +18,7 @@ from gpupack.codec import OriginalResources, read_compute, read_memory, write_or
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of
 from gpupack.policy import BUILTIN, Policy, Sharing
-from gpupack.pool import pool_key, scheduling_metadata
+from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from webhook import patch, scope
 from webhook.decision import Decision, Demand, Outcome, Reason
@@ -105,6 +105,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     ops = build_patch(request, spec, annotations, gpus, choice, allocation, strip_ops)
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
+    scheduling = scheduling_metadata(spec)
     return Decision(
         Outcome.MUTATED,
         Reason.MUTATED,
@@ -123,8 +124,8 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         warnings=(choice.warning,) if choice.warning else (),
         demand=Demand(
             decision_id=request.uid,
-            pool=pool_key(spec),
-            scheduling=scheduling_metadata(spec),
+            pool=metadata_key(scheduling),
+            scheduling=scheduling,
             compute=allocation.compute,
             memory=allocation.memory,
             namespace=request.namespace,

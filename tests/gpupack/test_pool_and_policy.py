@@ -3,7 +3,7 @@ import pytest
 from gpupack.errors import ContractError
 from gpupack.kube import PodSpec
 from gpupack.policy import BUILTIN, GiB, Policy, Sharing
-from gpupack.pool import pool_key, scheduling_metadata
+from gpupack.pool import metadata_key, pool_key, scheduling_metadata
 
 SPEC: PodSpec = {
     "containers": [{"name": "c", "image": "x"}],
@@ -71,3 +71,17 @@ def test_policy_clamps() -> None:
     assert policy.clamp_compute(2000) == policy.max_compute
     assert policy.clamp_compute(1) == policy.min_compute
     assert policy.clamp_memory(100 * GiB) == policy.max_memory
+
+
+def test_the_key_leaves_the_metadata_it_was_given_as_it_was() -> None:
+    spec: PodSpec = {
+        "containers": [],
+        "tolerations": [  # out of canonical order, and unseen by the memo
+            {"key": "z-only-in-this-test", "operator": "Exists"},
+            {"key": "a-only-in-this-test", "operator": "Exists"},
+        ],
+    }
+    inherited = scheduling_metadata(spec)
+    before = repr(inherited)
+    assert metadata_key(inherited) == pool_key(spec)
+    assert repr(inherited) == before  # tolerations keep the user's order
