@@ -2,7 +2,8 @@
 
 Every reader takes the whole labels or annotations map and returns None when the key is
 absent, the parsed value when it is valid, and raises ContractError (naming the key and
-the accepted form) when it is not. Every writer returns the canonical string.
+the accepted form) when it is not. Writers return the canonical string; quantities are
+written by `gpupack.quantity.format_compute` and `format_memory`.
 """
 
 import json
@@ -13,7 +14,7 @@ from typing import Any, Final
 from gpupack import keys
 from gpupack.errors import ContractError
 from gpupack.policy import parse_policy_name
-from gpupack.quantity import format_compute, format_memory, parse_compute, parse_memory
+from gpupack.quantity import parse_compute, parse_memory
 
 OPTIMIZE_FORM: Final = f"{keys.OPTIMIZE_ENABLED!r} or {keys.OPTIMIZE_DISABLED!r}"
 UUID_FORM: Final = "an NVIDIA GPU UUID such as GPU-4c2f8f3e-1b2a-4d3c-9e8f-0a1b2c3d4e5f"
@@ -58,14 +59,6 @@ def read_gpu_uuid(annotations: dict[str, str]) -> str | None:
     if _GPU_UUID.match(value) is None:
         raise ContractError(keys.GPU_UUID, value, UUID_FORM)
     return value
-
-
-def write_compute(millis: int) -> str:
-    return format_compute(millis)
-
-
-def write_memory(nbytes: int) -> str:
-    return format_memory(nbytes)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -976,15 +976,21 @@ class SimulatedGpuAssigner:
         self._thread = threading.Thread(
             target=self._run, name="simulated-gpu-assigner", daemon=True
         )
-        self.assigned = 0
 
     def __enter__(self) -> "SimulatedGpuAssigner":
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
+        self.stop()
         self._thread.join(timeout=5)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stopped(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for `stop()`; True once it was called."""
+        return self._stop.wait(timeout)
 
     @staticmethod
     def fake_uuid(node: str, index: int) -> str:
@@ -1032,19 +1038,11 @@ class SimulatedGpuAssigner:
                 {"metadata": {"annotations": patch}},
             )
             count += 1
-        self.assigned += count
         return count
 
 
 def log(message: str) -> None:
     print(f"localcluster: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def running_cluster(workdir: Path, **options: Any) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(workdir, **options)
-    with cluster:
-        yield cluster
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1057,9 +1055,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     assign.add_argument("--kubeconfig", required=True, type=Path)
     args = parser.parse_args(argv)
     assigner = SimulatedGpuAssigner(Kube.from_kubeconfig(args.kubeconfig))
-    signal.signal(signal.SIGTERM, lambda *_: assigner._stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: assigner.stop())
     with assigner:
-        while not assigner._stop.wait(1.0):
+        while not assigner.stopped(1.0):
             pass
     return 0
 
