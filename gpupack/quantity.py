@@ -91,6 +91,10 @@ def parse_memory(value: object, key: str) -> int:
 
 def parse_count(value: object, key: str) -> int:
     """A whole-number resource count such as `nvidia.com/gpu: 1`."""
+    if type(value) is int and value >= 0:  # the usual forms: no quantity arithmetic
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
     quantity = parse_quantity(value, key)
     if quantity.denominator != 1 or quantity < 0:
         raise ContractError(key, value, "a whole non-negative number, e.g. 1")

@@ -41,10 +41,6 @@ def _is_other_gpu(resource: str) -> bool:
 
 
 def _gpu_count(value: object, field: str, index: int, section: str) -> int:
-    if type(value) is int and value >= 0:  # the usual JSON form: skip quantity parsing
-        return value
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        return int(value)
     return parse_count(value, f"{field}[{index}].resources.{section}[{keys.NVIDIA_GPU}]")
 
 

@@ -80,6 +80,12 @@ def test_memory_rounds_fractional_bytes_up_and_rejects_zero() -> None:
 def test_counts_are_whole_numbers() -> None:
     assert parse_count("1", "k") == 1
     assert parse_count(2, "k") == 2
+    assert parse_count("1e1", "k") == 10
+    for not_ascii in ("²", "١٦"):  # str.isdigit() is true for these; int() is not
+        with pytest.raises(ContractError):
+            parse_count(not_ascii, "k")
+    with pytest.raises(ContractError):
+        parse_count(True, "k")
     with pytest.raises(ContractError):
         parse_count("500m", "k")
 
