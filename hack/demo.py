@@ -24,7 +24,6 @@ from hack.localcluster import (
     Kube,
     LocalCluster,
     Process,
-    chart_webhook_configuration,
     log,
 )
 from webhook.decisions import parse_lines, table
@@ -152,9 +151,7 @@ def start(workdir: Path) -> int:
     cluster = LocalCluster(workdir, detach=True)
     try:
         cluster.start()
-        cluster.install_webhook(
-            configuration=chart_webhook_configuration(Path(cluster.binary("helm")))
-        )
+        cluster.install_webhook()  # registered as the chart registers it
         assigner = Process(
             "gpu-assigner",
             [

@@ -732,14 +732,12 @@ class LocalCluster:
     def install_webhook(
         self,
         *,
-        failure_policy: str = "Ignore",
-        timeout_seconds: int = 5,
         extra_args: Sequence[str] = (),
         configuration: JSON | None = None,
     ) -> Process:
         """Run `gpupack-webhook serve` as a local process with least-privilege RBAC, and
-        register it with a MutatingWebhookConfiguration like the chart's, or with
-        `configuration` (the chart's rendered one, say), pointed at the local process."""
+        register it with `configuration`, by default the MutatingWebhookConfiguration the
+        chart renders, pointed at the local process."""
         admin = self.kube()
         for obj in webhook_rbac():
             admin.apply(obj)
@@ -779,16 +777,10 @@ class LocalCluster:
         url = f"https://127.0.0.1:{self.webhook_port}/mutate"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
-            configuration = webhook_configuration(
-                url, ca_bundle, failure_policy=failure_policy, timeout_seconds=timeout_seconds
-            )
-        else:
-            configuration = json.loads(json.dumps(configuration))
-            for entry in configuration["webhooks"]:
-                entry["clientConfig"] = {
-                    "url": url,
-                    "caBundle": base64.b64encode(ca_bundle).decode(),
-                }
+            configuration = chart_webhook_configuration(Path(self.binary("helm")))
+        configuration = json.loads(json.dumps(configuration))
+        for entry in configuration["webhooks"]:
+            entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
         admin.apply(configuration)
         self._webhook_configuration = configuration
         self.write_state()
@@ -871,69 +863,6 @@ def webhook_rbac() -> list[JSON]:
             "subjects": subject,
         },
     ]
-
-
-def webhook_configuration(
-    url: str, ca_bundle: bytes, *, failure_policy: str = "Ignore", timeout_seconds: int = 5
-) -> JSON:
-    """Two entries that never overlap: namespaces labelled optimize=enabled (minus pods
-    labelled disabled), and pods labelled optimize=enabled in other namespaces. System
-    namespaces are excluded; only CREATE of pods is sent."""
-    excluded = {
-        "key": "kubernetes.io/metadata.name",
-        "operator": "NotIn",
-        "values": ["kube-system", SYSTEM_NAMESPACE],
-    }
-    common = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "NoneOnDryRun",
-        "reinvocationPolicy": "IfNeeded",
-        "failurePolicy": failure_policy,
-        "timeoutSeconds": timeout_seconds,
-        "matchPolicy": "Equivalent",
-        "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()},
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "operations": ["CREATE"],
-                "resources": ["pods"],
-                "scope": "Namespaced",
-            }
-        ],
-    }
-    optimize = "gpupack.io/optimize"
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_NAME},
-        "webhooks": [
-            {
-                "name": "namespaces.gpupack.io",
-                "namespaceSelector": {
-                    "matchLabels": {optimize: "enabled"},
-                    "matchExpressions": [excluded],
-                },
-                "objectSelector": {
-                    "matchExpressions": [
-                        {"key": optimize, "operator": "NotIn", "values": ["disabled"]}
-                    ]
-                },
-                **common,
-            },
-            {
-                "name": "workloads.gpupack.io",
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        excluded,
-                        {"key": optimize, "operator": "NotIn", "values": ["enabled"]},
-                    ]
-                },
-                "objectSelector": {"matchLabels": {optimize: "enabled"}},
-                **common,
-            },
-        ],
-    }
 
 
 def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -> JSON:

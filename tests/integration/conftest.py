@@ -18,7 +18,6 @@ from hack.localcluster import (
     Kube,
     LocalCluster,
     SimulatedGpuAssigner,
-    chart_webhook_configuration,
 )
 
 EXTERNAL = os.environ.get("GPUPACK_TEST_KUBECONFIG")
@@ -30,7 +29,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster |
         yield None
         return
     with LocalCluster(tmp_path_factory.mktemp("cluster")) as local:
-        local.install_webhook(configuration=chart_webhook_configuration(local.bin_dir / "helm"))
+        local.install_webhook()  # with the configuration the chart renders
         yield local
 
 

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from hack.localcluster import Kube, LocalCluster, free_port, webhook_configuration
+from hack.localcluster import Kube, LocalCluster, chart_webhook_configuration, free_port
 from tests.integration.tools import gpupack_certs
 
 pytestmark = pytest.mark.integration
+PLACEHOLDER = base64.b64encode(b"placeholder").decode()
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def target(kube: Kube) -> Iterator[tuple[str, str]]:
+def target(kube: Kube, local_cluster: LocalCluster) -> Iterator[tuple[str, str]]:
     """A namespace and a webhook configuration of this test's own (its namespaceSelector
     matches nothing, so it never intercepts a pod)."""
     namespace, config = f"certs-{uuid.uuid4().hex[:6]}", f"certs-test-{uuid.uuid4().hex[:6]}"
@@ -25,10 +26,11 @@ def target(kube: Kube) -> Iterator[tuple[str, str]]:
         "/api/v1/namespaces",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
     )
-    body = webhook_configuration("https://127.0.0.1:1/mutate", b"placeholder")
+    body = chart_webhook_configuration(Path(local_cluster.binary("helm")))
     body["metadata"]["name"] = config
     for webhook in body["webhooks"]:
         webhook["namespaceSelector"] = {"matchLabels": {"gpupack.test/never": "true"}}
+        webhook["clientConfig"] = {"url": "https://127.0.0.1:1/mutate", "caBundle": PLACEHOLDER}
     kube.create("/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", body)
     yield namespace, config
     kube.delete(f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config}")
