@@ -73,7 +73,9 @@ class Decision:
 class CapacityOutcome:
     """What the capacity manager did for one admission."""
 
-    action: str  # "sufficient", "created", "dry-run", "no-cluster", "not-synced", "error"
+    # "sufficient", "creating" (the webhook: names claimed, created in the background),
+    # "created" (a blocking ensure), "dry-run", "no-cluster", "not-synced", "error"
+    action: str
     created: tuple[str, ...] = ()
     detail: str = ""
     extra: JSON = field(default_factory=dict)
