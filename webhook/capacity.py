@@ -25,23 +25,34 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, cast
 
 from gpupack import codec, keys
-from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
-from gpupack.policy import BUILTIN, Sharing
-from gpupack.pool import pool_key
-from webhook.capacity_plan import (
+from gpupack.capacity import (
     DEFAULT_IMAGE,
     Allocation,
     Gpu,
-    allocation_of,
     capacity_index,
     capacity_names,
     capacity_pod,
     plan,
 )
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
+from gpupack.policy import BUILTIN, Sharing
+from gpupack.pool import pool_key
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import ApiError, Backoff, KubeClient, retry
 from webhook.policies import workload_of
+
+
+def allocation_of(demand: Demand) -> Allocation:
+    """The share an admitted pod's demand will hold, for the planner."""
+    return Allocation(
+        key=demand.decision_id,
+        compute=demand.compute,
+        memory=demand.memory,
+        owner=f"{demand.namespace}/{demand.workload}",
+        exclusive=demand.exclusive,
+    )
+
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from gpupack import keys
+from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.kube import JSON
 from webhook.capacity import (
     DECISION_INDEX,
@@ -26,7 +27,6 @@ from webhook.capacity import (
     decision_of,
     fractional_pool,
 )
-from webhook.capacity_plan import DEFAULT_IMAGE
 from webhook.decision import CapacityOutcome, Demand
 from webhook.informer import WATCH_TIMEOUT_SECONDS, Informer
 from webhook.kube import KubeClient, load_client

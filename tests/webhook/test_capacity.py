@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from gpupack import keys
+from gpupack.capacity import CREATED_FOR, Allocation, capacity_name
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
 from tests.webhook.fakes import FakeKube
@@ -17,11 +18,11 @@ from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,
     CapacityManager,
+    allocation_of,
     capacity_pool,
     decision_of,
     fractional_pool,
 )
-from webhook.capacity_plan import CREATED_FOR, capacity_name
 from webhook.decision import CapacityOutcome, Demand
 from webhook.informer import Informer
 from webhook.kube import ApiError
@@ -526,3 +527,9 @@ def test_claim_on_a_dry_run_creates_and_claims_nothing(replicas: Callable[..., R
     replica = replicas()
     assert replica.manager.claim(demand("uid-1"), True).action == "dry-run"
     assert replica.manager.claim(demand("uid-2"), False).created == (capacity_name(POOL, 0),)
+
+
+def test_a_demand_becomes_an_allocation_of_its_workload() -> None:
+    demand = Demand("uid-1", POOL, {}, 300, 8 * GiB, "ml", "Deployment/llm", exclusive=True)
+
+    assert allocation_of(demand) == Allocation("uid-1", 300, 8 * GiB, "ml/Deployment/llm", True)

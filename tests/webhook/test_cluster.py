@@ -19,10 +19,10 @@ import pytest
 from kubernetes.config import ConfigException
 
 from gpupack import keys
+from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
 from tests.webhook.fakes import FakeKube
-from webhook.capacity_plan import capacity_name
 from webhook.cluster import Cluster, connect
 from webhook.decision import Demand
 from webhook.kube import ApiError, Backoff, HttpClient, load_client, retry

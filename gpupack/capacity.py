@@ -1,8 +1,9 @@
 """How many capacity pods a pool is missing, what to call them, and what they look like.
 
-Pure: no I/O, no Kubernetes client (import-linter enforces it). The capacity manager
-(`webhook.capacity`) turns its caches into `Gpu`s and `Allocation`s, asks `plan` how many
-GPUs the pool lacks, names them with `capacity_names` and builds them with `capacity_pod`.
+Pure and standard-library only: part of the contract, because the webhook (capacity at
+admission) and the scheduler (capacity when a pod fits nowhere) must agree on names and
+packing. Each turns its caches into `Gpu`s and `Allocation`s, asks `plan` how many GPUs
+the pool lacks, names them with `capacity_names` and builds them with `capacity_pod`.
 
 Packing is first-fit-decreasing in two dimensions: compute (millis, 1000 per GPU) and
 memory (bytes, checked only where the GPU's memory is known; the exporter writes it on
@@ -24,7 +25,6 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.kube import JSON
-from webhook.decision import Demand
 
 FULL_GPU: Final = 1000  # compute millis in one GPU
 NAME_PREFIX: Final = "gpupack-capacity"
@@ -136,16 +136,6 @@ class _OpenBin:
 
     def freeze(self) -> Bin:
         return Bin(self.name, self.memory, tuple(self.allocations))
-
-
-def allocation_of(demand: Demand) -> Allocation:
-    return Allocation(
-        key=demand.decision_id,
-        compute=demand.compute,
-        memory=demand.memory,
-        owner=f"{demand.namespace}/{demand.workload}",
-        exclusive=demand.exclusive,
-    )
 
 
 def _decreasing(a: Allocation) -> tuple[int, int, str, str]:

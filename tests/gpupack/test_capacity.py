@@ -6,20 +6,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpupack import keys
-from gpupack.kube import JSON
-from webhook.capacity_plan import (
+from gpupack.capacity import (
     CREATED_FOR,
     FULL_GPU,
     Allocation,
     Bin,
     Gpu,
-    allocation_of,
     capacity_index,
     capacity_names,
     capacity_pod,
     plan,
 )
-from webhook.decision import Demand
+from gpupack.kube import JSON
 
 GiB = 2**30
 POOL = "0123456789abcdef"
@@ -200,12 +198,6 @@ def test_planned_gpus_always_suffice(
         assert not exclusive or {a.owner for a in b.allocations} == exclusive
     assert result.missing <= len(unplaced)
     assert {b.name for b in result.bins if b.name is not None} == {g.name for g in gpus}
-
-
-def test_a_demand_becomes_an_allocation_of_its_workload() -> None:
-    demand = Demand("uid-1", POOL, {}, 300, 8 * GiB, "ml", "Deployment/llm", exclusive=True)
-
-    assert allocation_of(demand) == Allocation("uid-1", 300, 8 * GiB, "ml/Deployment/llm", True)
 
 
 @pytest.mark.parametrize(
