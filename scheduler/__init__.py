@@ -1,0 +1,1 @@
+"""gpupack-scheduler: places fractional pods on GPUs held by capacity pods."""

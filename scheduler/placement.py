@@ -1,0 +1,155 @@
+"""One scheduling decision: snapshot + pod -> a placement, or why it fits nowhere.
+
+Pure, and the same code the cluster runs and the trace benchmark replays. Filter, then
+score (kube-scheduler's framework in miniature):
+
+- **Filter** a node: ready and schedulable, the pod's node constraints (cached per
+  topology in `Snapshot.eligible`), CPU, memory and pod count counting every pod on the
+  node; then each GPU: the pod's pool, running (not coming), allowed model, compute and
+  memory fit, and `real-time-mps` exclusivity (an MPS workload's GPU takes only its own
+  pods; an MPS pod takes only a GPU nobody else uses).
+- **Score** with a `Scorer`: it sees a node that passed and the GPUs that fit, and
+  returns the best GPUs there with a cost (lower is better). The lowest cost wins; ties
+  go to the node met first, so a decision is deterministic for a given snapshot.
+
+A node's answer for a pod shape is memoised on the node until the node changes (any
+booking, label or GPU change clears it) or the scorer's `generation` moves, so a
+decision costs one dictionary lookup per unchanged node.
+"""
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduler.snapshot import Gpu, Node, Request, Snapshot
+
+
+class Scorer(Protocol):
+    """Chooses GPUs on one node. `generation` changes when its answers would."""
+
+    @property
+    def generation(self) -> int: ...
+
+    def choose(
+        self, node: Node, request: Request, fits: Sequence[Gpu]
+    ) -> tuple[float, tuple[Gpu, ...]] | None:
+        """The best `request.gpus` of `fits` and their cost; None if none will do."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str
+    gpus: tuple[str, ...]  # UUIDs
+    cost: float
+
+
+@dataclass(frozen=True, slots=True)
+class Unfit:
+    """No node fits. `reasons` counts why, per node ("3 nodes: insufficient cpu")."""
+
+    reasons: tuple[tuple[str, int], ...]
+    coming: bool = False  # a GPU that is coming could take the pod once it runs
+
+    @property
+    def message(self) -> str:
+        if not self.reasons:
+            return "no GPU of the pod's pool exists yet"
+        parts = [f"{count} node{'s' if count > 1 else ''}: {why}" for why, count in self.reasons]
+        return "0 GPUs fit; " + ", ".join(parts)
+
+
+def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
+    """Why one GPU cannot take the pod, or None."""
+    if gpu.pool != request.pool:
+        return "GPUs of another pool"
+    if request.models is not None and gpu.model not in request.models:
+        return "GPU model not allowed"
+    if gpu.coming:
+        return "GPU not running yet"
+    if gpu.free_compute < request.compute:
+        return "insufficient GPU compute"
+    free_memory = gpu.free_memory
+    if free_memory is not None and free_memory < request.gpu_memory:
+        return "insufficient GPU memory"
+    if gpu.exclusive_owner and gpu.exclusive_owner != request.owner:
+        return "GPU held by another real-time-mps workload"
+    if request.exclusive and any(owner != request.owner for owner in gpu.owners):
+        return "GPU shared with other workloads (real-time-mps needs its own)"
+    return None
+
+
+def node_rejects(node: Node, request: Request) -> str | None:
+    if not node.ready:
+        return "node not ready"
+    if not node.schedulable:
+        return "node unschedulable"
+    if node.free_cpu < request.cpu:
+        return "insufficient cpu"
+    if node.free_memory < request.memory:
+        return "insufficient memory"
+    if node.used_pods >= node.max_pods:
+        return "too many pods"
+    return None
+
+
+def _evaluate(node: Node, request: Request, scorer: Scorer) -> tuple[float, tuple[Gpu, ...]] | str:
+    why = node_rejects(node, request)
+    if why is not None:
+        return why
+    fits: list[Gpu] = []
+    reasons: Counter[str] = Counter()
+    for gpu in node.gpus:
+        rejected = gpu_rejects(gpu, request)
+        if rejected is None:
+            fits.append(gpu)
+        else:
+            reasons[rejected] += 1
+    if len(fits) < request.gpus:
+        if not reasons:
+            return f"fewer than {request.gpus} GPUs"
+        return reasons.most_common(1)[0][0]
+    chosen = scorer.choose(node, request, fits)
+    return chosen if chosen is not None else "no GPU combination the scorer accepts"
+
+
+def place(snapshot: Snapshot, request: Request, scorer: Scorer) -> Placement | Unfit:
+    """Where `request` should go. Does not book it: the caller `assume`s the result."""
+    shape = request.shape
+    generation = scorer.generation
+    best: tuple[float, tuple[Gpu, ...]] | None = None
+    best_node: Node | None = None
+    candidates = snapshot.eligible(request)
+    for node in candidates:
+        if node.memo_generation != generation:
+            node.memo.clear()
+            node.memo_generation = generation
+        answer = node.memo.get(shape)
+        if answer is None:
+            answer = _evaluate(node, request, scorer)
+            node.memo[shape] = answer
+        if type(answer) is tuple and (best is None or answer[0] < best[0]):
+            best, best_node = answer, node
+    if best is not None and best_node is not None:
+        return Placement(best_node.name, tuple(g.uuid for g in best[1]), best[0])
+    return _unfit(snapshot, request, candidates)
+
+
+def _unfit(snapshot: Snapshot, request: Request, candidates: list[Node]) -> Unfit:
+    reasons: Counter[str] = Counter()
+    for node in candidates:
+        answer = node.memo.get(request.shape)
+        if isinstance(answer, str):
+            reasons[answer] += 1
+    excluded = sum(1 for n in snapshot.nodes.values() if n.gpus) - len(candidates)
+    if excluded > 0:
+        reasons["excluded by node selector, affinity, taints or pool"] += excluded
+    coming = any(
+        gpu.coming
+        and gpu.pool == request.pool
+        and gpu.compute >= request.compute
+        and (not gpu.memory or gpu.memory >= request.gpu_memory)
+        for gpu in snapshot.gpus.values()
+    )
+    return Unfit(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))), coming)

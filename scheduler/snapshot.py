@@ -1,0 +1,245 @@
+"""The state placement reads: nodes, the GPUs on them, and what each pod holds.
+
+Pure. The GPU ledger: every GPU is a bin of `compute` millis (1000) and `memory` bytes,
+held by one capacity pod of one pool. A GPU whose capacity pod is not running yet is
+`coming`: counted when deciding whether to ask for more capacity, never placed on.
+
+`assume` books a placement on the nodes and GPUs and `forget` undoes it exactly, so the
+shell can assume a pod before its Binding is written and forget it if the write fails
+(kube-scheduler's assume cache). Every change bumps the node's `version` and clears its
+memo, so placement can cache per-node answers between changes.
+"""
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from scheduler.constraints import NONE, Constraints, Taint
+
+FULL_GPU: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one pod needs: host resources on the node, and a share of `gpus` GPUs."""
+
+    key: str  # namespace/name
+    cpu: int = 0  # millicores
+    memory: int = 0  # bytes of host memory
+    compute: int = 0  # millis of each GPU
+    gpu_memory: int = 0  # bytes of each GPU
+    gpus: int = 1
+    pool: str = ""
+    owner: str = ""  # namespace/Kind/name of the workload
+    exclusive: bool = False  # real-time-mps: share a GPU only with the same owner
+    constraints: Constraints = NONE
+    models: frozenset[str] | None = None  # allowed GPU models; None: any
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """Everything placement depends on except the pod's name."""
+        return (
+            self.cpu,
+            self.memory,
+            self.compute,
+            self.gpu_memory,
+            self.gpus,
+            self.pool,
+            self.owner if self.exclusive else "",
+            self.exclusive,
+            self.constraints,
+            self.models,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Gpu:
+    uuid: str
+    node: str
+    memory: int = 0  # bytes; 0 when unknown (then only compute is checked)
+    model: str = ""
+    pool: str = ""
+    holder: str = ""  # the capacity pod's name
+    coming: bool = False  # its capacity pod is not running (or has no UUID) yet
+    compute: int = FULL_GPU
+    used_compute: int = 0
+    used_memory: int = 0
+    owners: dict[str, int] = field(default_factory=dict)  # workload -> pods on this GPU
+    exclusive_owner: str = ""  # set while an MPS workload holds the GPU
+
+    @property
+    def free_compute(self) -> int:
+        return self.compute - self.used_compute
+
+    @property
+    def free_memory(self) -> int | None:
+        return self.memory - self.used_memory if self.memory else None
+
+    @property
+    def pods(self) -> int:
+        return sum(self.owners.values())
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    name: str
+    cpu: int  # allocatable millicores
+    memory: int  # allocatable bytes
+    max_pods: int = 110
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    schedulable: bool = True
+    used_cpu: int = 0
+    used_memory: int = 0
+    used_pods: int = 0
+    gpus: list[Gpu] = field(default_factory=list)
+    version: int = 0
+    memo: dict[tuple[object, ...], object] = field(default_factory=dict)
+    memo_generation: int = -1
+
+    def touch(self) -> None:
+        self.version += 1
+        self.memo.clear()
+
+    @property
+    def free_cpu(self) -> int:
+        return self.cpu - self.used_cpu
+
+    @property
+    def free_memory(self) -> int:
+        return self.memory - self.used_memory
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """Where an assumed or bound pod sits and what it holds there."""
+
+    request: Request
+    node: str
+    gpus: tuple[str, ...]  # UUIDs
+
+
+class Snapshot:
+    """Nodes, GPUs and bookings. Not thread-safe: one scheduling loop owns it."""
+
+    def __init__(self, nodes: Iterable[Node] = ()) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.gpus: dict[str, Gpu] = {}
+        self.bookings: dict[str, Booking] = {}
+        self.topology = 0  # bumps when nodes, labels, taints or GPUs change
+        self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
+        for node in nodes:
+            self.add_node(node)
+
+    # Topology.
+
+    def add_node(self, node: Node) -> None:
+        old = self.nodes.get(node.name)
+        if old is not None:
+            node.gpus = old.gpus
+            node.used_cpu, node.used_memory, node.used_pods = (
+                old.used_cpu,
+                old.used_memory,
+                old.used_pods,
+            )
+        self.nodes[node.name] = node
+        for gpu in node.gpus:
+            self.gpus[gpu.uuid] = gpu
+        node.touch()
+        self.topology += 1
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            for gpu in node.gpus:
+                self.gpus.pop(gpu.uuid, None)
+            self.topology += 1
+
+    def add_gpu(self, gpu: Gpu) -> None:
+        node = self.nodes[gpu.node]
+        old = self.gpus.get(gpu.uuid)
+        if old is not None:
+            gpu.used_compute, gpu.used_memory = old.used_compute, old.used_memory
+            gpu.owners, gpu.exclusive_owner = old.owners, old.exclusive_owner
+            node.gpus = [g for g in node.gpus if g.uuid != gpu.uuid]
+        node.gpus.append(gpu)
+        self.gpus[gpu.uuid] = gpu
+        node.touch()
+        self.topology += 1
+
+    def remove_gpu(self, uuid: str) -> None:
+        gpu = self.gpus.pop(uuid, None)
+        if gpu is not None and gpu.node in self.nodes:
+            node = self.nodes[gpu.node]
+            node.gpus = [g for g in node.gpus if g.uuid != uuid]
+            node.touch()
+            self.topology += 1
+
+    def eligible(self, request: Request) -> list[Node]:
+        """Nodes that pass the pod's node constraints and hold GPUs of its pool (cached
+        until the topology changes)."""
+        key = (request.constraints, request.models, request.pool)
+        cached = self._eligible.get(key)
+        if cached is not None and cached[0] == self.topology:
+            return cached[1]
+        nodes = [
+            n
+            for n in self.nodes.values()
+            if any(g.pool == request.pool for g in n.gpus)
+            and request.constraints.reject(n.name, n.labels, n.taints) is None
+        ]
+        self._eligible[key] = (self.topology, nodes)
+        return nodes
+
+    # Bookings.
+
+    def assume(self, request: Request, node_name: str, uuids: Iterable[str]) -> Booking:
+        """Book `request` on `node_name` and the GPUs `uuids`; the caller checked it fits."""
+        if request.key in self.bookings:
+            raise ValueError(f"{request.key} is already booked")
+        node = self.nodes[node_name]
+        booking = Booking(request, node_name, tuple(uuids))
+        node.used_cpu += request.cpu
+        node.used_memory += request.memory
+        node.used_pods += 1
+        for uuid in booking.gpus:
+            gpu = self.gpus[uuid]
+            gpu.used_compute += request.compute
+            gpu.used_memory += request.gpu_memory
+            gpu.owners[request.owner] = gpu.owners.get(request.owner, 0) + 1
+            if request.exclusive:
+                gpu.exclusive_owner = request.owner
+        node.touch()
+        self.bookings[request.key] = booking
+        return booking
+
+    def forget(self, key: str) -> Booking | None:
+        """Undo `assume` (a failed bind, a deleted pod); None when nothing was booked."""
+        booking = self.bookings.pop(key, None)
+        if booking is None:
+            return None
+        request = booking.request
+        node = self.nodes.get(booking.node)
+        if node is not None:
+            node.used_cpu -= request.cpu
+            node.used_memory -= request.memory
+            node.used_pods -= 1
+            node.touch()
+        for uuid in booking.gpus:
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                continue
+            gpu.used_compute -= request.compute
+            gpu.used_memory -= request.gpu_memory
+            left = gpu.owners.get(request.owner, 0) - 1
+            if left > 0:
+                gpu.owners[request.owner] = left
+            else:
+                gpu.owners.pop(request.owner, None)
+                if gpu.exclusive_owner == request.owner:
+                    gpu.exclusive_owner = ""
+        return booking
+
+    def on_gpu(self, uuid: str) -> Iterator[Booking]:
+        return (b for b in self.bookings.values() if uuid in b.gpus)

@@ -1,0 +1,220 @@
+"""The placement core: filter, score, and why a pod fits nowhere."""
+
+import pytest
+
+from scheduler.constraints import Constraints, Taint, Toleration, constraints_of
+from scheduler.placement import Placement, Unfit, place
+from scheduler.score import PackingScorer
+from scheduler.snapshot import Gpu, Node, Request, Snapshot
+
+GiB = 2**30
+
+
+def node(
+    name: str, gpus: int = 2, *, cpu: int = 8000, memory: int = 64 * GiB, **kw: object
+) -> Node:
+    n = Node(name, cpu, memory, **kw)  # type: ignore[arg-type]
+    n.gpus = [
+        Gpu(f"{name}-gpu{i}", name, memory=40 * GiB, holder=f"cap-{name}-{i}") for i in range(gpus)
+    ]
+    return n
+
+
+def pod(key: str, compute: int = 300, **kw: object) -> Request:
+    return Request(key, cpu=100, memory=GiB, compute=compute, gpu_memory=4 * GiB, **kw)  # type: ignore[arg-type]
+
+
+def fill(snapshot: Snapshot, *requests: Request) -> list[Placement]:
+    out = []
+    for r in requests:
+        p = place(snapshot, r, PackingScorer())
+        assert isinstance(p, Placement), p
+        snapshot.assume(r, p.node, p.gpus)
+        out.append(p)
+    return out
+
+
+def test_nine_300m_pods_pack_onto_three_gpus() -> None:
+    snap = Snapshot([node("a", 4), node("b", 4)])
+
+    placements = fill(snap, *(pod(f"ns/p{i}") for i in range(9)))
+
+    used = {p.gpus[0] for p in placements}
+    assert len(used) == 3
+    assert all(snap.gpus[u].used_compute == 900 for u in used)
+
+
+def test_a_partly_used_gpu_is_preferred_over_an_empty_one() -> None:
+    snap = Snapshot([node("a", 1), node("b", 1)])
+    fill(snap, pod("ns/first", 500))
+    first_node = next(iter(snap.bookings.values())).node
+
+    (second,) = fill(snap, pod("ns/second", 400))
+
+    assert second.node == first_node
+
+
+def test_gpu_memory_is_a_second_dimension() -> None:
+    snap = Snapshot([node("a", 1)])
+    fill(snap, Request("ns/big", compute=100, gpu_memory=38 * GiB))
+
+    result = place(snap, Request("ns/next", compute=100, gpu_memory=4 * GiB), PackingScorer())
+
+    assert isinstance(result, Unfit)
+    assert result.reasons == (("insufficient GPU memory", 1),)
+
+
+def test_host_cpu_counts_every_pod_on_the_node() -> None:
+    snap = Snapshot([node("a", 1, cpu=1000)])
+    snap.assume(Request("other/web", cpu=950, gpus=0), "a", ())
+
+    result = place(snap, pod("ns/p"), PackingScorer())
+
+    assert isinstance(result, Unfit)
+    assert "1 node: insufficient cpu" in result.message
+
+
+def test_mps_pods_never_share_a_gpu_with_another_workload() -> None:
+    snap = Snapshot([node("a", 2)])
+    (a,) = fill(snap, pod("ns/a0", 200, owner="ns/Deployment/a", exclusive=True))
+    (b,) = fill(snap, pod("ns/b0", 200, owner="ns/Deployment/b"))
+    (a1,) = fill(snap, pod("ns/a1", 200, owner="ns/Deployment/a", exclusive=True))
+
+    assert b.gpus != a.gpus
+    assert a1.gpus == a.gpus
+    result = place(
+        snap, pod("ns/c0", 200, owner="ns/Deployment/c", exclusive=True), PackingScorer()
+    )
+    assert isinstance(result, Unfit)
+
+
+def test_forget_undoes_assume_exactly() -> None:
+    snap = Snapshot([node("a", 1)])
+    (p,) = fill(snap, pod("ns/p", exclusive=True, owner="ns/Deployment/x"))
+
+    snap.forget("ns/p")
+
+    gpu = snap.gpus[p.gpus[0]]
+    assert (gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner) == (0, 0, {}, "")
+    assert snap.nodes["a"].used_cpu == 0
+    assert snap.nodes["a"].used_pods == 0
+
+
+def test_coming_gpus_are_never_placed_on_but_are_reported() -> None:
+    n = node("a", 1)
+    n.gpus[0].coming = True
+    snap = Snapshot([n])
+
+    result = place(snap, pod("ns/p"), PackingScorer())
+
+    assert isinstance(result, Unfit)
+    assert result.coming
+
+
+def test_pools_do_not_mix() -> None:
+    n = node("a", 1)
+    n.gpus[0].pool = "pool-a"
+    snap = Snapshot([n])
+
+    assert isinstance(place(snap, pod("ns/p", pool="pool-b"), PackingScorer()), Unfit)
+    assert isinstance(place(snap, pod("ns/p", pool="pool-a"), PackingScorer()), Placement)
+
+
+@pytest.mark.parametrize(
+    ("spec", "labels", "taints", "fits"),
+    [
+        pytest.param(
+            {"nodeSelector": {"gpu": "a100"}}, {"gpu": "a100"}, (), True, id="selector-match"
+        ),
+        pytest.param(
+            {"nodeSelector": {"gpu": "a100"}}, {"gpu": "l4"}, (), False, id="selector-mismatch"
+        ),
+        pytest.param(
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "zone", "operator": "In", "values": ["x"]}
+                                    ]
+                                },
+                                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+                            ]
+                        }
+                    }
+                }
+            },
+            {"gpu": "l4"},
+            (),
+            True,
+            id="affinity-terms-are-ored",
+        ),
+        pytest.param(
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "mem", "operator": "Gt", "values": ["40000"]},
+                                        {"key": "gpu", "operator": "NotIn", "values": ["l4"]},
+                                    ]
+                                }
+                            ]
+                        }
+                    }
+                }
+            },
+            {"gpu": "a100", "mem": "81920"},
+            (),
+            True,
+            id="affinity-gt-and-notin",
+        ),
+        pytest.param(
+            {}, {}, (Taint("nvidia.com/gpu", "", "NoSchedule"),), False, id="untolerated-taint"
+        ),
+        pytest.param(
+            {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]},
+            {},
+            (Taint("nvidia.com/gpu", "", "NoSchedule"),),
+            True,
+            id="tolerated-taint",
+        ),
+        pytest.param(
+            {},
+            {},
+            (Taint("x", "", "PreferNoSchedule"),),
+            True,
+            id="prefer-no-schedule-is-not-a-filter",
+        ),
+    ],
+)
+def test_node_constraints(
+    spec: dict[str, object], labels: dict[str, str], taints: tuple[Taint, ...], fits: bool
+) -> None:
+    snap = Snapshot([node("a", 1, labels=labels, taints=taints)])
+
+    result = place(snap, pod("ns/p", constraints=constraints_of(spec)), PackingScorer())
+
+    assert isinstance(result, Placement) is fits
+
+
+def test_toleration_with_empty_key_and_exists_tolerates_everything() -> None:
+    assert (
+        Constraints(tolerations=(Toleration(operator="Exists"),)).reject(
+            "n", {}, (Taint("k", "v", "NoExecute"),)
+        )
+        is None
+    )
+
+
+def test_multi_gpu_request_takes_distinct_whole_gpus() -> None:
+    snap = Snapshot([node("a", 2), node("b", 4)])
+
+    (p,) = fill(snap, Request("ns/train", compute=1000, gpus=3))
+
+    assert p.node == "b"
+    assert len(set(p.gpus)) == 3
