@@ -65,7 +65,7 @@ class ApiError(Exception):
 @dataclass
 class Kube:
     """A small JSON client for the Kubernetes API (HTTPS with a client certificate or a
-    bearer token). Enough for tests and the demo; the product uses `webhook.kube`."""
+    bearer token). Enough for tests and the demo; the product uses the components' `kube` modules."""
 
     server: str
     context: ssl.SSLContext

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, cast
 
 from gpupack import codec, keys
+from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import (
     DEFAULT_IMAGE,
     Allocation,
@@ -39,7 +40,7 @@ from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
 from gpupack.policy import BUILTIN, Sharing
 from gpupack.pool import pool_key
 from webhook.decision import CapacityOutcome, Demand
-from webhook.kube import ApiError, Backoff, KubeClient, retry
+from webhook.kube import KubeClient
 from webhook.policies import workload_of
 
 

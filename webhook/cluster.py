@@ -17,6 +17,7 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.capacity import DEFAULT_IMAGE
+from gpupack.informer import WATCH_TIMEOUT_SECONDS, Informer
 from gpupack.kube import JSON
 from webhook.capacity import (
     DECISION_INDEX,
@@ -28,7 +29,6 @@ from webhook.capacity import (
     fractional_pool,
 )
 from webhook.decision import CapacityOutcome, Demand
-from webhook.informer import WATCH_TIMEOUT_SECONDS, Informer
 from webhook.kube import KubeClient, load_client
 
 log = logging.getLogger(__name__)

@@ -5,10 +5,7 @@ and create. It rides on the `kubernetes` package's configuration loading (kubeco
 in-cluster service account, token refresh) and its HTTP layer, but never on the
 generated model classes (slow, and lossy for objects we only pass through).
 
-Every failure becomes `ApiError(status, reason, message)`: the HTTP status and the
-Status object's reason (`AlreadyExists`, `Gone`, `Forbidden`, ...), or status 0 with
-reason `ConnectionError` when the server could not be reached. `retry` is the one
-helper for bounded exponential backoff on API calls.
+Errors, the watch protocol and the retry helper are the shared ones in `gpupack.api`.
 """
 
 import contextlib
@@ -16,11 +13,9 @@ import json
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
 import urllib3
@@ -29,52 +24,16 @@ from kubernetes import config as k8s_config
 from kubernetes.client import rest as k8s_rest
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
+from gpupack.api import ApiError, WatchStream, parse_event, status_error
 from gpupack.kube import JSON
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 CONNECT_TIMEOUT: Final = 5.0
 REQUEST_TIMEOUT: Final = 10.0
 USER_AGENT: Final = "gpupack-webhook"
 WATCH_READ_MARGIN: Final = 30.0  # seconds past the server-side timeoutSeconds
-RETRYABLE_STATUSES: Final = frozenset({0, 429, 500, 502, 503, 504})
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-
-
-class ApiError(Exception):
-    """A failed API call: HTTP status (0 when the server was not reached), reason, message."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @property
-    def gone(self) -> bool:
-        """410: the resourceVersion (or continue token) is too old; list again."""
-        return self.status == 410
-
-    @property
-    def already_exists(self) -> bool:
-        return self.status == 409 and self.reason == "AlreadyExists"
-
-    @property
-    def retryable(self) -> bool:
-        return self.status in RETRYABLE_STATUSES
-
-
-class WatchStream(Protocol):
-    """Watch events (`{"type": ..., "object": ...}`) until the server ends the stream.
-
-    `close` may be called from another thread and makes a blocked iteration end promptly.
-    """
-
-    def __iter__(self) -> Iterator[JSON]: ...
-
-    def close(self) -> None: ...
 
 
 class KubeClient(Protocol):
@@ -87,55 +46,6 @@ class KubeClient(Protocol):
     def create(self, path: str, body: JSON) -> JSON: ...
 
     def close(self) -> None: ...  # release connections; the client is not used afterwards
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Bounded exponential backoff: base, 2*base, 4*base, ... capped at `cap` seconds."""
-
-    base: float = 0.2
-    cap: float = 5.0
-
-    def delay(self, attempt: int) -> float:
-        """The pause before retry number `attempt` (1 for the first retry)."""
-        return float(min(self.cap, self.base * 2 ** max(0, min(attempt - 1, 30))))
-
-
-def retry(
-    call: Callable[[], T],
-    *,
-    attempts: int = 3,
-    backoff: Backoff | None = None,
-    sleep: Callable[[float], None] = time.sleep,
-    retryable: Callable[[ApiError], bool] = lambda error: error.retryable,
-) -> T:
-    """Call, retrying ApiErrors that `retryable` accepts, at most `attempts` calls in all.
-
-    Conflicts (409) and client errors are not retryable by default: they fail fast.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except ApiError as error:
-            if attempt == attempts or not retryable(error):
-                raise
-            pause = (backoff or Backoff()).delay(attempt)
-            log.info("retrying in %.2fs after %s", pause, error)
-            sleep(pause)
-    raise AssertionError("unreachable: attempts must be at least 1")
-
-
-def _status_error(status: int, reason: str, body: bytes) -> ApiError:
-    """An ApiError from a non-2xx response, preferring the Status object's reason."""
-    message = body.decode("utf-8", errors="replace")[:2000]
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = None
-    if isinstance(doc, dict) and doc.get("kind") == "Status":
-        reason = str(doc.get("reason") or reason)
-        message = str(doc.get("message") or message)
-    return ApiError(status, reason or "Unknown", message)
 
 
 class _HttpWatch:
@@ -153,7 +63,7 @@ class _HttpWatch:
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield _event(line)
+                        yield parse_event(line)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if not self._closed.is_set():
                 raise ApiError(0, "ConnectionError", f"watch stream broke: {exc}") from exc
@@ -161,23 +71,13 @@ class _HttpWatch:
             self._response.close()  # a half-read stream must not go back to the pool
             self._response.release_conn()
         if buffer.strip() and not self._closed.is_set():
-            yield _event(buffer)
+            yield parse_event(buffer)
 
     def close(self) -> None:
         self._closed.set()
         # ValueError/RuntimeError: already released or closed, so nothing is blocked on it.
         with contextlib.suppress(ValueError, RuntimeError, OSError):
             self._response.shutdown()
-
-
-def _event(line: bytes) -> JSON:
-    try:
-        event = json.loads(line)
-    except ValueError as exc:
-        raise ApiError(0, "BadWatchEvent", f"not JSON: {line[:200]!r}") from exc
-    if not isinstance(event, dict):
-        raise ApiError(0, "BadWatchEvent", f"not an object: {line[:200]!r}")
-    return event
 
 
 class HttpClient:
@@ -235,7 +135,7 @@ class HttpClient:
                 data = b""
             finally:
                 raw.release_conn()
-            raise _status_error(raw.status, str(raw.reason or ""), data)
+            raise status_error(raw.status, str(raw.reason or ""), data)
         return raw
 
     def _json(self, raw: urllib3.BaseHTTPResponse, what: str) -> JSON:

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from gpupack import keys
+from gpupack.api import ApiError
 from gpupack.capacity import CREATED_FOR, Allocation, capacity_name
+from gpupack.informer import Informer
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
-from tests.webhook.fakes import FakeKube
+from tests.fakes import FakeKube
 from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,
@@ -24,8 +26,6 @@ from webhook.capacity import (
     fractional_pool,
 )
 from webhook.decision import CapacityOutcome, Demand
-from webhook.informer import Informer
-from webhook.kube import ApiError
 
 WAIT = 10.0  # a deadline for informer threads, never a measured duration
 GiB = 2**30

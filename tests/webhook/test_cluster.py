@@ -19,13 +19,14 @@ import pytest
 from kubernetes.config import ConfigException
 
 from gpupack import keys
+from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
-from tests.webhook.fakes import FakeKube
+from tests.fakes import FakeKube
 from webhook.cluster import Cluster, connect
 from webhook.decision import Demand
-from webhook.kube import ApiError, Backoff, HttpClient, load_client, retry
+from webhook.kube import HttpClient, load_client
 from webhook.server import ClusterPort
 
 WAIT = 10.0  # a deadline for background threads, never a measured duration

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
+from gpupack.api import ApiError, Backoff, ListWatch, WatchStream
 from gpupack.kube import JSON
-from webhook.kube import ApiError, Backoff, KubeClient, WatchStream
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Informer:
 
     def __init__(
         self,
-        client: KubeClient,
+        client: ListWatch,
         path: str,
         params: Mapping[str, str] | None = None,
         *,

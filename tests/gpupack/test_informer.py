@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
+from gpupack.api import ApiError
+from gpupack.informer import Informer, object_key
 from gpupack.kube import JSON
-from tests.webhook.fakes import FakeKube
-from webhook.informer import Informer, object_key
-from webhook.kube import ApiError
+from tests.fakes import FakeKube
 
 WAIT = 10.0  # a deadline for the informer's thread, never a measured duration
 PODS = "/api/v1/namespaces/gpupack-system/pods"
