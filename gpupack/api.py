@@ -13,7 +13,7 @@ Status object's reason (`AlreadyExists`, `Gone`, `Forbidden`, `Conflict`, ...), 
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
@@ -125,3 +125,17 @@ def parse_event(line: bytes) -> JSON:
     if not isinstance(event, dict):
         raise ApiError(0, "BadWatchEvent", f"not an object: {line[:200]!r}")
     return event
+
+
+def watch_events(chunks: Iterable[bytes]) -> Iterator[JSON]:
+    """Watch events from a response body that arrives in arbitrary chunks, one JSON
+    object per line (the API server's watch framing)."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield parse_event(line)
+    if buffer.strip():
+        yield parse_event(buffer)

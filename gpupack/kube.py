@@ -85,3 +85,17 @@ def controller_of(obj: Pod | JSON) -> JSON | None:
         if owner.get("controller") is True:
             return owner
     return valid[0] if valid else None
+
+
+def workload_of(pod: Pod, pod_name: str) -> tuple[str, str]:
+    """(kind, name) of the workload: the controlling owner, a Deployment behind its
+    ReplicaSet when the pod-template-hash label shows it, or the pod itself."""
+    owner = controller_of(pod)
+    if owner is None:
+        meta = pod.get("metadata") or {}
+        return "Pod", pod_name or str(meta.get("generateName", ""))
+    kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
+    template_hash = labels_of(pod).get("pod-template-hash")
+    if kind == "ReplicaSet" and template_hash and name.endswith("-" + template_hash):
+        return "Deployment", name[: -len(template_hash) - 1]
+    return kind, name

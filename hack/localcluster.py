@@ -65,7 +65,8 @@ class ApiError(Exception):
 @dataclass
 class Kube:
     """A small JSON client for the Kubernetes API (HTTPS with a client certificate or a
-    bearer token). Enough for tests and the demo; the product uses the components' `kube` modules."""
+    bearer token). Enough for tests and the demo; the product's components have their own
+    `kube` transports."""
 
     server: str
     context: ssl.SSLContext

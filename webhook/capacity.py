@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol, cast
 
-from gpupack import codec, keys
+from gpupack import keys
 from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import (
     DEFAULT_IMAGE,
@@ -35,13 +35,11 @@ from gpupack.capacity import (
     capacity_pod,
     plan,
 )
-from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
-from gpupack.policy import BUILTIN, Sharing
+from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
+from gpupack.shares import gpu_memory, is_live, pod_allocation
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient
-from webhook.policies import workload_of
 
 
 def allocation_of(demand: Demand) -> Allocation:
@@ -61,7 +59,6 @@ POOL_INDEX: Final = "pool"
 DECISION_INDEX: Final = "decision"
 RESERVATION_TTL: Final = 60.0
 CREATE_BUDGET: Final = 5.0  # seconds of retrying creates within one admission
-TERMINATED: Final = frozenset({"Succeeded", "Failed"})
 ALLOCATION_MEMO_SIZE: Final = 50_000
 
 
@@ -89,62 +86,6 @@ def fractional_pool(pod: JSON) -> list[str]:
 def decision_of(pod: JSON) -> list[str]:
     decision = annotations_of(pod).get(keys.DECISION)
     return [decision] if decision else []
-
-
-# Reading pods.
-
-
-def is_live(pod: JSON) -> bool:
-    """Neither finished nor being deleted."""
-    phase = (pod.get("status") or {}).get("phase")
-    return phase not in TERMINATED and not (pod.get("metadata") or {}).get("deletionTimestamp")
-
-
-def workload(pod: JSON) -> str:
-    """`Kind/name` of the pod's workload, exactly as the admission's `Demand.workload`."""
-    name = str((pod.get("metadata") or {}).get("name", ""))
-    kind, owner = workload_of(cast(Pod, pod), name)
-    return f"{kind}/{owner}"
-
-
-def is_exclusive(annotations: dict[str, str]) -> bool:
-    """A pod whose GPU must not be shared with other workloads (CUDA MPS)."""
-    enforcement = annotations.get(keys.ENFORCEMENT)
-    if enforcement is not None:
-        return enforcement == Sharing.MPS.value
-    policy = BUILTIN.get(annotations.get(keys.POLICY, ""))
-    return policy is not None and policy.sharing is Sharing.MPS
-
-
-def pod_allocation(pod: JSON) -> Allocation | None:
-    """The allocation a fractional pod holds, or None when its annotations do not parse."""
-    meta = pod.get("metadata") or {}
-    annotations = annotations_of(pod)
-    try:
-        compute = codec.read_compute(annotations)
-        memory = codec.read_memory(annotations)
-    except ContractError as error:
-        log.warning("ignoring pod %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
-        return None
-    if compute is None:
-        return None
-    namespace = str(meta.get("namespace", ""))
-    return Allocation(
-        key=f"{namespace}/{meta.get('name', '')}",
-        compute=compute,
-        memory=memory or 0,
-        owner=f"{namespace}/{workload(pod)}",
-        exclusive=is_exclusive(annotations),
-    )
-
-
-def gpu_memory(pod: JSON) -> int | None:
-    """The device memory the exporter wrote on a capacity pod, None when unknown."""
-    try:
-        return codec.read_memory(annotations_of(pod))
-    except ContractError as error:
-        log.warning("capacity pod %s: %s", (pod.get("metadata") or {}).get("name"), error)
-        return None
 
 
 @dataclass(slots=True)

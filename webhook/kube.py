@@ -24,7 +24,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client import rest as k8s_rest
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from gpupack.api import ApiError, WatchStream, parse_event, status_error
+from gpupack.api import ApiError, WatchStream, status_error, watch_events
 from gpupack.kube import JSON
 
 log = logging.getLogger(__name__)
@@ -56,22 +56,14 @@ class _HttpWatch:
         self._closed = threading.Event()
 
     def __iter__(self) -> Iterator[JSON]:
-        buffer = b""
         try:
-            for chunk in self._response.stream(amt=None, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield parse_event(line)
+            yield from watch_events(self._response.stream(amt=None, decode_content=True))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             if not self._closed.is_set():
                 raise ApiError(0, "ConnectionError", f"watch stream broke: {exc}") from exc
         finally:
             self._response.close()  # a half-read stream must not go back to the pool
             self._response.release_conn()
-        if buffer.strip() and not self._closed.is_set():
-            yield parse_event(buffer)
 
     def close(self) -> None:
         self._closed.set()

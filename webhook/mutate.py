@@ -16,13 +16,13 @@ from typing import Any
 from gpupack import keys
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of
+from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
 from gpupack.policy import BUILTIN, Policy, Sharing
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from webhook import patch, scope
 from webhook.decision import Decision, Demand, Outcome, Reason
-from webhook.policies import PolicyChoice, UnknownPolicyError, resolve_policy, workload_of
+from webhook.policies import PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 
 MIB = 2**20

@@ -12,7 +12,7 @@ from typing import Final
 from gpupack import keys
 from gpupack.codec import read_policy
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, annotations_of, controller_of, labels_of
+from gpupack.kube import JSON, Pod, annotations_of, labels_of
 from gpupack.policy import DEFAULT_POLICY, Policy
 
 # Owner kinds (of the pod's controlling owner) and what they usually run.
@@ -84,20 +84,6 @@ class PolicyChoice:
     policy: Policy
     source: str  # pod-annotation | namespace-annotation | auto: <why> | default
     warning: str | None = None  # e.g. an unusable namespace annotation that was ignored
-
-
-def workload_of(pod: Pod, pod_name: str) -> tuple[str, str]:
-    """(kind, name) of the workload: the controlling owner, a Deployment behind its
-    ReplicaSet when the pod-template-hash label shows it, or the pod itself."""
-    owner = controller_of(pod)
-    if owner is None:
-        meta = pod.get("metadata") or {}
-        return "Pod", pod_name or str(meta.get("generateName", ""))
-    kind, name = str(owner.get("kind", "")), str(owner.get("name", ""))
-    template_hash = labels_of(pod).get("pod-template-hash")
-    if kind == "ReplicaSet" and template_hash and name.endswith("-" + template_hash):
-        return "Deployment", name[: -len(template_hash) - 1]
-    return kind, name
 
 
 def detect(pod: Pod, owner_kind: str) -> tuple[str, str]:
