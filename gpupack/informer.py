@@ -6,6 +6,8 @@ resourceVersion, watch from it, apply ADDED/MODIFIED/DELETED to a store keyed by
 again when the server says the resourceVersion is gone (HTTP 410 or an ERROR event with
 code 410). Other failures back off (bounded) and resume. `synced` becomes true after the
 first complete list; readers get snapshots under a lock and never see a half-applied list.
+`on_change` hears the key of every changed object, and "" after each (re)list, when any
+object may have changed: a consumer keeps a dirty set instead of rescanning the store.
 
 Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
 reader asks for one pool's pods without scanning every pod in the cluster.
@@ -54,8 +56,10 @@ class Informer:
         sleep: Callable[[float], None] | None = None,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
         page_size: int = PAGE_SIZE,
+        on_change: Callable[[str], None] | None = None,
     ) -> None:
         self._client = client
+        self._on_change = on_change
         self._path = path
         self._params = dict(params or {})
         self.name = name or path
@@ -210,6 +214,8 @@ class Informer:
             self.lists += 1
             self._changed.notify_all()
         self._synced.set()
+        if self._on_change is not None:
+            self._on_change("")
         log.info("%s: listed %d objects at %s", self.name, len(store), self._resource_version)
 
     def _watch(self) -> int:
@@ -263,6 +269,8 @@ class Informer:
             if version:
                 self._resource_version = version
             self._changed.notify_all()
+        if self._on_change is not None and kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._on_change(key)
 
     def _values(self, name: str, obj: JSON) -> Iterable[str]:
         try:

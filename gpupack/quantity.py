@@ -89,6 +89,22 @@ def parse_memory(value: object, key: str) -> int:
     return -(-quantity.numerator // quantity.denominator)
 
 
+def parse_millicores(value: object, key: str) -> int:
+    """A CPU quantity (`500m`, `2`, `1.5`) in millicores, rounded up as Kubernetes does."""
+    millis = parse_quantity(value, key) * 1000
+    if millis < 0:
+        raise ContractError(key, value, "a non-negative CPU quantity, e.g. 500m or 2")
+    return -(-millis.numerator // millis.denominator)
+
+
+def parse_bytes(value: object, key: str) -> int:
+    """A memory or storage quantity (`128Mi`, `1G`, `0`) in bytes, rounded up."""
+    quantity = parse_quantity(value, key)
+    if quantity < 0:
+        raise ContractError(key, value, "a non-negative quantity of bytes, e.g. 128Mi")
+    return -(-quantity.numerator // quantity.denominator)
+
+
 def parse_count(value: object, key: str) -> int:
     """A whole-number resource count such as `nvidia.com/gpu: 1`."""
     if type(value) is int and value >= 0:  # the usual forms: no quantity arithmetic

@@ -42,6 +42,7 @@ from certs import pem
 JSON = dict[str, Any]
 SYSTEM_NAMESPACE: Final = "gpupack-system"
 WEBHOOK_NAME: Final = "gpupack-webhook"
+SCHEDULER_NAME: Final = "gpupack-scheduler"
 SERVICE_CIDR: Final = "10.96.0.0/16"
 READY_TIMEOUT: Final = 120.0
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
@@ -816,6 +817,49 @@ class LocalCluster:
             process.stop()
         self.write_state()
 
+    def install_scheduler(
+        self, *, name: str = SCHEDULER_NAME, extra_args: Sequence[str] = ()
+    ) -> Process:
+        """Run `gpupack-scheduler` as a local process (`name` tells replicas apart) with
+        the RBAC the chart renders, bound to the local user `gpupack-scheduler`."""
+        admin = self.kube()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(
+            Path(self.binary("helm")), "templates/scheduler.yaml", SCHEDULER_NAME
+        ):
+            admin.apply(obj)
+        kubeconfig = self.user_kubeconfig(SCHEDULER_NAME)
+        process = self._launch(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "scheduler.cli",
+                f"--kubeconfig={kubeconfig}",
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--identity={name}",
+                f"--metrics-port={free_port()}",
+                "--metrics-address=127.0.0.1",
+                *extra_args,
+            ],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self.write_state()
+        return process
+
+    def stop_scheduler(self, name: str = SCHEDULER_NAME, *, kill: bool = False) -> None:
+        """Stop a scheduler replica: SIGTERM (it releases its Lease), or SIGKILL."""
+        process = self.processes.pop(name, None)
+        if process is not None:
+            if kill and process.popen is not None:
+                os.killpg(process.popen.pid, signal.SIGKILL)
+                process.popen.wait(timeout=10)
+                process.popen = None
+            process.stop()
+        self.write_state()
+
 
 # -- what the chart will install, as the harness installs it --------------------------
 
@@ -887,6 +931,37 @@ def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -
     ).stdout
     config: JSON = yaml.safe_load(rendered)
     return config
+
+
+def chart_rbac(
+    helm: Path, template: str, user: str, namespace: str = SYSTEM_NAMESPACE
+) -> list[JSON]:
+    """The ClusterRoles and Roles a chart template renders, bound to the local `user`
+    instead of the ServiceAccount: the local processes run with the chart's permissions."""
+    chart = Path(__file__).resolve().parents[1] / "charts" / "gpupack"
+    rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
+        [
+            str(helm),
+            "template",
+            "gpupack",
+            str(chart),
+            f"--namespace={namespace}",
+            "--kube-version=1.35.0",
+            f"--show-only={template}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    out: list[JSON] = []
+    subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
+    for doc in yaml.safe_load_all(rendered):
+        if doc and doc["kind"] in ("ClusterRole", "Role"):
+            out.append(doc)
+        elif doc and doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            out.append({**doc, "subjects": subject})
+    return out
 
 
 # -- test infrastructure: the node agent's stand-in -----------------------------------

@@ -128,6 +128,7 @@ class Snapshot:
         self.gpus: dict[str, Gpu] = {}
         self.bookings: dict[str, Booking] = {}
         self.topology = 0  # bumps when nodes, labels, taints or GPUs change
+        self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
         for node in nodes:
             self.add_node(node)
@@ -157,12 +158,18 @@ class Snapshot:
             self.topology += 1
 
     def add_gpu(self, gpu: Gpu) -> None:
+        """Add or replace a GPU; its usage is recomputed from the bookings that name it,
+        so a GPU that reappears (or appears after its pods) is never double-booked."""
         node = self.nodes[gpu.node]
         old = self.gpus.get(gpu.uuid)
-        if old is not None:
-            gpu.used_compute, gpu.used_memory = old.used_compute, old.used_memory
-            gpu.owners, gpu.exclusive_owner = old.owners, old.exclusive_owner
-            node.gpus = [g for g in node.gpus if g.uuid != gpu.uuid]
+        if old is not None and old.node in self.nodes:
+            holder = self.nodes[old.node]
+            holder.gpus = [g for g in holder.gpus if g.uuid != gpu.uuid]
+            holder.touch()
+        gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner = 0, 0, {}, ""
+        for booking in self.bookings.values():
+            if gpu.uuid in booking.gpus:
+                _charge(gpu, booking.request)
         node.gpus.append(gpu)
         self.gpus[gpu.uuid] = gpu
         node.touch()
@@ -195,7 +202,8 @@ class Snapshot:
     # Bookings.
 
     def assume(self, request: Request, node_name: str, uuids: Iterable[str]) -> Booking:
-        """Book `request` on `node_name` and the GPUs `uuids`; the caller checked it fits."""
+        """Book `request` on `node_name` and the GPUs `uuids`. Placement checked that it
+        fits; bookings rebuilt from the cluster are taken as they are."""
         if request.key in self.bookings:
             raise ValueError(f"{request.key} is already booked")
         node = self.nodes[node_name]
@@ -204,12 +212,11 @@ class Snapshot:
         node.used_memory += request.memory
         node.used_pods += 1
         for uuid in booking.gpus:
-            gpu = self.gpus[uuid]
-            gpu.used_compute += request.compute
-            gpu.used_memory += request.gpu_memory
-            gpu.owners[request.owner] = gpu.owners.get(request.owner, 0) + 1
-            if request.exclusive:
-                gpu.exclusive_owner = request.owner
+            gpu = self.gpus.get(uuid)
+            if gpu is not None:  # a GPU not seen yet is charged when `add_gpu` sees it
+                _charge(gpu, request)
+                if gpu.node != node_name and gpu.node in self.nodes:
+                    self.nodes[gpu.node].touch()
         node.touch()
         self.bookings[request.key] = booking
         return booking
@@ -220,6 +227,8 @@ class Snapshot:
         if booking is None:
             return None
         request = booking.request
+        if booking.gpus:
+            self.freed += 1
         node = self.nodes.get(booking.node)
         if node is not None:
             node.used_cpu -= request.cpu
@@ -230,6 +239,8 @@ class Snapshot:
             gpu = self.gpus.get(uuid)
             if gpu is None:
                 continue
+            if gpu.node != booking.node and gpu.node in self.nodes:
+                self.nodes[gpu.node].touch()
             gpu.used_compute -= request.compute
             gpu.used_memory -= request.gpu_memory
             left = gpu.owners.get(request.owner, 0) - 1
@@ -243,3 +254,11 @@ class Snapshot:
 
     def on_gpu(self, uuid: str) -> Iterator[Booking]:
         return (b for b in self.bookings.values() if uuid in b.gpus)
+
+
+def _charge(gpu: Gpu, request: Request) -> None:
+    gpu.used_compute += request.compute
+    gpu.used_memory += request.gpu_memory
+    gpu.owners[request.owner] = gpu.owners.get(request.owner, 0) + 1
+    if request.exclusive:
+        gpu.exclusive_owner = request.owner

@@ -10,19 +10,17 @@ log line and exit status 2, not a traceback.
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import signal
 import ssl
-import sys
-from datetime import UTC, datetime
 from types import FrameType
-from typing import Any, Final, TextIO
+from typing import Final
 
 import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
+from gpupack.logs import configure_logging
 from webhook.audit import AuditLog
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.server import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
@@ -34,36 +32,6 @@ EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 
 log = logging.getLogger("webhook.serve")
-
-# LogRecord attributes that are not "extra" fields.
-_RECORD_FIELDS: Final = frozenset(
-    vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys() | {"message", "color_message"}
-)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and any `extra` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        doc.update((k, v) for k, v in vars(record).items() if k not in _RECORD_FIELDS)
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
-def configure_logging(level: str, stream: TextIO | None = None) -> None:
-    """Structured logs for the server's own messages (uvicorn's included) on stderr."""
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def positive_seconds(text: str) -> float:

@@ -255,7 +255,9 @@ def test_workloads_run_unprivileged_and_read_only() -> None:
             assert context["readOnlyRootFilesystem"] is True
             assert context["allowPrivilegeEscalation"] is False
             assert context["capabilities"] == {"drop": ["ALL"]}
-    (deployment,) = of_kind(docs, "Deployment")
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-webhook"
+    )
     tls = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
     assert {i["key"] for i in tls["secret"]["items"]} == {
         "tls.crt",
@@ -286,3 +288,34 @@ def test_the_dashboard_queries_metrics_the_webhook_exports() -> None:
     }
     assert queried
     assert queried <= exported
+
+
+def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
+    from scheduler.cli import build_parser
+
+    docs = render()
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    build_parser().parse_args(container["args"])  # every rendered flag exists
+    assert container["command"] == ["gpupack-scheduler"]
+    (role,) = [
+        d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
+    ]
+    verbs = {
+        (g, r): set(rule["verbs"])
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+    }
+    assert verbs[("", "pods")] == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }  # never create or delete cluster-wide
+    assert ("", "secrets") not in verbs
+    (local,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
+    lease_updates = [r for r in local["rules"] if "update" in r["verbs"]]
+    assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)

@@ -43,3 +43,11 @@ readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
+
+{{- define "gpupack.scheduler.name" -}}gpupack-scheduler{{- end -}}
+
+{{- define "gpupack.scheduler.selector" -}}
+app.kubernetes.io/name: gpupack
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: scheduler
+{{- end -}}

@@ -1,0 +1,236 @@
+"""The scheduler's view of the cluster: informer events folded into the snapshot.
+
+Informers (nodes; every non-terminal pod) report changed keys; the scheduling loop
+calls `refresh` to fold them in: nodes become placement nodes, capacity pods become
+GPUs (running or coming), bound pods become bookings (a fractional pod on the GPU its
+annotations name; any other pod holds CPU, memory and a pod slot), and unbound pods
+that name gpupack-scheduler join the queue. A relist rebuilds everything.
+
+Pods the loop assumed (placed, Binding in flight) keep their booking until the
+informer shows them bound, or the loop forgets them after a failed bind.
+"""
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpupack import keys
+from gpupack.kube import JSON
+from gpupack.shares import is_live
+from scheduler.ledger import (
+    assignment_of,
+    capacity_gpu,
+    host_request,
+    is_capacity,
+    node_of,
+    pod_key,
+    request_of,
+)
+from scheduler.snapshot import Booking, Gpu, Request, Snapshot
+
+
+class Store(Protocol):
+    def get(self, key: str) -> JSON | None: ...
+
+    def items(self) -> list[JSON]: ...
+
+
+@dataclass(slots=True)
+class Capacity:
+    """A capacity pod as the loop sees it."""
+
+    name: str
+    pool: str
+    pod: JSON
+    gpu: str | None = None  # its GPU's id in the snapshot, None when not on a node yet
+
+
+@dataclass(slots=True)
+class Dirty:
+    """Keys changed since the last refresh; thread-safe, filled by informer threads."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)
+    nodes: set[str] = field(default_factory=set)
+    pods: set[str] = field(default_factory=set)
+    relist: bool = True
+
+    def node(self, key: str) -> None:
+        with self.lock:
+            if key:
+                self.nodes.add(key)
+            else:
+                self.relist = True
+        self.wake.set()
+
+    def pod(self, key: str) -> None:
+        with self.lock:
+            if key:
+                self.pods.add(key)
+            else:
+                self.relist = True
+        self.wake.set()
+
+    def take(self) -> tuple[set[str], set[str], bool]:
+        with self.lock:
+            taken = self.nodes, self.pods, self.relist
+            self.nodes, self.pods, self.relist = set(), set(), False
+            self.wake.clear()
+        return taken
+
+
+class Cache:
+    def __init__(
+        self,
+        nodes: Store,
+        pods: Store,
+        dirty: Dirty,
+        scheduler_name: str = keys.SCHEDULER_NAME,
+    ) -> None:
+        self._nodes = nodes
+        self._pods = pods
+        self._scheduler_name = scheduler_name
+        self.dirty = dirty
+        self.snapshot = Snapshot()
+        self.pending: dict[str, JSON] = {}  # unbound pods addressed to us
+        self.capacity: dict[str, Capacity] = {}  # by capacity pod name
+        self.assumed: set[str] = set()
+        self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
+
+    # Folding events in.
+
+    def refresh(self) -> bool:
+        """Apply what changed; True when anything did."""
+        nodes, pods, relist = self.dirty.take()
+        if relist:
+            self._rebuild()
+            return True
+        for name in sorted(nodes):
+            self._apply_node(name)
+        for key in sorted(pods):
+            self._apply_pod(key, self._pods.get(key))
+        return bool(nodes or pods)
+
+    def _rebuild(self) -> None:
+        assumed = {
+            k: self.snapshot.bookings[k] for k in self.assumed if k in self.snapshot.bookings
+        }
+        self.snapshot = Snapshot()
+        self.pending.clear()
+        self.capacity.clear()
+        self._on_node.clear()
+        for obj in self._nodes.items():
+            self.snapshot.add_node(node_of(obj))
+        pods = self._pods.items()
+        for pod in sorted(pods, key=lambda p: not is_capacity(p)):  # GPUs before their pods
+            self._apply_pod(pod_key(pod), pod)
+        for key, booking in assumed.items():
+            if key not in self.snapshot.bookings and booking.node in self.snapshot.nodes:
+                self.snapshot.assume(booking.request, booking.node, booking.gpus)
+            elif key not in self.snapshot.bookings:
+                self.assumed.discard(key)
+
+    def _apply_node(self, name: str) -> None:
+        obj = self._nodes.get(name)
+        if obj is None:
+            self.snapshot.remove_node(name)
+            return
+        self.snapshot.add_node(node_of(obj))
+        for key in sorted(self._on_node.pop(name, set())):
+            self._apply_pod(key, self._pods.get(key))
+
+    def _apply_pod(self, key: str, pod: JSON | None) -> None:
+        live = pod is not None and is_live(pod)
+        if pod is not None and is_capacity(pod):
+            self._apply_capacity(pod if live else None, key)
+        if not live or pod is None:
+            self.pending.pop(key, None)
+            self.assumed.discard(key)
+            self.snapshot.forget(key)
+            return
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node:
+            if spec.get("schedulerName") == self._scheduler_name and key not in self.assumed:
+                self.pending[key] = pod
+            return
+        self.pending.pop(key, None)
+        self.assumed.discard(key)
+        self._book(key, pod, str(node))
+
+    def _book(self, key: str, pod: JSON, node: str) -> None:
+        if node not in self.snapshot.nodes:
+            self.snapshot.forget(key)
+            self._on_node.setdefault(node, set()).add(key)
+            return
+        request: Request = host_request(pod)
+        gpus: tuple[str, ...] = ()
+        assignment = (
+            assignment_of(pod) if pod["spec"].get("schedulerName") == self._scheduler_name else None
+        )
+        if assignment is not None:
+            wanted = request_of(pod)
+            if isinstance(wanted, Request):
+                request = wanted
+                gpus = (assignment[0],)
+        old = self.snapshot.bookings.get(key)
+        if old is not None and (old.node, old.gpus, old.request) == (node, gpus, request):
+            return
+        self.snapshot.forget(key)
+        self.snapshot.assume(request, node, gpus)
+
+    def _apply_capacity(self, pod: JSON | None, key: str) -> None:
+        name = key.split("/", 1)[1]
+        old = self.capacity.pop(name, None)
+        if pod is None:
+            if old is not None and old.gpu is not None:
+                self.snapshot.remove_gpu(old.gpu)
+            return
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = self.snapshot.nodes.get(str(node_name)) if node_name else None
+        gpu = capacity_gpu(pod, node) if node is not None else None
+        pool = (pod["metadata"].get("labels") or {}).get(keys.POOL, "")
+        entry = Capacity(name, pool, pod, gpu.uuid if gpu is not None else None)
+        self.capacity[name] = entry
+        if old is not None and old.gpu is not None and old.gpu != entry.gpu:
+            self.snapshot.remove_gpu(old.gpu)
+        if gpu is not None:
+            current = self.snapshot.gpus.get(gpu.uuid)
+            if current is None or _gpu_changed(current, gpu):
+                self.snapshot.add_gpu(gpu)
+
+    # Reading.
+
+    def pod(self, key: str) -> JSON | None:
+        return self._pods.get(key)
+
+    def bookings_on(self, uuid: str) -> list[Booking]:
+        return list(self.snapshot.on_gpu(uuid))
+
+    def coming(self, pool: str) -> list[Capacity]:
+        """Capacity pods of `pool` that are not a usable GPU yet."""
+        return [
+            c
+            for c in self.capacity.values()
+            if c.pool == pool and (c.gpu is None or self.snapshot.gpus[c.gpu].coming)
+        ]
+
+    def orphans(self) -> Iterable[Booking]:
+        """Bound pods whose GPU no capacity pod holds any more."""
+        return (
+            b
+            for b in self.snapshot.bookings.values()
+            if b.gpus and any(uuid not in self.snapshot.gpus for uuid in b.gpus)
+        )
+
+
+def _gpu_changed(old: Gpu, new: Gpu) -> bool:
+    return (old.node, old.memory, old.model, old.pool, old.holder, old.coming) != (
+        new.node,
+        new.memory,
+        new.model,
+        new.pool,
+        new.holder,
+        new.coming,
+    )

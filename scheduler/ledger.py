@@ -1,0 +1,179 @@
+"""Kubernetes objects as placement values: nodes, capacity pods as GPUs, pods as requests.
+
+Pure translation, no I/O. The GPU ledger is rebuilt from these alone: a Running capacity
+pod with `gpupack.io/gpu-uuid` is a GPU (its memory from the exporter's annotation,
+else the node's GFD memory label); a fractional pod bound to a node with
+`gpupack.io/gpu-uuid` holds its share there; every other pod on a node holds its CPU,
+memory and a pod slot. So a restarted scheduler books exactly what the annotations say.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, cast
+
+from gpupack import codec, keys
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
+from gpupack.pool import pool_key
+from gpupack.quantity import parse_bytes, parse_count, parse_millicores
+from gpupack.shares import gpu_memory, is_live, pod_allocation
+from scheduler.constraints import constraints_of, taints_of
+from scheduler.snapshot import Gpu, Node, Request
+
+MiB: Final = 2**20
+COMING_PREFIX: Final = "coming:"  # the GPU id of a capacity pod that has no UUID yet
+
+
+def pod_key(pod: JSON) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def node_of(obj: JSON) -> Node:
+    """A Node object as a placement node (usage is kept by the snapshot)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    try:
+        cpu = parse_millicores(allocatable.get("cpu", "0"), "allocatable.cpu")
+        memory = parse_bytes(allocatable.get("memory", "0"), "allocatable.memory")
+        pods = parse_count(allocatable.get("pods", "110"), "allocatable.pods")
+    except ContractError:
+        cpu, memory, pods = 0, 0, 0  # an unreadable node takes nothing
+    return Node(
+        name=str(meta.get("name", "")),
+        cpu=cpu,
+        memory=memory,
+        max_pods=pods,
+        labels=dict(meta.get("labels") or {}),
+        taints=taints_of(obj),
+        ready=conditions.get("Ready") == "True",
+        schedulable=not spec.get("unschedulable"),
+    )
+
+
+def node_gpu_memory(labels: Mapping[str, str]) -> int:
+    """Per-GPU memory from GPU Feature Discovery's label, 0 when absent or unreadable."""
+    value = labels.get(keys.GFD_MEMORY_MIB, "")
+    return int(value) * MiB if value.isascii() and value.isdigit() else 0
+
+
+def is_capacity(pod: JSON) -> bool:
+    meta = pod.get("metadata") or {}
+    return (
+        meta.get("namespace") == keys.SYSTEM_NAMESPACE
+        and labels_of(pod).get(keys.ROLE) == keys.ROLE_CAPACITY
+    )
+
+
+def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
+    """The GPU a live capacity pod holds or will hold; None when it is not on a node yet
+    (then it counts only as coming capacity of its pool)."""
+    spec = pod.get("spec") or {}
+    node_name = spec.get("nodeName")
+    if not node_name or not is_live(pod):
+        return None
+    meta = pod.get("metadata") or {}
+    annotations = annotations_of(pod)
+    try:
+        uuid = codec.read_gpu_uuid(annotations)
+    except ContractError:
+        uuid = None
+    running = (pod.get("status") or {}).get("phase") == "Running" and uuid is not None
+    labels = node.labels if node is not None else {}
+    return Gpu(
+        uuid=uuid if uuid is not None else COMING_PREFIX + str(meta.get("name", "")),
+        node=str(node_name),
+        memory=gpu_memory(pod) or node_gpu_memory(labels),
+        model=labels.get(keys.GFD_PRODUCT, ""),
+        pool=labels_of(pod).get(keys.POOL, ""),
+        holder=str(meta.get("name", "")),
+        coming=not running,
+    )
+
+
+def host_requests(spec: JSON) -> tuple[int, int]:
+    """(millicores, bytes) the pod requests of its node: the larger of the containers'
+    sum and any init container, plus the pod overhead (kube-scheduler's rule)."""
+
+    def requests(container: JSON) -> tuple[int, int]:
+        wanted = (container.get("resources") or {}).get("requests") or {}
+        try:
+            return (
+                parse_millicores(wanted.get("cpu", 0), "cpu"),
+                parse_bytes(wanted.get("memory", 0), "memory"),
+            )
+        except ContractError:
+            return 0, 0
+
+    containers = [requests(c) for c in cast(list[JSON], spec.get("containers") or [])]
+    inits = [requests(c) for c in cast(list[JSON], spec.get("initContainers") or [])]
+    cpu = max(sum(c for c, _ in containers), max((c for c, _ in inits), default=0))
+    memory = max(sum(m for _, m in containers), max((m for _, m in inits), default=0))
+    overhead_cpu, overhead_memory = requests({"resources": {"requests": spec.get("overhead")}})
+    return cpu + overhead_cpu, memory + overhead_memory
+
+
+@dataclass(frozen=True, slots=True)
+class NotOurs:
+    """Why a pod addressed to the scheduler will not be placed (the user can fix it)."""
+
+    reason: str
+    message: str
+
+
+def request_of(pod: JSON) -> Request | NotOurs:
+    """What a fractional pod asks for, or why it cannot be placed.
+
+    Only pods the webhook admitted (`gpupack.io/decision`) are placed: a pod that names
+    gpupack-scheduler itself did not go through policy, and may carry forged shares.
+    """
+    annotations = annotations_of(pod)
+    if not annotations.get(keys.DECISION):
+        return NotOurs(
+            "NotAdmitted",
+            f"the pod names {keys.SCHEDULER_NAME} but was not admitted by the gpupack webhook "
+            f"(no {keys.DECISION} annotation); create it in a namespace labelled "
+            f"{keys.OPTIMIZE}={keys.OPTIMIZE_ENABLED}",
+        )
+    allocation = pod_allocation(pod)
+    if allocation is None:
+        return NotOurs(
+            "InvalidShare",
+            f"{keys.GPU_COMPUTE} is missing or unreadable; expected a quantity such as 300m",
+        )
+    spec = cast(PodSpec, pod.get("spec") or {})
+    cpu, memory = host_requests(cast(JSON, spec))
+    return Request(
+        key=pod_key(pod),
+        cpu=cpu,
+        memory=memory,
+        compute=allocation.compute,
+        gpu_memory=allocation.memory,
+        gpus=1,
+        pool=pool_key(spec),
+        owner=allocation.owner,
+        exclusive=allocation.exclusive,
+        constraints=constraints_of(cast(JSON, spec)),
+    )
+
+
+def host_request(pod: JSON) -> Request:
+    """Any other pod on a node: it holds CPU, memory and a pod slot, no GPU share."""
+    cpu, memory = host_requests(pod.get("spec") or {})
+    return Request(key=pod_key(pod), cpu=cpu, memory=memory, gpus=0)
+
+
+def assignment_of(pod: JSON) -> tuple[str, str] | None:
+    """(GPU UUID, capacity pod) the scheduler wrote on a bound pod, None when absent."""
+    annotations = annotations_of(pod)
+    try:
+        uuid = codec.read_gpu_uuid(annotations)
+    except ContractError:
+        return None
+    holder = annotations.get(keys.CAPACITY_POD)
+    if uuid is None or not holder:
+        return None
+    return uuid, holder

@@ -1,0 +1,91 @@
+"""The scheduler's Prometheus metrics, on a registry the caller owns.
+
+Counters and the latency histogram are updated as things happen; the GPU gauges are
+read from the cache on every scrape by a collector, so they are never stale.
+"""
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    gpus_held: int  # running capacity pods with a GPU
+    gpus_coming: int  # capacity pods not running yet
+    gpus_in_use: int  # held GPUs with at least one pod
+    compute_allocated: int  # millis booked on held GPUs
+    pending_pods: int
+    leader: bool
+
+
+class _UsageCollector(Collector):
+    def __init__(self, read: Callable[[], Usage]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usage = self._read()
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_gpus_held", "GPUs held by running capacity pods", usage.gpus_held
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_gpus_coming",
+            "Capacity pods that do not hold a usable GPU yet",
+            usage.gpus_coming,
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_gpus_in_use",
+            "Held GPUs with at least one fractional pod",
+            usage.gpus_in_use,
+        )
+        ratio = usage.compute_allocated / (1000 * usage.gpus_held) if usage.gpus_held else 0.0
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_allocated_compute_ratio",
+            "Compute booked on held GPUs over their capacity",
+            ratio,
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_pending_pods", "Pods waiting for a GPU", usage.pending_pods
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_leader", "1 on the replica that schedules", float(usage.leader)
+        )
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, usage: Callable[[], Usage]) -> None:
+        self.attempts = Counter(
+            "gpupack_scheduler_attempts",
+            "Scheduling attempts by result (scheduled, unschedulable, error)",
+            ["result"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "gpupack_scheduler_scheduling_duration_seconds",
+            "From the pod being seen unbound to its Binding being written",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.capacity_created = Counter(
+            "gpupack_scheduler_capacity_pods_created",
+            "Capacity pods created because a pod fit nowhere",
+            registry=registry,
+        )
+        self.capacity_deleted = Counter(
+            "gpupack_scheduler_capacity_pods_deleted",
+            "Capacity pods deleted, by reason (empty)",
+            ["reason"],
+            registry=registry,
+        )
+        self.evicted = Counter(
+            "gpupack_scheduler_orphans_evicted",
+            "Pods evicted because the capacity pod holding their GPU vanished",
+            registry=registry,
+        )
+        registry.register(_UsageCollector(usage))

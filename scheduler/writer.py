@@ -1,0 +1,166 @@
+"""Every write the scheduler makes, as small functions over the `Kube` transport.
+
+- `bind`: the assignment annotations first, with the pod's resourceVersion as a
+  precondition (a pod changed since we read it is a Conflict, never a wrong booking),
+  then the Binding. Both succeed or the caller forgets the assumption.
+- `unschedulable`: the PodScheduled=False condition a person reads in `kubectl describe`.
+- `event`: an events.k8s.io/v1 Event on any object.
+- capacity pods: create (deterministic names, so AlreadyExists means someone else did),
+  delete with uid and resourceVersion preconditions, and the autoscaler annotations.
+- `evict`: through the Eviction API, so PodDisruptionBudgets are honoured.
+"""
+
+import datetime
+import logging
+import time
+from typing import Final
+
+from gpupack import keys
+from gpupack.api import ApiError, retry
+from gpupack.kube import JSON
+from scheduler.kube import STRATEGIC_PATCH, Kube
+
+log = logging.getLogger(__name__)
+
+REPORTING_CONTROLLER: Final = "gpupack.io/scheduler"
+DO_NOT_EVICT: Final = {keys.CA_SAFE_TO_EVICT: "false", keys.KARPENTER_DO_NOT_DISRUPT: "true"}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str) -> None:
+    """Write the assignment, then bind. Raises ApiError (409 Conflict when the pod
+    changed since it was read)."""
+    meta = pod["metadata"]
+    path = _pod_path(meta["namespace"], meta["name"])
+    patch = {
+        "metadata": {
+            "resourceVersion": meta["resourceVersion"],
+            "annotations": {keys.GPU_UUID: uuid, keys.CAPACITY_POD: holder},
+        }
+    }
+    retry(lambda: kube.patch(path, patch))
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    retry(lambda: kube.create(path + "/binding", binding))
+
+
+def unschedulable(kube: Kube, pod: JSON, reason: str, message: str) -> None:
+    meta = pod["metadata"]
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": _now()[:19] + "Z",
+    }
+    kube.patch(
+        _pod_path(meta["namespace"], meta["name"]) + "/status",
+        {"status": {"conditions": [condition]}},
+        STRATEGIC_PATCH,
+    )
+
+
+def event(
+    kube: Kube,
+    regarding: JSON,
+    reason: str,
+    note: str,
+    *,
+    warning: bool = False,
+    action: str = "Scheduling",
+    instance: str = "",
+) -> None:
+    """Record an Event; a failure is logged, never raised (events are best effort)."""
+    meta = regarding.get("metadata") or {}
+    namespace = meta.get("namespace") or "default"
+    body = {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        # client-go's naming: the object's name and a timestamp (generateName must itself
+        # be a valid name, so "pod." is refused).
+        "metadata": {
+            "name": f"{meta.get('name', 'gpupack')}.{time.time_ns():x}",
+            "namespace": namespace,
+        },
+        "eventTime": _now(),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance or "gpupack-scheduler",
+        "action": action,
+        "reason": reason,
+        "note": note[:1024],
+        "type": "Warning" if warning else "Normal",
+        "regarding": {
+            "apiVersion": regarding.get("apiVersion", "v1"),
+            "kind": regarding.get("kind", "Pod"),
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        },
+    }
+    try:
+        kube.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
+    except ApiError as error:
+        log.warning("could not record event %s on %s: %s", reason, meta.get("name"), error)
+
+
+def create_capacity(kube: Kube, manifest: JSON) -> bool:
+    """Create a capacity pod; False when it already exists (another writer won)."""
+    namespace = manifest["metadata"]["namespace"]
+    try:
+        retry(lambda: kube.create(f"/api/v1/namespaces/{namespace}/pods", manifest))
+    except ApiError as error:
+        if error.already_exists:
+            return False
+        raise
+    return True
+
+
+def delete_capacity(kube: Kube, pod: JSON) -> bool:
+    """Delete a capacity pod only if it is still the one we judged empty; False when it
+    changed or is gone."""
+    meta = pod["metadata"]
+    options = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+    }
+    try:
+        kube.delete(_pod_path(meta["namespace"], meta["name"]), options)
+    except ApiError as error:
+        if error.status in (404, 409):
+            return False
+        raise
+    return True
+
+
+def mark_hosting(kube: Kube, pod: JSON, hosting: bool) -> None:
+    """Add (hosting) or remove (empty) the autoscalers' do-not-evict annotations."""
+    meta = pod["metadata"]
+    values: dict[str, str | None] = dict(DO_NOT_EVICT) if hosting else dict.fromkeys(DO_NOT_EVICT)
+    kube.patch(_pod_path(meta["namespace"], meta["name"]), {"metadata": {"annotations": values}})
+
+
+def hosting(pod: JSON) -> bool:
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return all(annotations.get(k) == v for k, v in DO_NOT_EVICT.items())
+
+
+def evict(kube: Kube, pod: JSON) -> None:
+    meta = pod["metadata"]
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+    }
+    kube.create(_pod_path(meta["namespace"], meta["name"]) + "/eviction", body)

@@ -1,0 +1,367 @@
+"""The scheduler against a real control plane: pods end up bound where the GPUs are held.
+
+The session's scheduler runs with short timings (grace period, lease) so scale-down
+and failover happen within a test. Each test isolates its pool with a toleration of its
+own, so capacity pods of one test never serve another.
+"""
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from gpupack.quantity import parse_compute, parse_memory
+from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+
+pytestmark = pytest.mark.integration
+
+JSON = dict[str, Any]
+FAST = [
+    "--grace-period=3",
+    "--orphan-grace=2",
+    "--lease-duration=4",
+    "--renew-deadline=3",
+    "--retry-period=1",
+    "--log-level=debug",
+]
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    cluster: LocalCluster | None, gpu_assigner: SimulatedGpuAssigner | None
+) -> Iterator[LocalCluster]:
+    if cluster is None:
+        pytest.skip("runs the scheduler with test timings and kills it: needs the local cluster")
+    local_cluster = cluster
+    local_cluster.install_scheduler(extra_args=FAST)
+    yield local_cluster
+    local_cluster.stop_scheduler()
+
+
+def deployment(
+    ns: str,
+    name: str,
+    replicas: int,
+    compute: str = "300m",
+    *,
+    memory: str | None = None,
+    policy: str = "batch",
+    node_selector: dict[str, str] | None = None,
+) -> JSON:
+    annotations = {keys.GPU_COMPUTE: compute, keys.POLICY: policy}
+    if memory is not None:
+        annotations[keys.GPU_MEMORY] = memory
+    spec: JSON = {
+        "containers": [
+            {
+                "name": "cuda",
+                "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                "resources": {
+                    "requests": {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"},
+                    "limits": {"nvidia.com/gpu": "1"},
+                },
+            }
+        ],
+        # A pool of its own: no node has this taint, so the toleration only isolates.
+        "tolerations": [
+            {"key": "gpupack.test/isolate", "value": f"{ns}-{name}", "effect": "NoSchedule"}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": spec,
+            },
+        },
+    }
+
+
+def create(kube: Kube, obj: JSON) -> None:
+    ns = obj["metadata"]["namespace"]
+    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", obj)
+
+
+def pods_of(kube: Kube, ns: str, app: str) -> list[JSON]:
+    items: list[JSON] = kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={app}")[
+        "items"
+    ]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def all_bound(kube: Kube, ns: str, app: str, count: int) -> Callable[[], list[JSON] | None]:
+    def check() -> list[JSON] | None:
+        pods = pods_of(kube, ns, app)
+        ok = len(pods) == count and all(p["spec"].get("nodeName") for p in pods)
+        return pods if ok else None
+
+    return check
+
+
+def wait_bound(kube: Kube, ns: str, app: str, count: int, timeout: float = 60) -> list[JSON]:
+    try:
+        pods: list[JSON] = kube.wait_for(
+            f"{count} pods of {app} bound", all_bound(kube, ns, app, count), timeout=timeout
+        )
+    except Exception as exc:
+        states = [
+            (
+                p["metadata"]["name"],
+                p["spec"].get("nodeName"),
+                p.get("status", {}).get("conditions"),
+            )
+            for p in pods_of(kube, ns, app)
+        ]
+        raise AssertionError(f"{exc}; pods: {states}") from None
+    return pods
+
+
+def capacity_pods(kube: Kube) -> dict[str, JSON]:
+    items = kube.get(
+        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector="gpupack.io/role=capacity"
+    )["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def assert_consistent(kube: Kube, pods: list[JSON]) -> dict[str, list[JSON]]:
+    """Every pod sits on a GPU a live capacity pod holds on the same node, and no GPU is
+    booked past its compute or memory. Returns the pods by GPU."""
+    capacity = capacity_pods(kube)
+    by_gpu: dict[str, list[JSON]] = defaultdict(list)
+    for pod in pods:
+        annotations = pod["metadata"]["annotations"]
+        holder = capacity[annotations[keys.CAPACITY_POD]]
+        assert holder["metadata"]["annotations"][keys.GPU_UUID] == annotations[keys.GPU_UUID]
+        assert holder["spec"]["nodeName"] == pod["spec"]["nodeName"]
+        by_gpu[annotations[keys.GPU_UUID]].append(pod)
+    for uuid_, on_gpu in by_gpu.items():
+        compute = sum(
+            parse_compute(p["metadata"]["annotations"][keys.GPU_COMPUTE], "c") for p in on_gpu
+        )
+        assert compute <= 1000, (uuid_, compute)
+        memory = sum(
+            parse_memory(p["metadata"]["annotations"].get(keys.GPU_MEMORY, "0"), "m")
+            for p in on_gpu
+        )
+        holder = next(
+            c for c in capacity.values() if c["metadata"]["annotations"].get(keys.GPU_UUID) == uuid_
+        )
+        assert memory <= parse_memory(holder["metadata"]["annotations"][keys.GPU_MEMORY], "m")
+    return by_gpu
+
+
+def events(kube: Kube, ns: str, reason: str) -> list[JSON]:
+    items: list[JSON] = kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+def test_nine_300m_pods_are_bound_on_three_gpus(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(kube, deployment(ns, "llm", 9))
+
+    pods = wait_bound(kube, ns, "llm", 9)
+
+    by_gpu = assert_consistent(kube, pods)
+    assert len(by_gpu) == 3
+    assert sorted(len(v) for v in by_gpu.values()) == [3, 3, 3]
+    holders = {p["metadata"]["annotations"][keys.CAPACITY_POD] for p in pods}
+
+    def marked() -> bool:
+        capacity = capacity_pods(kube)
+        return all(
+            capacity[h]["metadata"].get("annotations", {}).get(keys.CA_SAFE_TO_EVICT) == "false"
+            and capacity[h]["metadata"]["annotations"].get(keys.KARPENTER_DO_NOT_DISRUPT) == "true"
+            for h in holders
+        )
+
+    kube.wait_for("do-not-evict annotations on the hosting capacity pods", marked, timeout=20)
+    assert (
+        len(
+            kube.wait_for(
+                "Scheduled events",
+                lambda: (
+                    events(kube, ns, "Scheduled")
+                    if len(events(kube, ns, "Scheduled")) >= 9
+                    else None
+                ),
+            )
+        )
+        >= 9
+    )
+
+
+def test_pods_are_tracked_per_gpu_on_a_multi_gpu_node(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(
+        kube,
+        deployment(ns, "wide", 4, "600m", node_selector={"kubernetes.io/hostname": "gpu-a100-0"}),
+    )
+
+    pods = wait_bound(kube, ns, "wide", 4)
+
+    by_gpu = assert_consistent(kube, pods)
+    assert len(by_gpu) == 4  # 600m + 600m never share a GPU, even on one node
+    assert {p["spec"]["nodeName"] for p in pods} == {"gpu-a100-0"}
+
+
+def test_node_constraints_are_respected(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(kube, deployment(ns, "l4", 3, "500m", node_selector={keys.GFD_PRODUCT: "NVIDIA-L4"}))
+
+    pods = wait_bound(kube, ns, "l4", 3)
+
+    assert_consistent(kube, pods)
+    nodes = {n["metadata"]["name"]: n for n in kube.get("/api/v1/nodes")["items"]}
+    assert all(
+        nodes[p["spec"]["nodeName"]]["metadata"]["labels"][keys.GFD_PRODUCT] == "NVIDIA-L4"
+        for p in pods
+    )
+
+
+def test_the_scheduler_adds_capacity_when_the_pool_is_full_and_releases_it_when_empty(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    # 16Gi each on 22.5Gi L4s: one pod per GPU. At admission no GPU of the pool is known,
+    # so the webhook plans by compute (one GPU for all three); the scheduler learns the
+    # device memory and asks for the rest.
+    create(
+        kube,
+        deployment(
+            ns, "mem", 3, "100m", memory="16Gi", node_selector={keys.GFD_PRODUCT: "NVIDIA-L4"}
+        ),
+    )
+
+    pods = wait_bound(kube, ns, "mem", 3, timeout=90)
+
+    by_gpu = assert_consistent(kube, pods)
+    assert len(by_gpu) == 3
+    assert events(kube, ns, "CapacityRequested"), "the scheduler created capacity"
+    holders = {p["metadata"]["annotations"][keys.CAPACITY_POD] for p in pods}
+
+    kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/mem")
+    kube.wait_for(
+        "the empty capacity pods deleted after the grace period",
+        lambda: not (holders & set(capacity_pods(kube))),
+        timeout=60,
+    )
+
+
+def test_real_time_mps_pods_never_share_a_gpu_with_another_workload(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    selector = {
+        "kubernetes.io/hostname": "gpu-a100-1"
+    }  # one node, so a shared pool would be tempting
+    for name in ("mps-a", "mps-b"):
+        obj = deployment(ns, name, 2, "200m", policy="real-time-mps", node_selector=selector)
+        obj["spec"]["template"]["spec"]["tolerations"] = [
+            {"key": "gpupack.test/isolate", "value": ns, "effect": "NoSchedule"}
+        ]
+        create(kube, obj)
+
+    a = wait_bound(kube, ns, "mps-a", 2)
+    b = wait_bound(kube, ns, "mps-b", 2)
+
+    gpus_a = {p["metadata"]["annotations"][keys.GPU_UUID] for p in a}
+    gpus_b = {p["metadata"]["annotations"][keys.GPU_UUID] for p in b}
+    assert not gpus_a & gpus_b
+    assert len(gpus_a) == len(gpus_b) == 1  # the same workload does share
+
+
+def test_a_pod_that_names_the_scheduler_without_admission_is_not_placed(
+    kube: Kube, plain_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = plain_namespace
+    forged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "forged", "namespace": ns, "annotations": {keys.GPU_COMPUTE: "100m"}},
+        "spec": {
+            "schedulerName": keys.SCHEDULER_NAME,
+            "containers": [{"name": "c", "image": "busybox"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    kube.create(f"/api/v1/namespaces/{ns}/pods", forged)
+
+    def condition() -> JSON | None:
+        pod = kube.get(f"/api/v1/namespaces/{ns}/pods/forged")
+        found = [
+            c for c in pod.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"
+        ]
+        return found[0] if found else None
+
+    cond = kube.wait_for("the PodScheduled condition", condition, timeout=20)
+    assert cond["reason"] == "NotAdmitted"
+    assert keys.DECISION in cond["message"]
+    assert not kube.get(f"/api/v1/namespaces/{ns}/pods/forged")["spec"].get("nodeName")
+
+
+def test_a_standby_takes_over_when_the_leader_dies(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    scheduler.install_scheduler(name="gpupack-scheduler-standby", extra_args=FAST)
+    try:
+        lease_path = (
+            f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM_NAMESPACE}/leases/gpupack-scheduler"
+        )
+        kube.wait_for("a leader", lambda: kube.get(lease_path)["spec"].get("holderIdentity"))
+        assert kube.get(lease_path)["spec"]["holderIdentity"] == "gpupack-scheduler"
+        scheduler.stop_scheduler(kill=True)  # SIGKILL: no release, the Lease must expire
+        killed = time.monotonic()
+
+        kube.wait_for(
+            "the standby holding the Lease",
+            lambda: (
+                kube.get(lease_path)["spec"].get("holderIdentity") == "gpupack-scheduler-standby"
+            ),
+            timeout=30,
+        )
+        took_over = time.monotonic() - killed
+        create(kube, deployment(ns, "after", 3))
+        assert_consistent(kube, wait_bound(kube, ns, "after", 3))
+        assert took_over < 20, f"took {took_over:.1f}s"
+    finally:
+        scheduler.stop_scheduler("gpupack-scheduler-standby")
+        scheduler.install_scheduler(extra_args=FAST)
+
+
+def test_a_scheduler_killed_while_binding_200_pods_never_double_books(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(kube, deployment(ns, "burst", 200, "100m"))
+
+    def some_bound() -> bool:
+        return sum(1 for p in pods_of(kube, ns, "burst") if p["spec"].get("nodeName")) >= 20
+
+    kube.wait_for("the first binds", some_bound, timeout=90)
+    scheduler.stop_scheduler(kill=True)
+    bound_at_kill = sum(1 for p in pods_of(kube, ns, "burst") if p["spec"].get("nodeName"))
+    scheduler.install_scheduler(extra_args=FAST)
+
+    pods = wait_bound(kube, ns, "burst", 200, timeout=240)
+
+    by_gpu = assert_consistent(kube, pods)
+    assert sum(len(v) for v in by_gpu.values()) == 200
+    assert bound_at_kill < 200, "the kill happened mid-burst"
