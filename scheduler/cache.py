@@ -87,7 +87,9 @@ class Cache:
         pods: Store,
         dirty: Dirty,
         scheduler_name: str = keys.SCHEDULER_NAME,
+        namespace: str = keys.SYSTEM_NAMESPACE,
     ) -> None:
+        self._namespace = namespace
         self._nodes = nodes
         self._pods = pods
         self._scheduler_name = scheduler_name
@@ -123,7 +125,8 @@ class Cache:
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
         pods = self._pods.items()
-        for pod in sorted(pods, key=lambda p: not is_capacity(p)):  # GPUs before their pods
+        # GPUs before the pods on them.
+        for pod in sorted(pods, key=lambda p: not is_capacity(p, self._namespace)):
             self._apply_pod(pod_key(pod), pod)
         for key, booking in assumed.items():
             if key not in self.snapshot.bookings and booking.node in self.snapshot.nodes:
@@ -142,7 +145,9 @@ class Cache:
 
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)
-        if pod is not None and is_capacity(pod):
+        namespace, _, name = key.partition("/")
+        was_capacity = namespace == self._namespace and name in self.capacity
+        if (pod is not None and is_capacity(pod, self._namespace)) or was_capacity:
             self._apply_capacity(pod if live else None, key)
         if not live or pod is None:
             self.pending.pop(key, None)
@@ -152,8 +157,11 @@ class Cache:
         spec = pod.get("spec") or {}
         node = spec.get("nodeName")
         if not node:
-            if spec.get("schedulerName") == self._scheduler_name and key not in self.assumed:
+            ours = spec.get("schedulerName") == self._scheduler_name
+            if ours and not spec.get("schedulingGates") and key not in self.assumed:
                 self.pending[key] = pod
+            else:
+                self.pending.pop(key, None)  # gated pods wait, as kube-scheduler's do
             return
         self.pending.pop(key, None)
         self.assumed.discard(key)

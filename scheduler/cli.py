@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pods = Informer(
         kube, "/api/v1/pods", {"fieldSelector": LIVE_PODS}, name="pods", on_change=dirty.pod
     )
-    cache = Cache(nodes, pods, dirty, scheduler_name=args.scheduler_name)
+    cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace)
     settings = Settings(
         identity=args.identity,
         scheduler_name=args.scheduler_name,

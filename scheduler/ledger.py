@@ -60,11 +60,12 @@ def node_gpu_memory(labels: Mapping[str, str]) -> int:
     return int(value) * MiB if value.isascii() and value.isdigit() else 0
 
 
-def is_capacity(pod: JSON) -> bool:
+def is_capacity(pod: JSON, namespace: str = keys.SYSTEM_NAMESPACE) -> bool:
+    """A capacity pod: the role label, in gpupack's namespace only (a label anyone can
+    set elsewhere must not conjure a GPU)."""
     meta = pod.get("metadata") or {}
     return (
-        meta.get("namespace") == keys.SYSTEM_NAMESPACE
-        and labels_of(pod).get(keys.ROLE) == keys.ROLE_CAPACITY
+        meta.get("namespace") == namespace and labels_of(pod).get(keys.ROLE) == keys.ROLE_CAPACITY
     )
 
 

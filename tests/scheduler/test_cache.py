@@ -1,0 +1,140 @@
+"""The cache: informer objects folded into the snapshot, and rebuilt from them alone."""
+
+from typing import Any
+
+from gpupack import keys
+from gpupack.pool import pool_key
+from scheduler.cache import Cache, Dirty
+from scheduler.ledger import request_of
+from scheduler.placement import Placement, place
+from scheduler.score import PackingScorer
+from scheduler.snapshot import Request
+
+JSON = dict[str, Any]
+GiB = 2**30
+UUIDS = [f"GPU-00000000-0000-4000-8000-00000000000{i}" for i in range(4)]
+SPEC: JSON = {"tolerations": [{"key": "t", "operator": "Exists"}]}
+POOL = pool_key(SPEC)  # type: ignore[arg-type]
+
+
+class Store:
+    def __init__(self) -> None:
+        self.objects: dict[str, JSON] = {}
+
+    def get(self, key: str) -> JSON | None:
+        return self.objects.get(key)
+
+    def items(self) -> list[JSON]:
+        return list(self.objects.values())
+
+
+def node(name: str) -> JSON:
+    return {
+        "metadata": {"name": name, "labels": {keys.GFD_MEMORY_MIB: "81920"}},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def capacity(index: int, node_name: str = "n1") -> JSON:
+    return {
+        "metadata": {
+            "name": f"cap-{index}",
+            "namespace": keys.SYSTEM_NAMESPACE,
+            "labels": {keys.ROLE: keys.ROLE_CAPACITY, keys.POOL: POOL},
+            "annotations": {keys.GPU_UUID: UUIDS[index]},
+        },
+        "spec": {
+            "nodeName": node_name,
+            **SPEC,
+            "containers": [{"resources": {"requests": {"cpu": "1m"}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def fractional(name: str, compute: str, *, gpu: int | None = None, gated: bool = False) -> JSON:
+    annotations = {keys.DECISION: f"uid-{name}", keys.GPU_COMPUTE: compute}
+    spec: JSON = {
+        "schedulerName": keys.SCHEDULER_NAME,
+        **SPEC,
+        "containers": [{"resources": {"requests": {"cpu": "100m"}}}],
+    }
+    if gpu is not None:
+        annotations |= {keys.GPU_UUID: UUIDS[gpu], keys.CAPACITY_POD: f"cap-{gpu}"}
+        spec["nodeName"] = "n1"
+    if gated:
+        spec["schedulingGates"] = [{"name": "wait"}]
+    return {
+        "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def cache_with(*pods: JSON) -> tuple[Cache, Store]:
+    nodes, store = Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    for pod in pods:
+        store.objects[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = pod
+    cache = Cache(nodes, store, Dirty())
+    cache.refresh()
+    return cache, store
+
+
+def test_a_rebuilt_ledger_books_exactly_what_the_annotations_say() -> None:
+    cache, _ = cache_with(
+        capacity(0), capacity(1), fractional("a", "600m", gpu=0), fractional("b", "300m", gpu=1)
+    )
+
+    gpus = cache.snapshot.gpus
+    assert (gpus[UUIDS[0]].used_compute, gpus[UUIDS[1]].used_compute) == (600, 300)
+    assert cache.snapshot.nodes["n1"].used_cpu == 2 + 200  # two capacity pods, two fractional
+    assert cache.pending == {}
+
+
+def test_pods_seen_before_their_capacity_pod_are_charged_when_it_appears() -> None:
+    cache, store = cache_with(fractional("a", "600m", gpu=0))
+    store.objects["gpupack-system/cap-0"] = capacity(0)
+    cache.dirty.pod("gpupack-system/cap-0")
+    cache.refresh()
+
+    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    # So a new 500m pod cannot land there: no double booking.
+    result = place(cache.snapshot, request_of(fractional("n", "500m")), PackingScorer())  # type: ignore[arg-type]
+    assert not isinstance(result, Placement)
+
+
+def test_unbound_pods_addressed_to_us_queue_unless_gated() -> None:
+    cache, _ = cache_with(
+        capacity(0), fractional("free", "100m"), fractional("gated", "100m", gated=True)
+    )
+
+    assert set(cache.pending) == {"ml/free"}
+
+
+def test_a_deleted_capacity_pod_leaves_its_pods_orphaned() -> None:
+    cache, store = cache_with(capacity(0), fractional("a", "600m", gpu=0))
+    del store.objects["gpupack-system/cap-0"]
+    cache.dirty.pod("gpupack-system/cap-0")
+    cache.refresh()
+
+    assert [b.request.key for b in cache.orphans()] == ["ml/a"]
+
+
+def test_an_assumed_pod_survives_a_relist_until_the_informer_shows_it_bound() -> None:
+    cache, store = cache_with(capacity(0), fractional("a", "600m"))
+    request = request_of(store.objects["ml/a"])
+    assert isinstance(request, Request)
+    cache.snapshot.assume(request, "n1", (UUIDS[0],))
+    cache.assumed.add("ml/a")
+    cache.pending.pop("ml/a")
+
+    cache.dirty.pod("")  # relist
+    cache.refresh()
+
+    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert "ml/a" not in cache.pending

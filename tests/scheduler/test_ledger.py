@@ -1,0 +1,194 @@
+"""Kubernetes objects as placement values: what the ledger is rebuilt from."""
+
+import pytest
+
+from gpupack import keys
+from scheduler.ledger import (
+    NotOurs,
+    assignment_of,
+    capacity_gpu,
+    host_requests,
+    node_of,
+    request_of,
+)
+from scheduler.snapshot import Node, Request
+
+GiB = 2**30
+UUID = "GPU-6f1c2b9e-0000-4000-8000-000000000001"
+
+
+def node_json(**status: object) -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {
+            "name": "n1",
+            "labels": {keys.GFD_MEMORY_MIB: "81920", keys.GFD_PRODUCT: "A100"},
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]},
+        "status": {
+            "allocatable": {"cpu": "96", "memory": "1024Gi", "pods": "110", "nvidia.com/gpu": "8"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+            **status,
+        },
+    }
+
+
+def test_a_node_becomes_a_placement_node() -> None:
+    node = node_of(node_json())
+
+    assert (node.name, node.cpu, node.memory, node.max_pods) == ("n1", 96_000, 1024 * GiB, 110)
+    assert node.ready
+    assert node.schedulable
+    assert node.taints[0].key == "nvidia.com/gpu"
+
+
+def test_a_node_that_is_not_ready_or_cordoned_says_so() -> None:
+    obj = node_json(conditions=[{"type": "Ready", "status": "Unknown"}])
+    obj["spec"]["unschedulable"] = True
+
+    node = node_of(obj)
+
+    assert not node.ready
+    assert not node.schedulable
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "100m", "memory": "1Gi"}}}] * 2},
+            (200, 2 * GiB),
+            id="sum-of-containers",
+        ),
+        pytest.param(
+            {
+                "containers": [{"resources": {"requests": {"cpu": "100m"}}}],
+                "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "64Mi"}}}],
+            },
+            (2000, 64 * 2**20),
+            id="init-container-larger",
+        ),
+        pytest.param(
+            {"containers": [{}], "overhead": {"cpu": "250m", "memory": "120Mi"}},
+            (250, 120 * 2**20),
+            id="overhead",
+        ),
+        pytest.param(
+            {"containers": [{"resources": {"requests": {"cpu": "0.0005"}}}]}, (1, 0), id="rounds-up"
+        ),
+    ],
+)
+def test_host_requests_follow_kube_scheduler(spec: dict, expected: tuple[int, int]) -> None:  # type: ignore[type-arg]
+    assert host_requests(spec) == expected
+
+
+def fractional(annotations: dict[str, str], **spec: object) -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
+        "spec": {
+            "schedulerName": keys.SCHEDULER_NAME,
+            "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+            **spec,
+        },
+    }
+
+
+def test_an_admitted_pod_becomes_a_request_of_its_pool_and_workload() -> None:
+    pod = fractional(
+        {keys.DECISION: "uid-1", keys.GPU_COMPUTE: "300m", keys.GPU_MEMORY: "8Gi"},
+        nodeSelector={"a": "b"},
+    )
+
+    request = request_of(pod)
+
+    assert isinstance(request, Request)
+    assert (request.key, request.cpu, request.compute, request.gpu_memory) == (
+        "ml/p",
+        1000,
+        300,
+        8 * GiB,
+    )
+    assert request.owner == "ml/Pod/p"
+    assert request.constraints.node_selector == (("a", "b"),)
+    assert request.pool
+    assert not request.exclusive
+
+
+def test_a_pod_without_a_decision_is_not_placed_whatever_it_claims() -> None:
+    result = request_of(fractional({keys.GPU_COMPUTE: "100m", keys.GPU_UUID: UUID}))
+
+    assert isinstance(result, NotOurs)
+    assert result.reason == "NotAdmitted"
+    assert keys.DECISION in result.message
+
+
+def test_an_unreadable_share_is_reported_not_crashed_on() -> None:
+    result = request_of(fractional({keys.DECISION: "uid-1", keys.GPU_COMPUTE: "lots"}))
+
+    assert isinstance(result, NotOurs)
+    assert result.reason == "InvalidShare"
+
+
+def capacity(phase: str, annotations: dict[str, str], node: str | None = "n1") -> dict:  # type: ignore[type-arg]
+    return {
+        "metadata": {
+            "name": "gpupack-capacity-abc-0",
+            "namespace": keys.SYSTEM_NAMESPACE,
+            "labels": {keys.ROLE: keys.ROLE_CAPACITY, keys.POOL: "abc"},
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+
+
+def test_a_running_capacity_pod_with_a_uuid_is_a_gpu_with_the_nodes_memory() -> None:
+    gpu = capacity_gpu(capacity("Running", {keys.GPU_UUID: UUID}), node_of(node_json()))
+
+    assert gpu is not None
+    assert (gpu.uuid, gpu.pool, gpu.memory, gpu.model, gpu.coming) == (
+        UUID,
+        "abc",
+        80 * GiB,
+        "A100",
+        False,
+    )
+
+
+def test_the_exporters_memory_wins_over_the_node_label() -> None:
+    gpu = capacity_gpu(
+        capacity("Running", {keys.GPU_UUID: UUID, keys.GPU_MEMORY: "40Gi"}), node_of(node_json())
+    )
+
+    assert gpu is not None
+    assert gpu.memory == 40 * GiB
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(capacity("Pending", {}), id="pending"),
+        pytest.param(capacity("Running", {}), id="running-without-uuid"),
+    ],
+)
+def test_a_capacity_pod_without_its_gpu_yet_is_coming(pod: dict) -> None:  # type: ignore[type-arg]
+    gpu = capacity_gpu(pod, Node("n1", 1000, GiB))
+
+    assert gpu is not None
+    assert gpu.coming
+
+
+def test_an_unplaced_capacity_pod_is_not_on_any_node() -> None:
+    assert capacity_gpu(capacity("Pending", {}, node=None), None) is None
+
+
+def test_the_assignment_is_read_only_when_complete_and_well_formed() -> None:
+    assert assignment_of(
+        {"metadata": {"annotations": {keys.GPU_UUID: UUID, keys.CAPACITY_POD: "c"}}}
+    ) == (UUID, "c")
+    assert assignment_of({"metadata": {"annotations": {keys.GPU_UUID: UUID}}}) is None
+    assert (
+        assignment_of(
+            {"metadata": {"annotations": {keys.GPU_UUID: "x; rm -rf", keys.CAPACITY_POD: "c"}}}
+        )
+        is None
+    )
