@@ -1,10 +1,11 @@
 """The main job: gpupack on a local cluster with simulated GPU nodes, explained.
 
 `python -m hack.demo start` (what `hack/demo` runs) starts the local control plane with
-kwok GPU nodes, the webhook, and the node agent's stand-in, all detached so they keep
-running; applies the sample workloads in examples/; and prints what happened: which pods
-were rewritten and why, the capacity pods, GPUs held versus GPUs asked for, and where the
-logs are. `python -m hack.demo stop` stops everything it started.
+kwok GPU nodes, the webhook, the scheduler and the node agent's stand-in, all detached
+so they keep running; applies the sample workloads in examples/; and prints what
+happened: which pods were rewritten and why, where the scheduler placed them, the
+capacity pods, GPUs held versus GPUs asked for, and where the logs are.
+`python -m hack.demo stop` stops everything it started.
 """
 
 import argparse
@@ -79,7 +80,13 @@ def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
     """Until every sample pod exists and every capacity pod runs with its GPU."""
 
     def settled() -> bool:
-        if len(workload_pods(kube)) < expected_pods:
+        pods = workload_pods(kube)
+        if len(pods) < expected_pods:
+            return False
+        rewritten = [
+            p for p in pods if "gpupack.io/decision" in p["metadata"].get("annotations", {})
+        ]
+        if not all(p["spec"].get("nodeName") for p in rewritten):
             return False
         capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods")["items"]
         return bool(capacity) and all(
@@ -88,6 +95,12 @@ def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
 
     with contextlib.suppress(ClusterError):
         kube.wait_for("the sample workloads to settle", settled, timeout=timeout, interval=0.5)
+
+
+def write_table(rows: list[list[str]], out: Any) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
 
 
 def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
@@ -105,6 +118,23 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     records = list(parse_lines(cluster.audit_log.read_text().splitlines()))
     table(records, out)
 
+    out.write("\n== Placement (gpupack-scheduler): GPU shares on GPUs held by capacity pods\n")
+    rows = [["POD", "NODE", "GPU", "COMPUTE", "MEMORY"]]
+    for item in sorted(
+        rewritten, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])
+    ):
+        annotations = item["metadata"].get("annotations") or {}
+        rows.append(
+            [
+                f"{item['metadata']['namespace']}/{item['metadata']['name']}",
+                item["spec"].get("nodeName") or "(pending)",
+                annotations.get("gpupack.io/gpu-uuid", "-")[:13],
+                annotations.get("gpupack.io/gpu-compute", "-"),
+                annotations.get("gpupack.io/gpu-memory", "-"),
+            ]
+        )
+    write_table(rows, out)
+
     out.write("\n== Capacity pods: each holds one whole GPU that fractional pods share\n")
     rows = [["NAME", "NODE", "PHASE", "GPU"]]
     for item in sorted(capacity, key=lambda c: c["metadata"]["name"]):
@@ -117,9 +147,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
                 annotations.get("gpupack.io/gpu-uuid", "(waiting for the node agent)"),
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for row in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    write_table(rows, out)
 
     out.write("\n== GPUs\n")
     out.write(
@@ -128,9 +156,6 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         f"capacity pods.\n  {plural(len(untouched), 'pod')} left alone (not opted in, or no "
         f"GPU) {'holds' if len(untouched) == 1 else 'hold'} {plural(whole, 'whole GPU')}.\n"
     )
-    out.write(
-        "  Fractional pods stay Pending until the gpupack scheduler (next release) binds them.\n"
-    )
     out.write("\n== Where to look\n")
     out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
     out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")
@@ -138,6 +163,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     out.write(
         f"  decisions:        .venv/bin/gpupack-webhook decisions {cluster.audit_log} -n ml\n"
     )
+    out.write("  scheduler events: kubectl get events -n ml --field-selector reason=Scheduled\n")
     out.write(f"  component logs:   {cluster.workdir / 'logs'}/\n")
     out.write("  stop everything:  hack/demo stop\n")
 
@@ -152,6 +178,7 @@ def start(workdir: Path) -> int:
     try:
         cluster.start()
         cluster.install_webhook()  # registered as the chart registers it
+        cluster.install_scheduler()  # with the chart's RBAC
         assigner = Process(
             "gpu-assigner",
             [
