@@ -30,7 +30,7 @@ from scheduler.leader import Elector, Timing
 from scheduler.loop import Scheduler, Settings
 from scheduler.metrics import Metrics
 from scheduler.placement import Scorer
-from scheduler.score import PackingScorer
+from scheduler.score import FragmentationScorer, PackingScorer
 
 log = logging.getLogger("scheduler.cli")
 
@@ -83,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
         "--scorer",
-        choices=("packing",),
+        choices=("packing", "fragmentation"),
         default="packing",
-        help="how GPUs are ranked (default: %(default)s)",
+        help="how GPUs are ranked: best fit in compute, or fragmentation-aware with the "
+        "cluster's own pod mix (default: %(default)s; see docs/scheduler.md)",
     )
     add("--workers", type=int, default=8, help="threads for API writes (default: %(default)s)")
     election = parser.add_argument_group("leader election")
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_scorer(name: str) -> Scorer:
-    return PackingScorer()
+    return FragmentationScorer() if name == "fragmentation" else PackingScorer()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

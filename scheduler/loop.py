@@ -51,6 +51,7 @@ from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, request_of
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, Unfit, place
+from scheduler.score import FragmentationScorer, task_mix
 from scheduler.snapshot import Request
 
 log = logging.getLogger(__name__)
@@ -342,7 +343,23 @@ class Scheduler:
         for name in [n for n in self._empty_since if n not in self.cache.capacity]:
             del self._empty_since[name]
         self._evict_orphans(now)
+        self._refresh_mix()
         self.usage = self._measure()
+
+    def _refresh_mix(self) -> None:
+        """Keep a fragmentation scorer's task mix to the pods this cluster runs: the
+        fractional pods booked and waiting. Replaced only when it changes, since a new
+        mix invalidates every memoised answer."""
+        if not isinstance(self._scorer, FragmentationScorer):
+            return
+        requests = [b.request for b in self.cache.snapshot.bookings.values() if b.gpus]
+        for pod in self.cache.pending.values():
+            request = request_of(pod)
+            if isinstance(request, Request):
+                requests.append(request)
+        mix = task_mix(requests)
+        if mix != self._scorer.mix:
+            self._scorer.set_mix(mix)
 
     def _mark(self, pod: JSON, hosting: bool) -> None:
         try:
