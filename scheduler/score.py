@@ -22,6 +22,7 @@ placement may memoise it per node; answers are also shared between nodes in the 
 state (a bounded cache), which keeps a cold decision over thousands of nodes cheap.
 """
 
+import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -31,13 +32,12 @@ from typing import Final
 from scheduler.snapshot import FULL_GPU, Gpu, Node, Request
 
 NODE_WEIGHT: Final = 1e-3  # node fullness only breaks ties between equal GPUs
-COVERAGE: Final = 0.95  # the typical pods: the most frequent specs covering 95 % of pods
+COVERAGE: Final = 0.95  # FGD's typical pods: the most frequent specs covering 95 % of pods
+MIX_COVERAGE: Final = 0.99  # what FragmentationScorer is tuned with: rarer multi-GPU specs too
 CACHE_LIMIT: Final = 200_000  # answers kept per scorer before the cache starts over
 
-# FragmentationScorer's cost, in GPU millis: the fragmentation delta, then consolidation.
-OPEN_GPU_COST: Final = 0.5  # taking an idle GPU rather than a partly used one
-OPEN_NODE_COST: Final = 0.25  # starting a node nobody uses
-BEST_FIT_COST: Final = 1e-4  # per milli left free on a partly used GPU
+
+Slot = tuple[int, bool]  # a GPU as a scorer sees it: free compute, hosts pods
 
 
 class PackingScorer:
@@ -64,14 +64,18 @@ class TaskType:
     gpus: int
     models: frozenset[str] | None = None  # allowed GPU models; None: any
     weight: float = 1.0
+    memory: int = 0  # bytes of host memory (the mean over the spec's pods)
 
 
 def task_mix(requests: Iterable[Request], coverage: float = COVERAGE) -> tuple[TaskType, ...]:
     """The most frequent (cpu, compute, gpus, models) specs of `requests`, most frequent
     first, until they cover `coverage` of the pods; weights renormalised to sum to 1."""
-    counts: Counter[tuple[int, int, int, frozenset[str] | None]] = Counter(
-        (r.cpu, r.compute if r.gpus else 0, r.gpus, r.models) for r in requests
-    )
+    counts: Counter[tuple[int, int, int, frozenset[str] | None]] = Counter()
+    memory: Counter[tuple[int, int, int, frozenset[str] | None]] = Counter()
+    for r in requests:
+        spec = (r.cpu, r.compute if r.gpus else 0, r.gpus, r.models)
+        counts[spec] += 1
+        memory[spec] += r.memory
     total = sum(counts.values())
     if not total:
         return ()
@@ -83,10 +87,11 @@ def task_mix(requests: Iterable[Request], coverage: float = COVERAGE) -> tuple[T
             break
         chosen.append((spec, count))
         covered += count
-    return tuple(
-        TaskType(cpu, compute, gpus, models, count / covered)
-        for (cpu, compute, gpus, models), count in chosen
-    )
+    out: list[TaskType] = []
+    for spec, count in chosen:
+        cpu, compute, gpus, models = spec
+        out.append(TaskType(cpu, compute, gpus, models, count / covered, memory[spec] // count))
+    return tuple(out)
 
 
 def _spec_order(spec: tuple[int, int, int, frozenset[str] | None]) -> tuple[int, int, int, str]:
@@ -95,12 +100,19 @@ def _spec_order(spec: tuple[int, int, int, frozenset[str] | None]) -> tuple[int,
 
 
 def fragmentation(
-    mix: Sequence[TaskType], model: str, free_cpu: int, free: Sequence[int]
+    mix: Sequence[TaskType],
+    model: str,
+    free_cpu: int,
+    free: Sequence[int],
+    free_memory: int | None = None,
+    *,
+    deep: bool = False,
 ) -> float:
     """Idle GPU millis that the typical pods could not use on a node with this model, free
     CPU and per-GPU free compute, popularity-weighted. For one task type: the whole idle
-    GPU if it cannot run there at all (CPU-only, wrong model, too little CPU, fewer than
-    `gpus` GPUs with `compute` free), else the free compute of GPUs too small for it."""
+    GPU if it cannot run there at all (CPU-only, wrong model, too little CPU, too little
+    host memory when `free_memory` is given, fewer than `gpus` GPUs with `compute` free),
+    else the free compute of GPUs too small for it."""
     ordered = sorted(free)
     total = sum(ordered)
     if not total:
@@ -113,9 +125,22 @@ def fragmentation(
         if (
             task.gpus == 0
             or free_cpu < task.cpu
+            or (free_memory is not None and free_memory < task.memory)
             or (task.models is not None and model not in task.models)
         ):
             out += task.weight * total
+            continue
+        if deep:
+            slots = (
+                sum(g // task.compute for g in ordered)
+                if task.gpus == 1
+                else (len(ordered) - bisect_left(ordered, task.compute)) // task.gpus
+            )
+            if task.cpu:
+                slots = min(slots, free_cpu // task.cpu)
+            if free_memory is not None and task.memory:
+                slots = min(slots, free_memory // task.memory)
+            out += task.weight * (total - slots * task.compute * task.gpus)
             continue
         small = bisect_left(ordered, task.compute)  # GPUs with less than `compute` free
         if len(ordered) - small < task.gpus:
@@ -125,14 +150,28 @@ def fragmentation(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """How `FragmentationScorer` turns a placement into a cost, in GPU millis. The
+    defaults are tuned on the openb trace (benchmarks/openb)."""
+
+    step: float = 40.0  # fragmentation deltas within one step count as equal
+    open_gpu: float = 50.0  # taking an idle GPU rather than a partly used one
+    open_node: float = 0.25  # starting a node nobody uses
+    best_fit: float = 1e-4  # per milli left free on the partly used GPU taken
+    host_memory: bool = True  # a task type that lacks host memory cannot use the node
+    deep: bool = True  # count what filling the node with each task type would leave
+
+
 class FragmentationScorer:
     """Fragmentation delta plus consolidation (see the module docstring)."""
 
-    def __init__(self, mix: Sequence[TaskType] = ()) -> None:
+    def __init__(self, mix: Sequence[TaskType] = (), weights: Weights | None = None) -> None:
         self._mix: tuple[TaskType, ...] = tuple(mix)
+        self._weights = weights or Weights()
         self._generation = 0
         self._frag: dict[tuple[object, ...], float] = {}
-        self._answers: dict[tuple[object, ...], tuple[float, tuple[int, ...]]] = {}
+        self._answers: dict[tuple[object, ...], tuple[float, tuple[Slot, ...]]] = {}
 
     @property
     def generation(self) -> int:
@@ -155,94 +194,111 @@ class FragmentationScorer:
         pooled = [g for g in node.gpus if g.pool == request.pool and not g.coming]
         model = pooled[0].model if pooled else ""
         free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
-        used = tuple(sorted((g.free_compute for g in pooled if g.pods), reverse=True))
-        fit_free = tuple(sorted({(g.free_compute, g.pods > 0) for g in fits}))
+        fit_slots = tuple(sorted(_slot(g) for g in fits))
+        node_used = node.used_pods > 0
+        memory = node.free_memory if self._weights.host_memory else None
         key = (
             request.cpu,
+            request.memory if memory is not None else 0,
             request.compute,
             request.gpus,
             model,
             node.free_cpu,
-            node.used_pods > 0,
+            memory,
+            node_used,
             free,
-            used,
-            fit_free,
+            fit_slots,
         )
         answer = self._answers.get(key)
         if answer is None:
-            answer = self._decide(request, model, node.free_cpu, node.used_pods > 0, free, fits)
+            state = _State(model, node.free_cpu, memory, node_used)
+            answer = self._decide(request, state, free, fit_slots)
             if len(self._answers) >= CACHE_LIMIT:
                 self._answers.clear()
             self._answers[key] = answer
         cost, wanted = answer
         return cost, _pick(fits, wanted, request.gpus)
 
-    def _frag_of(self, model: str, free_cpu: int, free: tuple[int, ...]) -> float:
-        key = (model, free_cpu, free)
+    def _frag_of(self, state: "_State", free: tuple[int, ...]) -> float:
+        key = (state.model, state.cpu, state.memory, free)
         value = self._frag.get(key)
         if value is None:
-            value = fragmentation(self._mix, model, free_cpu, free)
+            value = fragmentation(
+                self._mix, state.model, state.cpu, free, state.memory, deep=self._weights.deep
+            )
             if len(self._frag) >= CACHE_LIMIT:
                 self._frag.clear()
             self._frag[key] = value
         return value
 
+    def _cost(self, after: "_State", free: tuple[int, ...], before: float) -> float:
+        """The cost of leaving the node in `after` with `free` GPU compute."""
+        w = self._weights
+        delta = self._frag_of(after, free) - before
+        if w.step:
+            delta = w.step * math.ceil(delta / w.step - 1e-9)
+        return delta if after.used else delta + w.open_node
+
     def _decide(
-        self,
-        request: Request,
-        model: str,
-        free_cpu: int,
-        node_used: bool,
-        free: tuple[int, ...],
-        fits: Sequence[Gpu],
-    ) -> tuple[float, tuple[int, ...]]:
-        before = self._frag_of(model, free_cpu, free)
-        cpu_after = free_cpu - request.cpu
-        open_node = 0.0 if node_used else OPEN_NODE_COST
+        self, request: Request, state: "_State", free: tuple[int, ...], fit_slots: tuple[Slot, ...]
+    ) -> tuple[float, tuple[Slot, ...]]:
+        w = self._weights
+        before = self._frag_of(state, free)
+        after = _State(
+            state.model,
+            state.cpu - request.cpu,
+            None if state.memory is None else state.memory - request.memory,
+            state.used,
+        )
         if request.gpus <= 0:
-            return self._frag_of(model, cpu_after, free) - before + open_node, ()
-        options: list[tuple[float, tuple[int, ...]]] = []
+            return self._cost(after, free, before), ()
         if request.gpus == 1:
-            seen: set[tuple[int, bool]] = set()
-            for gpu in fits:
-                option = (gpu.free_compute, gpu.pods > 0)
-                if option in seen:
-                    continue
-                seen.add(option)
-                after = _take(free, (gpu.free_compute,), request.compute)
-                cost = self._frag_of(model, cpu_after, after) - before
-                if gpu.pods:
-                    cost += BEST_FIT_COST * (gpu.free_compute - request.compute)
+            options: list[tuple[float, tuple[Slot, ...]]] = []
+            for slot in dict.fromkeys(fit_slots):
+                cost = self._cost(after, _take(free, (slot,), request.compute), before)
+                if slot[1]:
+                    cost += w.best_fit * (slot[0] - request.compute)
                 else:
-                    cost += OPEN_GPU_COST
-                options.append((cost + open_node, (gpu.free_compute,)))
+                    cost += w.open_gpu
+                options.append((cost, (slot,)))
             return min(options)
-        ranked = sorted(fits, key=lambda g: (g.free_compute, -g.pods))[: request.gpus]
-        wanted = tuple(g.free_compute for g in ranked)
-        after = _take(free, wanted, request.compute)
-        cost = self._frag_of(model, cpu_after, after) - before
-        cost += OPEN_GPU_COST * sum(1 for g in ranked if not g.pods)
-        return cost + open_node, wanted
+        ranked = sorted(fit_slots, key=lambda s: (s[0], not s[1]))[: request.gpus]
+        cost = self._cost(after, _take(free, ranked, request.compute), before)
+        return cost + w.open_gpu * sum(1 for s in ranked if not s[1]), tuple(ranked)
 
 
-def _take(free: tuple[int, ...], taken: Sequence[int], compute: int) -> tuple[int, ...]:
-    """`free` (sorted, largest first) after `compute` is taken from GPUs with these free
-    values."""
+@dataclass(frozen=True, slots=True)
+class _State:
+    """A node as the fragmentation sees it."""
+
+    model: str
+    cpu: int  # free millicores
+    memory: int | None  # free bytes; None: not considered
+    used: bool  # hosts pods
+
+
+def _slot(gpu: Gpu) -> Slot:
+    return gpu.free_compute, gpu.pods > 0
+
+
+def _take(free: tuple[int, ...], taken: Sequence[Slot], compute: int) -> tuple[int, ...]:
+    """`free` (sorted, largest first) after `compute` is taken from GPUs in these slots."""
     out = list(free)
-    for value in taken:
+    for value, _ in taken:
         out.remove(value)
         out.append(value - compute)
     out.sort(reverse=True)
     return tuple(out)
 
 
-def _pick(fits: Sequence[Gpu], wanted: Sequence[int], count: int) -> tuple[Gpu, ...]:
-    """GPUs of `fits` with the wanted free compute values, in `fits` order."""
+def _pick(fits: Sequence[Gpu], wanted: Sequence[Slot], count: int) -> tuple[Gpu, ...]:
+    """GPUs of `fits` in the wanted slots, in `fits` order."""
     remaining = list(wanted)
     chosen: list[Gpu] = []
     for gpu in fits:
-        if gpu.free_compute in remaining:
-            remaining.remove(gpu.free_compute)
+        slot = _slot(gpu)
+        if slot in remaining:
+            remaining.remove(slot)
             chosen.append(gpu)
             if len(chosen) == count:
                 break

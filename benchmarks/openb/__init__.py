@@ -1,0 +1,1 @@
+"""Replay of the Alibaba openb GPU-sharing trace through the placement core."""

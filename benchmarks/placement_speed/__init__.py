@@ -1,0 +1,1 @@
+"""Per-pod decision time of the placement core on the openb cluster."""

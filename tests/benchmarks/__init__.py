@@ -1,0 +1,1 @@
+"""Benchmarks: harness logic exercised on tiny hand-written inputs."""
