@@ -1,5 +1,5 @@
-# One image for every gpupack entrypoint (gpupack-webhook, gpupack-certs, and the
-# scheduler and exporter as they land). Build: docker build -t gpupack:dev .
+# One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
+# gpupack-certs, and the exporter as it lands). Build: docker build -t gpupack:dev .
 # The build stage makes wheels; the final stage installs them into a virtualenv and
 # carries no compiler, no pip cache, and runs as a non-root user.
 
@@ -11,6 +11,7 @@ RUN pip install --no-cache-dir --upgrade pip==24.3.1 build==1.2.2
 COPY pyproject.toml README.md ./
 COPY gpupack gpupack
 COPY webhook webhook
+COPY scheduler scheduler
 COPY certs certs
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
