@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
         "--scorer",
-        choices=("packing", "fragmentation"),
-        default="packing",
+        choices=("fragmentation", "packing"),
+        default="fragmentation",
         help="how GPUs are ranked: best fit in compute, or fragmentation-aware with the "
         "cluster's own pod mix (default: %(default)s; see docs/scheduler.md)",
     )
