@@ -365,3 +365,31 @@ def test_a_scheduler_killed_while_binding_200_pods_never_double_books(
     by_gpu = assert_consistent(kube, pods)
     assert sum(len(v) for v in by_gpu.values()) == 200
     assert bound_at_kill < 200, "the kill happened mid-burst"
+
+
+def test_a_pod_whose_capacity_pod_vanished_is_evicted_and_replaced_on_a_held_gpu(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(kube, deployment(ns, "orphan", 2, "400m"))
+    pods = wait_bound(kube, ns, "orphan", 2)
+    victim = pods[0]["metadata"]["annotations"][keys.CAPACITY_POD]
+    first_names = {p["metadata"]["name"] for p in pods}
+
+    kube.delete(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{victim}")
+
+    kube.wait_for(
+        "a GPUCapacityLost event", lambda: events(kube, ns, "GPUCapacityLost"), timeout=60
+    )
+
+    def replaced() -> list[JSON] | None:
+        # Both pods shared the GPU, so both were evicted; their replacements are bound
+        # to GPUs that live capacity pods hold (a new capacity pod may reuse the name).
+        current = all_bound(kube, ns, "orphan", 2)()
+        if current is None or {p["metadata"]["name"] for p in current} & first_names:
+            return None
+        return current
+
+    assert_consistent(
+        kube, kube.wait_for("the evicted pod replaced on a held GPU", replaced, timeout=90)
+    )
