@@ -12,9 +12,18 @@ score (kube-scheduler's framework in miniature):
   returns the best GPUs there with a cost (lower is better). The lowest cost wins; ties
   go to the node met first, so a decision is deterministic for a given snapshot.
 
-A node's answer for a pod shape is memoised on the node until the node changes (any
-booking, label or GPU change clears it) or the scorer's `generation` moves, so a
-decision costs one dictionary lookup per unchanged node.
+Speed. A decision visits every eligible node, so per node it must cost a dictionary
+lookup, not a scoring:
+
+- A node's answer for a pod shape (numbered by `Snapshot.shape_of`, so keys hash fast)
+  is memoised on the node until the node changes (any booking, label or GPU change
+  clears it) or placement runs with another scorer or generation.
+- A scorer whose cost depends only on the node's state says so (`by_state`); then
+  nodes in equal state (`Snapshot.state_of`: capacity, usage, each GPU's kind and usage)
+  share one answer per shape, so a new pod shape costs one scoring per distinct state,
+  not per node. The cost picks the node; the winner alone is then scored on its own for
+  its GPUs (same state, same cost). real-time-mps pods, and nodes with a GPU held by one,
+  are scored per node (their answers depend on the owner).
 """
 
 from collections import Counter
@@ -26,7 +35,9 @@ from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 
 class Scorer(Protocol):
-    """Chooses GPUs on one node. `generation` changes when its answers would."""
+    """Chooses GPUs on one node. `generation` changes when its answers would. A scorer
+    may also set `by_state = True`: its cost depends only on what `snapshot.state_key`
+    reads of the node (not its name, labels or GPU UUIDs), so equal nodes share it."""
 
     @property
     def generation(self) -> int: ...
@@ -73,8 +84,11 @@ def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
     free_memory = gpu.free_memory
     if free_memory is not None and free_memory < request.gpu_memory:
         return "insufficient GPU memory"
-    if gpu.exclusive_owner and gpu.exclusive_owner != request.owner:
-        return "GPU held by another real-time-mps workload"
+    # An MPS workload's GPU takes only that workload's MPS pods. The answer for a
+    # non-exclusive pod must not depend on its owner: placement memoises it per shape,
+    # and the shape of a non-exclusive pod leaves the owner out.
+    if gpu.exclusive_owner and (not request.exclusive or gpu.exclusive_owner != request.owner):
+        return "GPU held by a real-time-mps workload"
     if request.exclusive and any(owner != request.owner for owner in gpu.owners):
         return "GPU shared with other workloads (real-time-mps needs its own)"
     return None
@@ -116,30 +130,89 @@ def _evaluate(node: Node, request: Request, scorer: Scorer) -> tuple[float, tupl
 
 def place(snapshot: Snapshot, request: Request, scorer: Scorer) -> Placement | Unfit:
     """Where `request` should go. Does not book it: the caller `assume`s the result."""
-    shape = request.shape
-    generation = scorer.generation
-    best: tuple[float, tuple[Gpu, ...]] | None = None
-    best_node: Node | None = None
+    shape = snapshot.shape_of(request)
+    epoch = snapshot.scorer_epoch(scorer, scorer.generation)
     candidates = snapshot.eligible(request)
+    shared: dict[int, object] | None = None
+    if getattr(scorer, "by_state", False) and not request.exclusive:
+        shared = snapshot.answers(shape)
+        best_node = _best_shared(snapshot, request, scorer, shared, candidates)
+    else:
+        best_node = _best_own(request, scorer, shape, epoch, candidates)
+    if best_node is not None:
+        answer = _own(best_node, request, scorer, shape, epoch)
+        if type(answer) is tuple:
+            return Placement(best_node.name, tuple(g.uuid for g in answer[1]), answer[0])
+    return _unfit(snapshot, request, candidates, shape, shared)
+
+
+def _own(node: Node, request: Request, scorer: Scorer, shape: int, epoch: int) -> object:
+    """The node's answer for the shape, memoised on the node."""
+    memo = node.memo
+    if node.memo_generation != epoch:
+        memo.clear()
+        node.memo_generation = epoch
+    answer = memo.get(shape)
+    if answer is None:
+        answer = memo[shape] = _evaluate(node, request, scorer)
+    return answer
+
+
+def _best_own(
+    request: Request, scorer: Scorer, shape: int, epoch: int, candidates: list[Node]
+) -> Node | None:
+    """The first node with the lowest cost, every node scored on its own (memoised)."""
+    best: float | None = None
+    best_node: Node | None = None
     for node in candidates:
-        if node.memo_generation != generation:
-            node.memo.clear()
-            node.memo_generation = generation
-        answer = node.memo.get(shape)
+        memo = node.memo
+        if node.memo_generation != epoch:
+            memo.clear()
+            node.memo_generation = epoch
+        answer = memo.get(shape)
         if answer is None:
-            answer = _evaluate(node, request, scorer)
-            node.memo[shape] = answer
-        if type(answer) is tuple and (best is None or answer[0] < best[0]):
-            best, best_node = answer, node
-    if best is not None and best_node is not None:
-        return Placement(best_node.name, tuple(g.uuid for g in best[1]), best[0])
-    return _unfit(snapshot, request, candidates)
+            answer = memo[shape] = _evaluate(node, request, scorer)
+        if type(answer) is tuple and (best is None or answer[0] < best):
+            best, best_node = answer[0], node
+    return best_node
 
 
-def _unfit(snapshot: Snapshot, request: Request, candidates: list[Node]) -> Unfit:
+def _best_shared(
+    snapshot: Snapshot,
+    request: Request,
+    scorer: Scorer,
+    answers: dict[int, object],
+    candidates: list[Node],
+) -> Node | None:
+    """`_best_own` for a scorer whose cost depends only on the node's state: one answer
+    (cost or reason) per state in `answers`, shared by the nodes in that state."""
+    get = answers.get
+    state_of = snapshot.state_of
+    best: float | None = None
+    best_node: Node | None = None
+    for node in candidates:
+        state = node.state
+        if state < 0:
+            state = state_of(node)
+        answer = get(state)
+        if answer is None:
+            found = _evaluate(node, request, scorer)
+            answer = answers[state] = found if type(found) is str else found[0]
+        if type(answer) is not str and (best is None or answer < best):  # type: ignore[operator]
+            best, best_node = answer, node  # type: ignore[assignment]
+    return best_node
+
+
+def _unfit(
+    snapshot: Snapshot,
+    request: Request,
+    candidates: list[Node],
+    shape: int,
+    shared: dict[int, object] | None,
+) -> Unfit:
     reasons: Counter[str] = Counter()
     for node in candidates:
-        answer = node.memo.get(request.shape)
+        answer = node.memo.get(shape) if shared is None else shared.get(node.state)
         if isinstance(answer, str):
             reasons[answer] += 1
     excluded = sum(1 for n in snapshot.nodes.values() if n.gpus) - len(candidates)

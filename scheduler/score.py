@@ -18,8 +18,14 @@ The fragmentation is computed on compute millis. GPU memory is checked by placem
 proportion to compute, as the trace benchmark derives it, the memory dimension is
 implied by compute. A scorer's answer for a node depends only on that node's state, the
 request and the scorer's task mix (`generation` moves when the mix is replaced), so
-placement may memoise it per node; answers are also shared between nodes in the same
-state (a bounded cache), which keeps a cold decision over thousands of nodes cheap.
+placement may memoise it per node; both scorers say so (`by_state`), and placement then
+scores each distinct node state once per pod shape (`Snapshot.state_of`).
+
+Speed: a new node state costs a few fragmentation sums over the task mix. They are kept
+per (model, free CPU, free memory, free compute) in a bounded cache, and the deep sum
+(`_DeepFragmentation`) keeps the GPU side per model and free compute, so each sum is one
+pass of integer arithmetic over the mix, with the same float additions in the same order
+as `fragmentation` (bit-identical, so costs and decisions are too).
 """
 
 import math
@@ -42,6 +48,7 @@ Slot = tuple[int, bool]  # a GPU as a scorer sees it: free compute, hosts pods
 
 class PackingScorer:
     generation: Final = 0
+    by_state: Final = True  # the cost depends only on the node's state (see placement)
 
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
@@ -166,12 +173,15 @@ class Weights:
 class FragmentationScorer:
     """Fragmentation delta plus consolidation (see the module docstring)."""
 
+    by_state: Final = True  # the cost depends only on the node's state (see placement)
+
     def __init__(self, mix: Sequence[TaskType] = (), weights: Weights | None = None) -> None:
         self._mix: tuple[TaskType, ...] = tuple(mix)
         self._weights = weights or Weights()
         self._generation = 0
         self._frag: dict[tuple[object, ...], float] = {}
         self._answers: dict[tuple[object, ...], tuple[float, tuple[Slot, ...]]] = {}
+        self._deep = _DeepFragmentation(self._mix)
 
     @property
     def generation(self) -> int:
@@ -187,6 +197,7 @@ class FragmentationScorer:
         self._generation += 1
         self._frag.clear()
         self._answers.clear()
+        self._deep = _DeepFragmentation(self._mix)
 
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
@@ -223,9 +234,10 @@ class FragmentationScorer:
         key = (state.model, state.cpu, state.memory, free)
         value = self._frag.get(key)
         if value is None:
-            value = fragmentation(
-                self._mix, state.model, state.cpu, free, state.memory, deep=self._weights.deep
-            )
+            if self._weights.deep:
+                value = self._deep(state.model, state.cpu, free, state.memory)
+            else:
+                value = fragmentation(self._mix, state.model, state.cpu, free, state.memory)
             if len(self._frag) >= CACHE_LIMIT:
                 self._frag.clear()
             self._frag[key] = value
@@ -265,6 +277,55 @@ class FragmentationScorer:
         ranked = sorted(fit_slots, key=lambda s: (s[0], not s[1]))[: request.gpus]
         cost = self._cost(after, _take(free, ranked, request.compute), before)
         return cost + w.open_gpu * sum(1 for s in ranked if not s[1]), tuple(ranked)
+
+
+class _DeepFragmentation:
+    """`fragmentation(mix, ..., deep=True)`, bit for bit, faster: the GPU side (how many
+    pods of each task type the GPUs hold) is kept per model and free compute, and the
+    per-task sums run over flat tuples in the mix's order (the same float additions)."""
+
+    def __init__(self, mix: Sequence[TaskType]) -> None:
+        self._mix = tuple(mix)
+        self._tasks = tuple((t.weight, t.cpu, t.memory, t.compute * t.gpus) for t in mix)
+        self._gpu_side: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+
+    def __call__(
+        self, model: str, free_cpu: int, free: Sequence[int], free_memory: int | None
+    ) -> float:
+        ordered = tuple(sorted(free))
+        total = sum(ordered)
+        if not total:
+            return 0.0
+        key = (model, ordered)
+        slots = self._gpu_side.get(key)
+        if slots is None:
+            slots = tuple(_gpu_slots(task, model, ordered) for task in self._mix)
+            if len(self._gpu_side) >= CACHE_LIMIT:
+                self._gpu_side.clear()
+            self._gpu_side[key] = slots
+        check_memory = free_memory is not None
+        host_memory = free_memory or 0
+        out = 0.0
+        for (weight, cpu, memory, per_pod), gpu_fit in zip(self._tasks, slots, strict=True):
+            fit = gpu_fit
+            if fit < 0 or free_cpu < cpu or (check_memory and host_memory < memory):
+                out += weight * total
+                continue
+            if cpu and free_cpu // cpu < fit:
+                fit = free_cpu // cpu
+            if check_memory and memory and host_memory // memory < fit:
+                fit = host_memory // memory
+            out += weight * (total - fit * per_pod)
+        return out
+
+
+def _gpu_slots(task: TaskType, model: str, ordered: tuple[int, ...]) -> int:
+    """Pods of `task` that GPUs with `ordered` free compute hold; -1 if none can run."""
+    if task.gpus == 0 or (task.models is not None and model not in task.models):
+        return -1
+    if task.gpus == 1:
+        return sum(g // task.compute for g in ordered)
+    return (len(ordered) - bisect_left(ordered, task.compute)) // task.gpus
 
 
 @dataclass(frozen=True, slots=True)

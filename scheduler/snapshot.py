@@ -8,15 +8,26 @@ held by one capacity pod of one pool. A GPU whose capacity pod is not running ye
 shell can assume a pod before its Binding is written and forget it if the write fails
 (kube-scheduler's assume cache). Every change bumps the node's `version` and clears its
 memo, so placement can cache per-node answers between changes.
+
+Placement's answers depend on a node only through its *state* (`state_key`: capacity,
+usage and each GPU's kind and usage, but not names), and busy clusters hold many nodes
+in equal state. So the snapshot numbers states (`state_of`, cached on the node until it
+changes) and request shapes (`shape_of`), and keeps a bounded table of answers per
+shape and state (`answers`) that placement fills: equal nodes are scored once.
 """
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Final
 
 from scheduler.constraints import NONE, Constraints, Taint
 
 FULL_GPU: Final = 1000
+STATE_LIMIT: Final = 100_000  # numbered node states kept before the table starts over
+SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
+ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before they start over
+UNKNOWN: Final = -1  # `Node.state` until `Snapshot.state_of` numbers it
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +106,14 @@ class Node:
     used_pods: int = 0
     gpus: list[Gpu] = field(default_factory=list)
     version: int = 0
-    memo: dict[tuple[object, ...], object] = field(default_factory=dict)
+    memo: dict[int, object] = field(default_factory=dict)  # shape number -> answer
     memo_generation: int = -1
+    state: int = UNKNOWN  # this version's state number (`Snapshot.state_of`)
 
     def touch(self) -> None:
         self.version += 1
         self.memo.clear()
+        self.state = UNKNOWN
 
     @property
     def free_cpu(self) -> int:
@@ -130,6 +143,13 @@ class Snapshot:
         self.topology = 0  # bumps when nodes, labels, taints or GPUs change
         self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
+        self._states: dict[tuple[object, ...], int] = {}
+        self._numbers = count()  # state numbers are never reused
+        self._shapes: dict[tuple[object, ...], int] = {}
+        self._answers: dict[int, dict[int, object]] = {}  # shape -> state -> answer
+        self._answers_of: tuple[object, int] | None = None  # (scorer, its generation)
+        self._answer_calls = 0
+        self._epoch = 0
         for node in nodes:
             self.add_node(node)
 
@@ -199,6 +219,60 @@ class Snapshot:
         self._eligible[key] = (self.topology, nodes)
         return nodes
 
+    # Numbered states and shapes, for placement's shared answers.
+
+    def state_of(self, node: Node) -> int:
+        """The number of the node's current state; nodes in equal state share it. A node
+        with a GPU held by a real-time-mps workload gets a number of its own (its answers
+        depend on the pod's owner, which the shape leaves out). Numbers are never reused."""
+        if node.state != UNKNOWN:
+            return node.state
+        key = state_key(node)
+        number = None if key is None else self._states.get(key)
+        if number is None:
+            number = next(self._numbers)
+            if key is not None:
+                if len(self._states) >= STATE_LIMIT:
+                    self._states.clear()  # equal states met later get new numbers
+                self._states[key] = number
+        node.state = number
+        return number
+
+    def shape_of(self, request: Request) -> int:
+        """A small number for the request's shape (memo and answer keys hash fast)."""
+        shape = request.shape
+        number = self._shapes.get(shape)
+        if number is None:
+            if len(self._shapes) >= SHAPE_LIMIT:  # numbers are reused: drop what used them
+                self._shapes.clear()
+                self._answers.clear()
+                for node in self.nodes.values():
+                    node.memo.clear()
+            number = self._shapes[shape] = len(self._shapes)
+        return number
+
+    def scorer_epoch(self, scorer: object, generation: int) -> int:
+        """A number that moves whenever placement runs with another scorer or the
+        scorer's generation moves; answers kept under an older one are dropped."""
+        owner = self._answers_of
+        if owner is None or owner[0] is not scorer or owner[1] != generation:
+            self._answers.clear()
+            self._answers_of = (scorer, generation)
+            self._epoch += 1
+        return self._epoch
+
+    def answers(self, shape: int) -> dict[int, object]:
+        """Placement's answers for one shape by state number, under the current
+        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` (checked every 64 calls) they start
+        over."""
+        self._answer_calls += 1
+        if self._answer_calls % 64 == 0 and (sum(map(len, self._answers.values())) > ANSWER_LIMIT):
+            self._answers.clear()
+        answers = self._answers.get(shape)
+        if answers is None:
+            answers = self._answers[shape] = {}
+        return answers
+
     # Bookings.
 
     def assume(self, request: Request, node_name: str, uuids: Iterable[str]) -> Booking:
@@ -254,6 +328,39 @@ class Snapshot:
 
     def on_gpu(self, uuid: str) -> Iterator[Booking]:
         return (b for b in self.bookings.values() if uuid in b.gpus)
+
+
+def state_key(node: Node) -> tuple[object, ...] | None:
+    """Everything placement and the state-sharing scorers read of a node, in GPU order;
+    None when a GPU is held by a real-time-mps workload."""
+    gpus: list[tuple[object, ...]] = []
+    for g in node.gpus:
+        if g.exclusive_owner:
+            return None
+        hosts_pods = bool(g.owners)
+        gpus.append(
+            (
+                g.pool,
+                g.model,
+                g.coming,
+                g.compute,
+                g.used_compute,
+                g.memory,
+                g.used_memory,
+                hosts_pods,
+            )
+        )
+    return (
+        node.ready,
+        node.schedulable,
+        node.cpu,
+        node.memory,
+        node.used_cpu,
+        node.used_memory,
+        node.used_pods > 0,
+        node.used_pods >= node.max_pods,
+        tuple(gpus),
+    )
 
 
 def _charge(gpu: Gpu, request: Request) -> None:

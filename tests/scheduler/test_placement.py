@@ -218,3 +218,16 @@ def test_multi_gpu_request_takes_distinct_whole_gpus() -> None:
 
     assert p.node == "b"
     assert len(set(p.gpus)) == 3
+
+
+def test_an_mps_gpu_is_refused_to_every_shared_pod_whatever_the_memo_holds() -> None:
+    snap = Snapshot([node("a", 1)])
+    fill(snap, pod("ns/mps0", 200, owner="ns/Deployment/mps", exclusive=True))
+
+    # A non-exclusive pod of the MPS workload's own name, then one of another workload:
+    # both have the same shape, so the second reuses the first's memoised answer.
+    first = place(snap, pod("ns/x", 200, owner="ns/Deployment/mps"), PackingScorer())
+    second = place(snap, pod("ns/y", 200, owner="ns/Deployment/other"), PackingScorer())
+
+    assert isinstance(first, Unfit)
+    assert isinstance(second, Unfit)

@@ -1,0 +1,223 @@
+"""Answers shared between nodes in equal state: the same decisions as scoring every node
+on its own, however the snapshot changes between decisions."""
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from scheduler import snapshot as snapshot_module
+from scheduler.placement import Placement, Unfit, place
+from scheduler.score import (
+    FragmentationScorer,
+    PackingScorer,
+    TaskType,
+    Weights,
+    _DeepFragmentation,
+    fragmentation,
+)
+from scheduler.snapshot import Gpu, Node, Request, Snapshot
+
+GiB = 2**30
+MIX = (
+    TaskType(cpu=1000, compute=500, gpus=1, weight=0.4, memory=2 * GiB),
+    TaskType(cpu=2000, compute=1000, gpus=1, weight=0.3),
+    TaskType(cpu=4000, compute=1000, gpus=2, weight=0.2, models=frozenset({"A100"})),
+    TaskType(cpu=500, compute=0, gpus=0, weight=0.1),
+)
+
+
+class OnItsOwn:
+    """The same scorer, without `by_state`: placement scores every node on its own."""
+
+    def __init__(self, inner: FragmentationScorer | PackingScorer) -> None:
+        self.inner = inner
+
+    @property
+    def generation(self) -> int:
+        return self.inner.generation
+
+    def choose(
+        self, node: Node, request: Request, fits: Sequence[Gpu]
+    ) -> tuple[float, tuple[Gpu, ...]] | None:
+        return self.inner.choose(node, request, fits)
+
+
+def node(name: str, gpus: int = 4, model: str = "A100", **kw: object) -> Node:
+    n = Node(name, 16_000, 64 * GiB, **kw)  # type: ignore[arg-type]
+    n.gpus = [Gpu(f"{name}-gpu{i}", name, memory=40 * GiB, model=model) for i in range(gpus)]
+    return n
+
+
+def cluster() -> list[Node]:
+    return [node(f"n{i:02}", 2 + i % 3, "A100" if i % 4 else "T4") for i in range(12)]
+
+
+def pod(rng: random.Random, index: int) -> Request:
+    gpus = rng.choice([0, 1, 1, 1, 2])
+    return Request(
+        f"ns/p{index}",
+        cpu=rng.choice([500, 1000, 2000]),
+        memory=rng.choice([1, 2]) * GiB,
+        compute=rng.choice([200, 500, 1000]) if gpus == 1 else 1000 if gpus else 0,
+        gpu_memory=GiB if gpus else 0,
+        gpus=gpus,
+    )
+
+
+def outcome(result: Placement | Unfit) -> object:
+    return result if isinstance(result, Placement) else (result.reasons, result.coming)
+
+
+def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
+    """What a real cluster does between decisions: pods leave, nodes and GPUs come and go,
+    labels change."""
+    roll = rng.random()
+    if roll < 0.2 and snap.bookings:
+        snap.forget(rng.choice(sorted(snap.bookings)))
+    elif roll < 0.23 and len(snap.nodes) > 3:
+        snap.remove_node(rng.choice(sorted(snap.nodes)))
+    elif roll < 0.26:
+        snap.add_node(node(f"new{step}", rng.choice([1, 4])))
+    elif roll < 0.29:
+        name = rng.choice(sorted(snap.nodes))
+        old = snap.nodes[name]
+        snap.add_node(Node(name, old.cpu, old.memory, schedulable=rng.random() < 0.7))
+    elif roll < 0.32:
+        name = rng.choice(sorted(snap.nodes))
+        snap.add_gpu(Gpu(f"{name}-extra{step}", name, memory=40 * GiB, model="A100"))
+    elif roll < 0.35 and snap.gpus:
+        snap.remove_gpu(rng.choice(sorted(snap.gpus)))
+
+
+@pytest.mark.parametrize("make", [FragmentationScorer, PackingScorer], ids=["fgd", "packing"])
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_answers_decide_as_scoring_every_node_on_its_own(make: type, seed: int) -> None:
+    shared_scorer = make(MIX) if make is FragmentationScorer else make()
+    own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
+    rng_a, rng_b = random.Random(seed), random.Random(seed)
+    shared, own = Snapshot(cluster()), Snapshot(cluster())
+
+    for step in range(300):
+        request = pod(rng_a, step)
+        assert pod(rng_b, step) == request
+        a, b = place(shared, request, shared_scorer), place(own, request, own_scorer)
+        assert outcome(a) == outcome(b), step
+        if isinstance(a, Placement):
+            shared.assume(request, a.node, a.gpus)
+            own.assume(request, a.node, a.gpus)
+        churn(shared, rng_a, step)
+        churn(own, rng_b, step)
+
+
+def test_place_after_forget_is_the_same_as_on_a_fresh_snapshot() -> None:
+    scorer = FragmentationScorer(MIX)
+    snap, fresh = Snapshot(cluster()), Snapshot(cluster())
+    first = Request("ns/first", cpu=1000, compute=500, gpu_memory=GiB)
+    placed = place(snap, first, scorer)
+    assert isinstance(placed, Placement)
+    snap.assume(first, placed.node, placed.gpus)
+    place(snap, Request("ns/other", cpu=1000, compute=500, gpu_memory=GiB), scorer)
+
+    snap.forget("ns/first")
+
+    again = Request("ns/again", cpu=1000, compute=500, gpu_memory=GiB)
+    assert place(snap, again, scorer) == place(fresh, again, FragmentationScorer(MIX))
+
+
+def test_a_removed_node_is_never_chosen() -> None:
+    scorer = FragmentationScorer(MIX)
+    snap = Snapshot([node("a", 1), node("b", 1)])
+    request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
+    first = place(snap, request, scorer)
+    assert isinstance(first, Placement)
+
+    snap.remove_node(first.node)
+
+    second = place(snap, request, scorer)
+    assert isinstance(second, Placement)
+    assert second.node != first.node
+    snap.remove_node(second.node)
+    assert isinstance(place(snap, request, scorer), Unfit)
+
+
+def test_an_added_gpu_becomes_choosable() -> None:
+    scorer = FragmentationScorer(MIX)
+    snap = Snapshot([node("a", 0)])
+    request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
+    assert isinstance(place(snap, request, scorer), Unfit)
+
+    snap.add_gpu(Gpu("a-gpu9", "a", memory=40 * GiB, model="A100"))
+
+    placed = place(snap, request, scorer)
+    assert isinstance(placed, Placement)
+    assert (placed.node, placed.gpus) == ("a", ("a-gpu9",))
+
+
+def test_a_node_made_unschedulable_by_a_label_change_is_not_chosen() -> None:
+    scorer = FragmentationScorer(MIX)
+    snap = Snapshot([node("a", 2), node("b", 2)])
+    request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
+    assert place(snap, request, scorer) == place(snap, request, scorer)  # warm: the same
+    first = place(snap, request, scorer)
+    assert isinstance(first, Placement)
+
+    snap.add_node(Node(first.node, 16_000, 64 * GiB, schedulable=False))
+
+    second = place(snap, request, scorer)
+    assert isinstance(second, Placement)
+    assert second.node != first.node
+
+
+def test_shape_and_state_tables_that_start_over_keep_decisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(snapshot_module, "SHAPE_LIMIT", 3)
+    monkeypatch.setattr(snapshot_module, "STATE_LIMIT", 5)
+    monkeypatch.setattr(snapshot_module, "ANSWER_LIMIT", 10)
+    rng_a, rng_b = random.Random(7), random.Random(7)
+    shared, own = Snapshot(cluster()), Snapshot(cluster())
+    shared_scorer, own_scorer = FragmentationScorer(MIX), OnItsOwn(FragmentationScorer(MIX))
+
+    for step in range(200):
+        request = pod(rng_a, step)
+        pod(rng_b, step)
+        a, b = place(shared, request, shared_scorer), place(own, request, own_scorer)
+        assert outcome(a) == outcome(b), step
+        if isinstance(a, Placement):
+            shared.assume(request, a.node, a.gpus)
+            own.assume(request, a.node, a.gpus)
+
+
+def test_a_new_task_mix_changes_shared_answers() -> None:
+    scorer = FragmentationScorer(MIX)
+    snap = Snapshot(cluster())
+    request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
+    place(snap, request, scorer)
+
+    scorer.set_mix(MIX[1:])
+
+    assert place(snap, request, scorer) == place(Snapshot(cluster()), request, scorer)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_deep_fragmentation_is_bit_identical(seed: int) -> None:
+    rng = random.Random(seed)
+    fast = _DeepFragmentation(MIX)
+    for _ in range(500):
+        free = [rng.choice([0, 100, 250, 500, 750, 1000]) for _ in range(rng.randint(0, 8))]
+        cpu = rng.randint(0, 20) * 500
+        memory = rng.choice([None, 0, GiB, 5 * GiB, 64 * GiB])
+        model = rng.choice(["A100", "T4"])
+        expected = fragmentation(MIX, model, cpu, free, memory, deep=True)
+        assert fast(model, cpu, free, memory) == expected
+
+
+def test_shallow_fragmentation_is_still_supported() -> None:
+    scorer = FragmentationScorer(MIX, Weights(deep=False))
+    snap = Snapshot(cluster())
+    request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
+
+    assert place(snap, request, scorer) == place(
+        Snapshot(cluster()), request, OnItsOwn(FragmentationScorer(MIX, Weights(deep=False)))
+    )
