@@ -1,9 +1,9 @@
 """The scheduling loop: queue, cycle, bind, capacity lifecycle.
 
 One thread owns the cache and the snapshot. Each pass folds informer changes in, takes
-the results of finished binds, tries every queued pod whose backoff has passed (oldest
-first), asks for capacity for the pools where pods fit nowhere, and every few seconds
-does housekeeping. API writes run on a small thread pool and report back; the loop
+the results of finished binds, tries every queued pod whose backoff has passed (by
+priority, then age), asks for capacity for the pools where pods fit nowhere, and every
+few seconds does housekeeping. API writes run on a small thread pool and report back; the loop
 forgets an assumption whose bind failed, so a pod is booked only where it is bound.
 
 - **Backoff** per pod: 1, 2, 4 ... 30 s after each failed attempt, reset when GPUs,
@@ -155,12 +155,15 @@ class Scheduler:
                 waiting.not_before = 0.0  # something changed that could make it fit
 
     def _ready(self, now: float) -> list[str]:
+        """Pods whose backoff has passed: higher priority first, then oldest first (the
+        order of kube-scheduler's active queue)."""
+        pending = self.cache.pending
         ready = [
-            (w.first_seen, key)
+            (-int((pending[key].get("spec") or {}).get("priority") or 0), w.first_seen, key)
             for key, w in self._waiting.items()
-            if w.not_before <= now and key not in self.cache.assumed
+            if w.not_before <= now and key not in self.cache.assumed and key in pending
         ]
-        return [key for _, key in sorted(ready)]
+        return [key for _, _, key in sorted(ready)]
 
     # One pod.
 
