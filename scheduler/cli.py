@@ -27,10 +27,11 @@ from gpupack.logs import configure_logging
 from scheduler.cache import Cache, Dirty
 from scheduler.kube import connect
 from scheduler.leader import Elector, Timing
-from scheduler.loop import Scheduler, Settings
+from scheduler.loop import Scheduler
 from scheduler.metrics import Metrics
 from scheduler.placement import Scorer
 from scheduler.score import FragmentationScorer, PackingScorer
+from scheduler.settings import Settings
 
 log = logging.getLogger("scheduler.cli")
 

@@ -6,6 +6,8 @@ priority, then age), asks for capacity for the pools where pods fit nowhere, and
 few seconds does housekeeping. API writes run on a small thread pool and report back; the loop
 forgets an assumption whose bind failed, so a pod is booked only where it is bound.
 
+The capacity rules (the last three below) are carried out by `scheduler.lifecycle`.
+
 - **Backoff** per pod: 1, 2, 4 ... 30 s after each failed attempt, reset when GPUs,
   nodes or freed shares change (something that could make it fit).
 - **Unschedulable:** PodScheduled=False and a FailedScheduling Event, written again
@@ -30,46 +32,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from gpupack import keys
 from gpupack.api import ApiError
-from gpupack.capacity import (
-    DEFAULT_IMAGE,
-    Allocation,
-    capacity_index,
-    capacity_names,
-    capacity_pod,
-    plan,
-)
-from gpupack.capacity import Gpu as PlanGpu
+from gpupack.capacity import Allocation
 from gpupack.kube import JSON
-from gpupack.pool import scheduling_metadata
 from gpupack.quantity import format_compute, format_memory
-from gpupack.shares import workload
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, request_of
+from scheduler.lifecycle import Lifecycle
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, Unfit, place
 from scheduler.score import FragmentationScorer, task_mix
+from scheduler.settings import Settings
 from scheduler.snapshot import Request
 
 log = logging.getLogger(__name__)
 
 BACKOFF_BASE: Final = 1.0
 BACKOFF_CAP: Final = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    identity: str = "gpupack-scheduler"
-    scheduler_name: str = keys.SCHEDULER_NAME
-    namespace: str = keys.SYSTEM_NAMESPACE
-    grace_period: float = 300.0  # seconds a capacity pod may stay empty
-    orphan_grace: float = 30.0  # seconds before a pod on a vanished GPU is evicted
-    capacity_image: str = DEFAULT_IMAGE
-    workers: int = 8  # threads for API writes
-    housekeeping_interval: float = 2.0
 
 
 @dataclass(slots=True)
@@ -99,10 +80,7 @@ class Scheduler:
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="api-write")
         self._results: collections.deque[tuple[str, ApiError | None]] = collections.deque()
         self._waiting: dict[str, _Waiting] = {}
-        self._creating: dict[str, set[str]] = {}  # pool -> capacity pods being created
-        self._empty_since: dict[str, float] = {}
-        self._orphan_since: dict[str, float] = {}
-        self._evicting: set[str] = set()
+        self._lifecycle = Lifecycle(kube, cache, settings, self._pool.submit, metrics)
         self._next_housekeeping = 0.0
         self._seen_topology = -1
         self._seen_freed = -1
@@ -135,9 +113,11 @@ class Scheduler:
             if pod is not None:
                 self._schedule_one(key, pod, now, unfit_pools)
         for pool, pod in unfit_pools.items():
-            self._request_capacity(pool, pod)
+            self._lifecycle.request(pool, pod, self._unplaced(pool))
         if now >= self._next_housekeeping:
-            self._housekeeping(now)
+            self._lifecycle.housekeeping(now)
+            self._refresh_mix()
+            self.usage = self._measure()
             self._next_housekeeping = now + self._settings.housekeeping_interval
         waits = [w.not_before - now for w in self._waiting.values() if w.not_before > now]
         return max(0.01, min([self._settings.housekeeping_interval, *waits]))
@@ -261,93 +241,18 @@ class Scheduler:
         if self._metrics is not None:
             self._metrics.attempts.labels(result=result).inc()
 
-    # Capacity.
-
-    def _request_capacity(self, pool: str, example: JSON) -> None:
-        """Create the capacity pods `pool` lacks for the pods that fit nowhere."""
-        creating = self._creating.setdefault(pool, set())
-        creating -= set(self.cache.capacity)  # the informer has seen those
-        coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
-        coming += [PlanGpu(name) for name in sorted(creating)]
-        waiting: list[Allocation] = []
+    def _unplaced(self, pool: str) -> list[Allocation]:
+        """The pool's pods that were tried and fit nowhere, as the planner sees them."""
+        out: list[Allocation] = []
         for key, pod in self.cache.pending.items():
             state = self._waiting.get(key)
             request = request_of(pod)
             if state is None or state.attempts == 0 or not isinstance(request, Request):
                 continue
             if request.pool == pool:
-                waiting.append(
-                    Allocation(
-                        key, request.compute, request.gpu_memory, request.owner, request.exclusive
-                    )
-                )
-        known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
-        missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
-        if missing <= 0:
-            return
-        used = [c.name for c in self.cache.capacity.values() if c.pool == pool] + sorted(creating)
-        names = capacity_names(pool, used, missing)
-        creating.update(names)
-        spec = scheduling_metadata(example.get("spec") or {})
-        owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
-        for name in names:
-            index = capacity_index(pool, name)
-            assert index is not None
-            manifest = capacity_pod(
-                pool,
-                spec,
-                index=index,
-                created_for=owner,
-                image=self._settings.capacity_image,
-                namespace=self._settings.namespace,
-            )
-            self._pool.submit(self._create_capacity, pool, name, manifest, example)
-
-    def _create_capacity(self, pool: str, name: str, manifest: JSON, example: JSON) -> None:
-        try:
-            created = writer.create_capacity(self._kube, manifest)
-        except ApiError as error:
-            log.warning("could not create capacity pod %s: %s", name, error)
-            self._creating.get(pool, set()).discard(name)
-            return
-        if created:
-            log.info("created capacity pod %s for pool %s", name, pool)
-            if self._metrics is not None:
-                self._metrics.capacity_created.inc()
-            writer.event(
-                self._kube,
-                example,
-                "CapacityRequested",
-                f"no GPU of pool {pool} had room; created capacity pod {name}",
-                instance=self._settings.identity,
-            )
-
-    # Housekeeping.
-
-    def _housekeeping(self, now: float) -> None:
-        snapshot = self.cache.snapshot
-        waiting_pools = set()
-        for pod in self.cache.pending.values():
-            request = request_of(pod)
-            if isinstance(request, Request):
-                waiting_pools.add(request.pool)
-        for name, capacity in list(self.cache.capacity.items()):
-            gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
-            pods = gpu.pods if gpu is not None else 0
-            if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
-                self._pool.submit(self._mark, capacity.pod, pods > 0)
-            if pods > 0 or capacity.pool in waiting_pools:
-                self._empty_since.pop(name, None)
-                continue
-            since = self._empty_since.setdefault(name, now)
-            if now - since >= self._settings.grace_period:
-                del self._empty_since[name]
-                self._pool.submit(self._delete_capacity, capacity.pod, now - since)
-        for name in [n for n in self._empty_since if n not in self.cache.capacity]:
-            del self._empty_since[name]
-        self._evict_orphans(now)
-        self._refresh_mix()
-        self.usage = self._measure()
+                share = (request.compute, request.gpu_memory, request.owner, request.exclusive)
+                out.append(Allocation(key, *share))
+        return out
 
     def _refresh_mix(self) -> None:
         """Keep a fragmentation scorer's task mix to the pods this cluster runs: the
@@ -363,53 +268,6 @@ class Scheduler:
         mix = task_mix(requests)
         if mix != self._scorer.mix:
             self._scorer.set_mix(mix)
-
-    def _mark(self, pod: JSON, hosting: bool) -> None:
-        try:
-            writer.mark_hosting(self._kube, pod, hosting)
-        except ApiError as error:
-            log.warning("could not annotate %s: %s", pod["metadata"]["name"], error)
-
-    def _delete_capacity(self, pod: JSON, empty_for: float) -> None:
-        try:
-            deleted = writer.delete_capacity(self._kube, pod)
-        except ApiError as error:
-            log.warning("could not delete %s: %s", pod["metadata"]["name"], error)
-            return
-        if deleted:
-            log.info("deleted capacity pod %s, empty for %.0fs", pod["metadata"]["name"], empty_for)
-            if self._metrics is not None:
-                self._metrics.capacity_deleted.labels(reason="empty").inc()
-
-    def _evict_orphans(self, now: float) -> None:
-        orphans = {b.request.key for b in self.cache.orphans()}
-        for key in [k for k in self._orphan_since if k not in orphans]:
-            del self._orphan_since[key]
-        self._evicting &= orphans
-        for key in sorted(orphans - self._evicting):
-            since = self._orphan_since.setdefault(key, now)
-            if now - since < self._settings.orphan_grace:
-                continue
-            pod = self.cache.pod(key)
-            if pod is None:
-                continue
-            self._evicting.add(key)
-            self._pool.submit(self._evict, pod)
-
-    def _evict(self, pod: JSON) -> None:
-        meta = pod["metadata"]
-        note = (
-            f"the capacity pod {meta.get('annotations', {}).get(keys.CAPACITY_POD)} holding this "
-            "pod's GPU is gone; evicting it so its controller recreates it on a held GPU"
-        )
-        writer.event(self._kube, pod, "GPUCapacityLost", note, warning=True, action="Evicting")
-        try:
-            writer.evict(self._kube, pod)
-        except ApiError as error:
-            log.warning("could not evict %s/%s: %s", meta["namespace"], meta["name"], error)
-            return
-        if self._metrics is not None:
-            self._metrics.evicted.inc()
 
     # Metrics.
 

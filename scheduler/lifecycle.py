@@ -1,0 +1,168 @@
+"""The capacity lifecycle: scale up when pods fit nowhere, scale down what stays empty,
+mark what hosts pods for the autoscalers, evict pods whose GPU nobody holds.
+
+Run by the scheduling loop's thread (it reads the loop's cache); API writes go to the
+loop's thread pool through `submit`. See `scheduler.loop` for the rules.
+"""
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gpupack import keys
+from gpupack.api import ApiError
+from gpupack.capacity import Allocation, capacity_index, capacity_names, capacity_pod, plan
+from gpupack.capacity import Gpu as PlanGpu
+from gpupack.kube import JSON
+from gpupack.pool import scheduling_metadata
+from gpupack.shares import workload
+from scheduler import writer
+from scheduler.cache import Cache
+from scheduler.kube import Kube
+from scheduler.ledger import request_of
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.snapshot import Request
+
+log = logging.getLogger(__name__)
+
+
+class Lifecycle:
+    def __init__(
+        self,
+        kube: Kube,
+        cache: Cache,
+        settings: Settings,
+        submit: Callable[..., Any],
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._kube = kube
+        self.cache = cache
+        self._settings = settings
+        self._submit = submit
+        self._metrics = metrics
+        self._creating: dict[str, set[str]] = {}  # pool -> capacity pods being created
+        self._empty_since: dict[str, float] = {}
+        self._orphan_since: dict[str, float] = {}
+        self._evicting: set[str] = set()
+
+    def request(self, pool: str, example: JSON, waiting: list[Allocation]) -> None:
+        """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
+        `example` is one of them (its scheduling metadata is the pool's)."""
+        creating = self._creating.setdefault(pool, set())
+        creating -= set(self.cache.capacity)  # the informer has seen those
+        coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
+        coming += [PlanGpu(name) for name in sorted(creating)]
+        known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
+        missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
+        if missing <= 0:
+            return
+        used = [c.name for c in self.cache.capacity.values() if c.pool == pool] + sorted(creating)
+        names = capacity_names(pool, used, missing)
+        creating.update(names)
+        spec = scheduling_metadata(example.get("spec") or {})
+        owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
+        for name in names:
+            index = capacity_index(pool, name)
+            assert index is not None
+            manifest = capacity_pod(
+                pool,
+                spec,
+                index=index,
+                created_for=owner,
+                image=self._settings.capacity_image,
+                namespace=self._settings.namespace,
+            )
+            self._submit(self._create_capacity, pool, name, manifest, example)
+
+    def _create_capacity(self, pool: str, name: str, manifest: JSON, example: JSON) -> None:
+        try:
+            created = writer.create_capacity(self._kube, manifest)
+        except ApiError as error:
+            log.warning("could not create capacity pod %s: %s", name, error)
+            self._creating.get(pool, set()).discard(name)
+            return
+        if created:
+            log.info("created capacity pod %s for pool %s", name, pool)
+            if self._metrics is not None:
+                self._metrics.capacity_created.inc()
+            writer.event(
+                self._kube,
+                example,
+                "CapacityRequested",
+                f"no GPU of pool {pool} had room; created capacity pod {name}",
+                instance=self._settings.identity,
+            )
+
+    # Housekeeping.
+
+    def housekeeping(self, now: float) -> None:
+        """Scale down, autoscaler annotations, orphans."""
+        snapshot = self.cache.snapshot
+        waiting_pools = set()
+        for pod in self.cache.pending.values():
+            request = request_of(pod)
+            if isinstance(request, Request):
+                waiting_pools.add(request.pool)
+        for name, capacity in list(self.cache.capacity.items()):
+            gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
+            pods = gpu.pods if gpu is not None else 0
+            if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
+                self._submit(self._mark, capacity.pod, pods > 0)
+            if pods > 0 or capacity.pool in waiting_pools:
+                self._empty_since.pop(name, None)
+                continue
+            since = self._empty_since.setdefault(name, now)
+            if now - since >= self._settings.grace_period:
+                del self._empty_since[name]
+                self._submit(self._delete_capacity, capacity.pod, now - since)
+        for name in [n for n in self._empty_since if n not in self.cache.capacity]:
+            del self._empty_since[name]
+        self._evict_orphans(now)
+
+    def _mark(self, pod: JSON, hosting: bool) -> None:
+        try:
+            writer.mark_hosting(self._kube, pod, hosting)
+        except ApiError as error:
+            log.warning("could not annotate %s: %s", pod["metadata"]["name"], error)
+
+    def _delete_capacity(self, pod: JSON, empty_for: float) -> None:
+        try:
+            deleted = writer.delete_capacity(self._kube, pod)
+        except ApiError as error:
+            log.warning("could not delete %s: %s", pod["metadata"]["name"], error)
+            return
+        if deleted:
+            log.info("deleted capacity pod %s, empty for %.0fs", pod["metadata"]["name"], empty_for)
+            if self._metrics is not None:
+                self._metrics.capacity_deleted.labels(reason="empty").inc()
+
+    def _evict_orphans(self, now: float) -> None:
+        orphans = {b.request.key for b in self.cache.orphans()}
+        for key in [k for k in self._orphan_since if k not in orphans]:
+            del self._orphan_since[key]
+        self._evicting &= orphans
+        for key in sorted(orphans - self._evicting):
+            since = self._orphan_since.setdefault(key, now)
+            if now - since < self._settings.orphan_grace:
+                continue
+            pod = self.cache.pod(key)
+            if pod is None:
+                continue
+            self._evicting.add(key)
+            self._submit(self._evict, pod)
+
+    def _evict(self, pod: JSON) -> None:
+        meta = pod["metadata"]
+        note = (
+            f"the capacity pod {meta.get('annotations', {}).get(keys.CAPACITY_POD)} holding this "
+            "pod's GPU is gone; evicting it so its controller recreates it on a held GPU"
+        )
+        writer.event(self._kube, pod, "GPUCapacityLost", note, warning=True, action="Evicting")
+        try:
+            writer.evict(self._kube, pod)
+        except ApiError as error:
+            log.warning("could not evict %s/%s: %s", meta["namespace"], meta["name"], error)
+            return
+        if self._metrics is not None:
+            self._metrics.evicted.inc()

@@ -1,0 +1,18 @@
+"""The scheduler's settings (from the command line)."""
+
+from dataclasses import dataclass
+
+from gpupack import keys
+from gpupack.capacity import DEFAULT_IMAGE
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    identity: str = "gpupack-scheduler"
+    scheduler_name: str = keys.SCHEDULER_NAME
+    namespace: str = keys.SYSTEM_NAMESPACE
+    grace_period: float = 300.0  # seconds a capacity pod may stay empty
+    orphan_grace: float = 30.0  # seconds before a pod on a vanished GPU is evicted
+    capacity_image: str = DEFAULT_IMAGE
+    workers: int = 8  # threads for API writes
+    housekeeping_interval: float = 2.0
