@@ -24,20 +24,33 @@ lookup, not a scoring:
   not per node. The cost picks the node; the winner alone is then scored on its own for
   its GPUs (same state, same cost). real-time-mps pods, and nodes with a GPU held by one,
   are scored per node (their answers depend on the owner).
+- A pod shape met after many nodes changed (or for the first time) still meets hundreds
+  of new states. A scorer that can bound its cost from below cheaply (`profile` per
+  state, `bounder` per pod) lets placement score only the states that could still win:
+  by bound, then node order, stopping at the first whose bound exceeds the best cost
+  found (or equals it at a later node, since ties go to the first node). Same decision,
+  a few scorings instead of hundreds. Why a node state's GPUs refuse a GPU demand is
+  kept too (`Snapshot.refusals`), so a pod that fits nowhere costs a lookup per state.
 """
 
+import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
+
+BOUND_FROM: Final = 8  # new states that placement scores outright, without bounding first
 
 
 class Scorer(Protocol):
     """Chooses GPUs on one node. `generation` changes when its answers would. A scorer
     may also set `by_state = True`: its cost depends only on what `snapshot.state_key`
-    reads of the node (not its name, labels or GPU UUIDs), so equal nodes share it."""
+    reads of the node (not its name, labels or GPU UUIDs), so equal nodes share it. Such a
+    scorer may also bound its costs: `profile(node, pool) -> object` summarises a node
+    state, and `bounder(request)` returns None or a function from a profile to a lower
+    bound on the cost `choose` would give (see `_best_bounded`)."""
 
     @property
     def generation(self) -> int: ...
@@ -108,10 +121,18 @@ def node_rejects(node: Node, request: Request) -> str | None:
     return None
 
 
-def _evaluate(node: Node, request: Request, scorer: Scorer) -> tuple[float, tuple[Gpu, ...]] | str:
+def _evaluate(
+    node: Node, request: Request, scorer: Scorer, refused: dict[int, str] | None = None
+) -> tuple[float, tuple[Gpu, ...]] | str:
+    """The node's answer: its cost and GPUs, or why it does not fit. `refused`
+    (`Snapshot.refusals`) remembers, per node state, why its GPUs do not fit."""
     why = node_rejects(node, request)
     if why is not None:
         return why
+    if refused is not None:
+        why = refused.get(node.state)
+        if why is not None:
+            return why
     fits: list[Gpu] = []
     reasons: Counter[str] = Counter()
     for gpu in node.gpus:
@@ -121,9 +142,10 @@ def _evaluate(node: Node, request: Request, scorer: Scorer) -> tuple[float, tupl
         else:
             reasons[rejected] += 1
     if len(fits) < request.gpus:
-        if not reasons:
-            return f"fewer than {request.gpus} GPUs"
-        return reasons.most_common(1)[0][0]
+        why = reasons.most_common(1)[0][0] if reasons else f"fewer than {request.gpus} GPUs"
+        if refused is not None:
+            refused[node.state] = why
+        return why
     chosen = scorer.choose(node, request, fits)
     return chosen if chosen is not None else "no GPU combination the scorer accepts"
 
@@ -136,7 +158,7 @@ def place(snapshot: Snapshot, request: Request, scorer: Scorer) -> Placement | U
     shared: dict[int, object] | None = None
     if getattr(scorer, "by_state", False) and not request.exclusive:
         shared = snapshot.answers(shape)
-        best_node = _best_shared(snapshot, request, scorer, shared, candidates)
+        best_node = _best_shared(snapshot, request, scorer, shape, shared, candidates)
     else:
         best_node = _best_own(request, scorer, shape, epoch, candidates)
     if best_node is not None:
@@ -181,11 +203,16 @@ def _best_shared(
     snapshot: Snapshot,
     request: Request,
     scorer: Scorer,
+    shape: int,
     answers: dict[int, object],
     candidates: list[Node],
 ) -> Node | None:
     """`_best_own` for a scorer whose cost depends only on the node's state: one answer
-    (cost or reason) per state in `answers`, shared by the nodes in that state."""
+    (cost or reason) per state in `answers`, shared by the nodes in that state. With a
+    scorer that bounds its costs, states are scored only while they could still win (see
+    `_best_bounded`)."""
+    if hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
+        return _best_bounded(snapshot, request, scorer, shape, answers, candidates)
     get = answers.get
     state_of = snapshot.state_of
     best: float | None = None
@@ -203,6 +230,83 @@ def _best_shared(
     return best_node
 
 
+def _best_bounded(
+    snapshot: Snapshot,
+    request: Request,
+    scorer: Scorer,
+    shape: int,
+    answers: dict[int, object],
+    candidates: list[Node],
+) -> Node | None:
+    """`_best_shared` for a scorer that also bounds its cost from below: `profile(node,
+    pool)` summarises a node state (kept per state in `Snapshot.profiles`), and
+    `bounder(request)(profile)` is at most the cost `choose` would give. A state whose bound
+    exceeds the best cost found, or equals it at a later position, cannot win (ties go to
+    the first node): it is not scored, and its bound is kept (`Snapshot.bounds`) for the
+    next pod of this shape. The states that might win are scored by (bound, position), so
+    the first that cannot win ends the search; the winner is the same node."""
+    get = answers.get
+    bounds = snapshot.bounds(shape)
+    lower = bounds.get
+    state_of = snapshot.state_of
+    best: float | None = None
+    best_node: Node | None = None
+    best_at = -1
+    fresh: dict[int, tuple[int, Node]] = {}  # states with neither answer nor bound
+    order: list[tuple[float, int, int, Node]] = []  # bounded states that might win
+    bounded: set[int] = set()
+    for index, node in enumerate(candidates):
+        state = node.state
+        if state < 0:
+            state = state_of(node)
+        answer = get(state)
+        if answer is None:
+            low = lower(state)
+            if low is None:
+                if state not in fresh:
+                    fresh[state] = (index, node)
+            elif (best is None or low < best) and state not in bounded:
+                bounded.add(state)
+                order.append((low, index, state, node))
+        elif type(answer) is not str and (best is None or answer < best):  # type: ignore[operator]
+            best, best_node, best_at = answer, node, index  # type: ignore[assignment]
+    if not fresh and not order:
+        return best_node
+    bound: Callable[[object], float] | None = None
+    if len(fresh) > BOUND_FROM:  # too few to gain from bounding: score them all
+        bound = scorer.bounder(request)  # type: ignore[attr-defined]
+    if bound is None:
+        order.extend((-math.inf, index, state, node) for state, (index, node) in fresh.items())
+    else:
+        profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
+        profiles = snapshot.profiles()
+        for state, (index, node) in fresh.items():
+            summary = profiles.get(state)
+            if summary is None:
+                summary = profiles[state] = profile(node, request.pool)
+            low = bounds[state] = bound(summary)
+            if best is None or low <= best:  # else it cannot win
+                order.append((low, index, state, node))
+    order.sort()  # by bound, then position (distinct per state: nodes never compared)
+    refused = snapshot.refusals(request)
+    for low, index, state, node in order:
+        if best is not None and (low > best or (low == best and index > best_at)):
+            break
+        refusal = refused.get(state)  # its GPUs are known not to fit
+        found = (
+            _evaluate(node, request, scorer, refused)
+            if refusal is None
+            else node_rejects(node, request) or refusal
+        )
+        answer = answers[state] = found if type(found) is str else found[0]
+        bounds.pop(state, None)
+        if type(answer) is not str and (
+            best is None or answer < best or (answer == best and index < best_at)  # type: ignore[operator]
+        ):
+            best, best_node, best_at = answer, node, index  # type: ignore[assignment]
+    return best_node
+
+
 def _unfit(
     snapshot: Snapshot,
     request: Request,
@@ -211,18 +315,24 @@ def _unfit(
     shared: dict[int, object] | None,
 ) -> Unfit:
     reasons: Counter[str] = Counter()
-    for node in candidates:
-        answer = node.memo.get(shape) if shared is None else shared.get(node.state)
-        if isinstance(answer, str):
-            reasons[answer] += 1
+    if shared is None:
+        for node in candidates:
+            answer = node.memo.get(shape)
+            if type(answer) is str:
+                reasons[answer] += 1
+    else:
+        get = shared.get
+        for node in candidates:
+            answer = get(node.state)
+            if type(answer) is str:
+                reasons[answer] += 1
     excluded = sum(1 for n in snapshot.nodes.values() if n.gpus) - len(candidates)
     if excluded > 0:
         reasons["excluded by node selector, affinity, taints or pool"] += excluded
     coming = any(
-        gpu.coming
-        and gpu.pool == request.pool
+        gpu.pool == request.pool
         and gpu.compute >= request.compute
         and (not gpu.memory or gpu.memory >= request.gpu_memory)
-        for gpu in snapshot.gpus.values()
+        for gpu in [g for g in snapshot.gpus.values() if g.coming]
     )
     return Unfit(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))), coming)

@@ -13,7 +13,10 @@ Placement's answers depend on a node only through its *state* (`state_key`: capa
 usage and each GPU's kind and usage, but not names), and busy clusters hold many nodes
 in equal state. So the snapshot numbers states (`state_of`, cached on the node until it
 changes) and request shapes (`shape_of`), and keeps a bounded table of answers per
-shape and state (`answers`) that placement fills: equal nodes are scored once.
+shape and state (`answers`) that placement fills: equal nodes are scored once. States it
+proved could not win it keeps only a lower bound for (`bounds`), computed from the
+scorer's summary of the state (`profiles`), and why a state's GPUs refuse a GPU demand
+(`refusals`).
 """
 
 from collections.abc import Iterable, Iterator
@@ -147,6 +150,9 @@ class Snapshot:
         self._numbers = count()  # state numbers are never reused
         self._shapes: dict[tuple[object, ...], int] = {}
         self._answers: dict[int, dict[int, object]] = {}  # shape -> state -> answer
+        self._bounds: dict[int, dict[int, float]] = {}  # shape -> state -> cost bound
+        self._profiles: dict[int, object] = {}  # state -> what the scorer bounds with
+        self._refusals: dict[tuple[object, ...], dict[int, str]] = {}  # see `refusals`
         self._answers_of: tuple[object, int] | None = None  # (scorer, its generation)
         self._answer_calls = 0
         self._epoch = 0
@@ -246,6 +252,7 @@ class Snapshot:
             if len(self._shapes) >= SHAPE_LIMIT:  # numbers are reused: drop what used them
                 self._shapes.clear()
                 self._answers.clear()
+                self._bounds.clear()
                 for node in self.nodes.values():
                     node.memo.clear()
             number = self._shapes[shape] = len(self._shapes)
@@ -257,21 +264,56 @@ class Snapshot:
         owner = self._answers_of
         if owner is None or owner[0] is not scorer or owner[1] != generation:
             self._answers.clear()
+            self._bounds.clear()
+            self._profiles.clear()
             self._answers_of = (scorer, generation)
             self._epoch += 1
         return self._epoch
 
     def answers(self, shape: int) -> dict[int, object]:
         """Placement's answers for one shape by state number, under the current
-        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` (checked every 64 calls) they start
-        over."""
+        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` answers, bounds, profiles and refusals
+        together (checked every 64 calls) they all start over."""
         self._answer_calls += 1
-        if self._answer_calls % 64 == 0 and (sum(map(len, self._answers.values())) > ANSWER_LIMIT):
+        if self._answer_calls % 64 == 0 and (
+            sum(map(len, self._answers.values()))
+            + sum(map(len, self._bounds.values()))
+            + len(self._profiles)
+            + sum(map(len, self._refusals.values()))
+            > ANSWER_LIMIT
+        ):
             self._answers.clear()
+            self._bounds.clear()
+            self._profiles.clear()
+            self._refusals.clear()
         answers = self._answers.get(shape)
         if answers is None:
             answers = self._answers[shape] = {}
         return answers
+
+    def bounds(self, shape: int) -> dict[int, float]:
+        """Lower bounds on the cost of one shape by state number, for states placement
+        has not scored yet (see placement); kept and dropped with `answers`."""
+        bounds = self._bounds.get(shape)
+        if bounds is None:
+            bounds = self._bounds[shape] = {}
+        return bounds
+
+    def refusals(self, request: Request) -> dict[int, str]:
+        """Why no GPU of a node state takes a pod with the GPU demand of `request` (pool,
+        models, compute, GPU memory, count), by state number, for the states placement
+        found so; not for real-time-mps pods. A state's GPUs never change, so the reasons
+        hold for every shape and scorer; kept and dropped with `answers`."""
+        key = (request.pool, request.models, request.compute, request.gpu_memory, request.gpus)
+        refused = self._refusals.get(key)
+        if refused is None:
+            refused = self._refusals[key] = {}
+        return refused
+
+    def profiles(self) -> dict[int, object]:
+        """What the scorer bounds costs with, by state number (for every shape); kept and
+        dropped with `answers`."""
+        return self._profiles
 
     # Bookings.
 
