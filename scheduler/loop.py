@@ -38,12 +38,13 @@ from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from scheduler import writer
 from scheduler.cache import Cache
+from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, request_of
 from scheduler.lifecycle import Lifecycle
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, Unfit, place
-from scheduler.score import FragmentationScorer, task_mix
+from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
 from scheduler.snapshot import Request
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from typing import Final
 
-from scheduler.score import TaskType, fragmentation
+from scheduler.fragmentation import TaskType, fragmentation
 from scheduler.snapshot import FULL_GPU, Gpu, Node, Request
 
 MAX_SPEC_CPU: Final = 128_000  # millicores: the largest node the simulator normalises by

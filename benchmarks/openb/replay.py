@@ -18,8 +18,9 @@ from typing import Final
 
 from benchmarks.openb import trace
 from benchmarks.openb.baselines import BestFitScorer, FgdScorer
+from scheduler.fragmentation import MIX_COVERAGE, task_mix
 from scheduler.placement import Placement, Scorer, place
-from scheduler.score import MIX_COVERAGE, FragmentationScorer, PackingScorer, task_mix
+from scheduler.score import FragmentationScorer, PackingScorer
 
 POLICIES: Final = ("gpupack", "fgd", "bestfit", "packing")
 HEADLINE_PCT: Final = 100

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.openb import trace
+from scheduler.fragmentation import MIX_COVERAGE, task_mix
 from scheduler.placement import Placement, Scorer, place
-from scheduler.score import MIX_COVERAGE, FragmentationScorer, PackingScorer, task_mix
+from scheduler.score import FragmentationScorer, PackingScorer
 
 TARGET_P99_MS: Final = {"openb": 2.0, "scaled": 10.0}
 SCALED_LIMIT: Final = 20_000  # decisions measured on the scaled cluster by default

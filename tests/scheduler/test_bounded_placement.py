@@ -10,8 +10,9 @@ import pytest
 
 from scheduler import placement as placement_module
 from scheduler import snapshot as snapshot_module
+from scheduler.fragmentation import DeepFragmentation, TaskType
 from scheduler.placement import Placement, place
-from scheduler.score import FragmentationScorer, TaskType, Weights, _DeepFragmentation, _take
+from scheduler.score import FragmentationScorer, Weights, _take
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 from tests.scheduler.test_shared_answers import MIX, OnItsOwn, churn, cluster, node, outcome, pod
 
@@ -233,7 +234,7 @@ def test_no_bound_for_real_time_mps_pods_or_negative_weights() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_usable_after_taking_compute_matches_the_full_sum(seed: int) -> None:
     rng = random.Random(seed)
-    deep = _DeepFragmentation(MIX)
+    deep = DeepFragmentation(MIX)
     for _ in range(300):
         free = tuple(
             sorted(
@@ -253,7 +254,7 @@ def test_usable_after_taking_compute_matches_the_full_sum(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_host_losses_never_exceed_what_taking_cpu_or_memory_loses(seed: int) -> None:
     rng = random.Random(seed)
-    deep = _DeepFragmentation(MIX)
+    deep = DeepFragmentation(MIX)
     for _ in range(300):
         free = [rng.choice([0, 100, 250, 500, 750, 1000]) for _ in range(rng.randint(1, 8))]
         model = rng.choice(["A100", "T4"])

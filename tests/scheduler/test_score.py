@@ -2,15 +2,9 @@
 
 import pytest
 
+from scheduler.fragmentation import TaskType, fragmentation, task_mix
 from scheduler.placement import Placement, place
-from scheduler.score import (
-    FragmentationScorer,
-    PackingScorer,
-    TaskType,
-    Weights,
-    fragmentation,
-    task_mix,
-)
+from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 GiB = 2**30

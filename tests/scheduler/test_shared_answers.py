@@ -7,15 +7,9 @@ from collections.abc import Sequence
 import pytest
 
 from scheduler import snapshot as snapshot_module
+from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
 from scheduler.placement import Placement, Unfit, place
-from scheduler.score import (
-    FragmentationScorer,
-    PackingScorer,
-    TaskType,
-    Weights,
-    _DeepFragmentation,
-    fragmentation,
-)
+from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 GiB = 2**30
@@ -203,7 +197,7 @@ def test_a_new_task_mix_changes_shared_answers() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_fast_deep_fragmentation_is_bit_identical(seed: int) -> None:
     rng = random.Random(seed)
-    fast = _DeepFragmentation(MIX)
+    fast = DeepFragmentation(MIX)
     for _ in range(500):
         free = [rng.choice([0, 100, 250, 500, 750, 1000]) for _ in range(rng.randint(0, 8))]
         cpu = rng.randint(0, 20) * 500
