@@ -187,13 +187,7 @@ def _best_own(
     best: float | None = None
     best_node: Node | None = None
     for node in candidates:
-        memo = node.memo
-        if node.memo_generation != epoch:
-            memo.clear()
-            node.memo_generation = epoch
-        answer = memo.get(shape)
-        if answer is None:
-            answer = memo[shape] = _evaluate(node, request, scorer)
+        answer = _own(node, request, scorer, shape, epoch)
         if type(answer) is tuple and (best is None or answer[0] < best):
             best, best_node = answer[0], node
     return best_node
