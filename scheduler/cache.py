@@ -19,6 +19,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.shares import is_live
 from scheduler.ledger import (
+    NotOurs,
     assignment_of,
     capacity_gpu,
     host_request,
@@ -44,6 +45,15 @@ class Capacity:
     pool: str
     pod: JSON
     gpu: str | None = None  # its GPU's id in the snapshot, None when not on a node yet
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """An unbound pod addressed to us, and what it asks for (parsed once per change of
+    the pod, not once per scheduling attempt)."""
+
+    pod: JSON
+    request: Request | NotOurs
 
 
 @dataclass(slots=True)
@@ -95,7 +105,7 @@ class Cache:
         self._scheduler_name = scheduler_name
         self.dirty = dirty
         self.snapshot = Snapshot()
-        self.pending: dict[str, JSON] = {}  # unbound pods addressed to us
+        self.pending: dict[str, Pending] = {}  # unbound pods addressed to us
         self.capacity: dict[str, Capacity] = {}  # by capacity pod name
         self.assumed: set[str] = set()
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
@@ -159,7 +169,7 @@ class Cache:
         if not node:
             ours = spec.get("schedulerName") == self._scheduler_name
             if ours and not spec.get("schedulingGates") and key not in self.assumed:
-                self.pending[key] = pod
+                self.pending[key] = Pending(pod, request_of(pod))
             else:
                 self.pending.pop(key, None)  # gated pods wait, as kube-scheduler's do
             return
@@ -212,9 +222,6 @@ class Cache:
 
     def pod(self, key: str) -> JSON | None:
         return self._pods.get(key)
-
-    def bookings_on(self, uuid: str) -> list[Booking]:
-        return list(self.snapshot.on_gpu(uuid))
 
     def coming(self, pool: str) -> list[Capacity]:
         """Capacity pods of `pool` that are not a usable GPU yet."""

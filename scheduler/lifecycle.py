@@ -19,7 +19,6 @@ from gpupack.shares import workload
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
-from scheduler.ledger import request_of
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.snapshot import Request
@@ -100,10 +99,9 @@ class Lifecycle:
         """Scale down, autoscaler annotations, orphans."""
         snapshot = self.cache.snapshot
         waiting_pools = set()
-        for pod in self.cache.pending.values():
-            request = request_of(pod)
-            if isinstance(request, Request):
-                waiting_pools.add(request.pool)
+        for entry in self.cache.pending.values():
+            if isinstance(entry.request, Request):
+                waiting_pools.add(entry.request.pool)
         for name, capacity in list(self.cache.capacity.items()):
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
             pods = gpu.pods if gpu is not None else 0

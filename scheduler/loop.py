@@ -37,10 +37,10 @@ from gpupack.capacity import Allocation
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from scheduler import writer
-from scheduler.cache import Cache
+from scheduler.cache import Cache, Pending
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
-from scheduler.ledger import NotOurs, request_of
+from scheduler.ledger import NotOurs
 from scheduler.lifecycle import Lifecycle
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, Unfit, place
@@ -110,9 +110,9 @@ class Scheduler:
         self._track_pending(now)
         unfit_pools: dict[str, JSON] = {}
         for key in self._ready(now):
-            pod = self.cache.pending.get(key)
-            if pod is not None:
-                self._schedule_one(key, pod, now, unfit_pools)
+            entry = self.cache.pending.get(key)
+            if entry is not None:
+                self._schedule_one(key, entry, now, unfit_pools)
         for pool, pod in unfit_pools.items():
             self._lifecycle.request(pool, pod, self._unplaced(pool))
         if now >= self._next_housekeeping:
@@ -140,7 +140,7 @@ class Scheduler:
         order of kube-scheduler's active queue)."""
         pending = self.cache.pending
         ready = [
-            (-int((pending[key].get("spec") or {}).get("priority") or 0), w.first_seen, key)
+            (-int((pending[key].pod.get("spec") or {}).get("priority") or 0), w.first_seen, key)
             for key, w in self._waiting.items()
             if w.not_before <= now and key not in self.cache.assumed and key in pending
         ]
@@ -148,9 +148,9 @@ class Scheduler:
 
     # One pod.
 
-    def _schedule_one(self, key: str, pod: JSON, now: float, unfit: dict[str, JSON]) -> None:
+    def _schedule_one(self, key: str, entry: Pending, now: float, unfit: dict[str, JSON]) -> None:
         waiting = self._waiting[key]
-        request = request_of(pod)
+        pod, request = entry.pod, entry.request
         if isinstance(request, NotOurs):
             self._unschedulable(key, pod, waiting, request.reason, request.message, now)
             waiting.not_before = float("inf")  # until the pod changes
@@ -245,9 +245,9 @@ class Scheduler:
     def _unplaced(self, pool: str) -> list[Allocation]:
         """The pool's pods that were tried and fit nowhere, as the planner sees them."""
         out: list[Allocation] = []
-        for key, pod in self.cache.pending.items():
+        for key, entry in self.cache.pending.items():
             state = self._waiting.get(key)
-            request = request_of(pod)
+            request = entry.request
             if state is None or state.attempts == 0 or not isinstance(request, Request):
                 continue
             if request.pool == pool:
@@ -262,10 +262,9 @@ class Scheduler:
         if not isinstance(self._scorer, FragmentationScorer):
             return
         requests = [b.request for b in self.cache.snapshot.bookings.values() if b.gpus]
-        for pod in self.cache.pending.values():
-            request = request_of(pod)
-            if isinstance(request, Request):
-                requests.append(request)
+        for entry in self.cache.pending.values():
+            if isinstance(entry.request, Request):
+                requests.append(entry.request)
         mix = task_mix(requests)
         if mix != self._scorer.mix:
             self._scorer.set_mix(mix)

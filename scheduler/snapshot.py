@@ -19,7 +19,7 @@ scorer's summary of the state (`profiles`), and why a state's GPUs refuse a GPU 
 (`refusals`).
 """
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Final
@@ -367,9 +367,6 @@ class Snapshot:
                 if gpu.exclusive_owner == request.owner:
                     gpu.exclusive_owner = ""
         return booking
-
-    def on_gpu(self, uuid: str) -> Iterator[Booking]:
-        return (b for b in self.bookings.values() if uuid in b.gpus)
 
 
 def state_key(node: Node) -> tuple[object, ...] | None:
