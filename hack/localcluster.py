@@ -207,6 +207,20 @@ class Kube:
         }
         return self.request("PUT", f"{path}/{name}", obj)
 
+    def create_namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
+        """A new namespace `<prefix>-<random>`, once its default ServiceAccount exists
+        (pods created before it are refused)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        metadata = {"name": name, "labels": labels or {}}
+        self.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+        )
+        self.wait_for(
+            f"the default ServiceAccount of {name}",
+            lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        )
+        return name
+
     def wait_for(
         self, what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
     ) -> Any:

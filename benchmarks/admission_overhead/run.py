@@ -18,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Final
 
@@ -49,17 +48,8 @@ def gpu_pod(name: str) -> dict[str, Any]:
 
 
 def namespace(kube: Kube, opted_in: bool) -> str:
-    name = f"bench-{'in' if opted_in else 'out'}-{uuid.uuid4().hex[:6]}"
     labels = {"gpupack.io/optimize": "enabled"} if opted_in else {}
-    kube.create(
-        "/api/v1/namespaces",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
-    )
-    kube.wait_for(
-        f"{name}'s ServiceAccount",
-        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-    )
-    return name
+    return kube.create_namespace(f"bench-{'in' if opted_in else 'out'}", labels)
 
 
 def create_pods(kube: Kube, ns: str, count: int) -> float:

@@ -22,7 +22,6 @@ import json
 import sys
 import tempfile
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
@@ -66,17 +65,8 @@ def pod(name: str, gpu: bool) -> dict[str, Any]:
 
 
 def namespace(kube: Kube, opted_in: bool) -> str:
-    name = f"bind-{'in' if opted_in else 'out'}-{uuid.uuid4().hex[:6]}"
     labels = {"gpupack.io/optimize": "enabled"} if opted_in else {}
-    kube.create(
-        "/api/v1/namespaces",
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
-    )
-    kube.wait_for(
-        f"{name}'s ServiceAccount",
-        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-    )
-    return name
+    return kube.create_namespace(f"bind-{'in' if opted_in else 'out'}", labels)
 
 
 def create_pods(kube: Kube, ns: str, count: int, gpu: bool) -> None:

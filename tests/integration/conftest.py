@@ -8,7 +8,6 @@ tests that stop or restart gpupack's processes need the local cluster and say so
 """
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,13 +54,7 @@ def gpu_assigner(kube: Kube) -> Iterator[SimulatedGpuAssigner | None]:
 
 
 def _namespace(kube: Kube, labels: dict[str, str]) -> Iterator[str]:
-    name = f"it-{uuid.uuid4().hex[:8]}"
-    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
-    kube.create("/api/v1/namespaces", body)
-    kube.wait_for(
-        f"the default ServiceAccount of {name}",
-        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-    )
+    name = kube.create_namespace("it", labels)
     yield name
     kube.delete(f"/api/v1/namespaces/{name}")
 
