@@ -120,16 +120,19 @@ def test_two_candidates_racing_for_an_expired_lease_produce_one_winner() -> None
     leases, clock = Leases(), Clock()
     elector(leases, "old", clock).try_acquire()
     b, c = elector(leases, "b", clock), elector(leases, "c", clock)
-    b.try_acquire(), c.try_acquire()
-    clock.now = 20.0
-    lease = leases.get(PATH)
-    # Both read the same version; the second write is a Conflict.
-    results = []
-    for candidate in (b, c):
-        leases.objects[PATH] = lease
-        results.append(candidate.try_acquire())
-    assert sum(results) >= 1
-    assert holder(leases) in {"b", "c"}
+    b.try_acquire(), c.try_acquire()  # both start watching the record
+    clock.now = 20.0  # expired for both
+    update = leases.update
+
+    def c_wins_between_bs_read_and_write(path: str, body: JSON) -> JSON:
+        leases.update = update  # type: ignore[method-assign]
+        assert c.try_acquire()  # c reads, writes and wins first
+        return update(path, body)  # b's write carries the version it read: Conflict
+
+    leases.update = c_wins_between_bs_read_and_write  # type: ignore[method-assign]
+
+    assert not b.try_acquire()
+    assert holder(leases) == "c"
 
 
 def test_release_lets_a_standby_take_over_without_waiting_for_expiry() -> None:
