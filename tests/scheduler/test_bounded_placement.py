@@ -14,7 +14,15 @@ from scheduler.fragmentation import DeepFragmentation, TaskType
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, Weights, _take
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
-from tests.scheduler.test_shared_answers import MIX, OnItsOwn, churn, cluster, node, outcome, pod
+from tests.scheduler.test_shared_answers import (
+    MIX,
+    OnItsOwn,
+    cluster,
+    node,
+    outcome,
+    pod,
+    replay_side_by_side,
+)
 
 GiB = 2**30
 
@@ -41,22 +49,11 @@ def test_bounded_search_decides_as_scoring_every_node_on_its_own(
     monkeypatch: pytest.MonkeyPatch, weights: Weights, seed: int
 ) -> None:
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)  # bound even a single new state
-    rng_a, rng_b = random.Random(seed), random.Random(seed)
-    bounded = Snapshot(busy_cluster(random.Random(seed)))
-    own = Snapshot(busy_cluster(random.Random(seed)))
-    bounded_scorer = FragmentationScorer(MIX, weights)
-    own_scorer = OnItsOwn(FragmentationScorer(MIX, weights))
-
-    for step in range(300):
-        request = pod(rng_a, step)
-        assert pod(rng_b, step) == request
-        a, b = place(bounded, request, bounded_scorer), place(own, request, own_scorer)
-        assert outcome(a) == outcome(b), step
-        if isinstance(a, Placement):
-            bounded.assume(request, a.node, a.gpus)
-            own.assume(request, a.node, a.gpus)
-        churn(bounded, rng_a, step)
-        churn(own, rng_b, step)
+    replay_side_by_side(
+        (Snapshot(busy_cluster(random.Random(seed))), FragmentationScorer(MIX, weights)),
+        (Snapshot(busy_cluster(random.Random(seed))), OnItsOwn(FragmentationScorer(MIX, weights))),
+        seed,
+    )
 
 
 def test_a_new_pod_shape_scores_few_of_many_node_states(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from scheduler import snapshot as snapshot_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
-from scheduler.placement import Placement, Unfit, place
+from scheduler.placement import Placement, Scorer, Unfit, place
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
@@ -84,24 +84,33 @@ def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
         snap.remove_gpu(rng.choice(sorted(snap.gpus)))
 
 
+def replay_side_by_side(
+    fast: tuple[Snapshot, Scorer], reference: tuple[Snapshot, Scorer], seed: int, steps: int = 300
+) -> None:
+    """Place the same random pods on two equal snapshots, churning both alike, and
+    assert every decision (or its refusal) is the same."""
+    rng_a, rng_b = random.Random(seed), random.Random(seed)
+    (a_snap, a_scorer), (b_snap, b_scorer) = fast, reference
+    for step in range(steps):
+        request = pod(rng_a, step)
+        assert pod(rng_b, step) == request
+        a, b = place(a_snap, request, a_scorer), place(b_snap, request, b_scorer)
+        assert outcome(a) == outcome(b), step
+        if isinstance(a, Placement):
+            a_snap.assume(request, a.node, a.gpus)
+            b_snap.assume(request, a.node, a.gpus)
+        churn(a_snap, rng_a, step)
+        churn(b_snap, rng_b, step)
+
+
 @pytest.mark.parametrize("make", [FragmentationScorer, PackingScorer], ids=["fgd", "packing"])
 @pytest.mark.parametrize("seed", range(4))
 def test_shared_answers_decide_as_scoring_every_node_on_its_own(make: type, seed: int) -> None:
     shared_scorer = make(MIX) if make is FragmentationScorer else make()
     own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
-    rng_a, rng_b = random.Random(seed), random.Random(seed)
-    shared, own = Snapshot(cluster()), Snapshot(cluster())
-
-    for step in range(300):
-        request = pod(rng_a, step)
-        assert pod(rng_b, step) == request
-        a, b = place(shared, request, shared_scorer), place(own, request, own_scorer)
-        assert outcome(a) == outcome(b), step
-        if isinstance(a, Placement):
-            shared.assume(request, a.node, a.gpus)
-            own.assume(request, a.node, a.gpus)
-        churn(shared, rng_a, step)
-        churn(own, rng_b, step)
+    replay_side_by_side(
+        (Snapshot(cluster()), shared_scorer), (Snapshot(cluster()), own_scorer), seed
+    )
 
 
 def test_place_after_forget_is_the_same_as_on_a_fresh_snapshot() -> None:
