@@ -1,0 +1,156 @@
+"""The exporter's shell: the sampler, the PID table, the node's pods and kubelet, wired.
+
+`scrape()` gathers one consistent `Scrape` for the collector: the sampler's readings,
+the owner of every PID in them, the node's pods, the health of each source.
+`discover()` asks kubelet which GPU each capacity pod on this node holds and writes it
+on the pod (`exporter.discovery` decides what to write). Both keep going when a source
+is down; `Health` records the state and logs each change once.
+"""
+
+import logging
+import threading
+from collections.abc import Collection, Sequence
+from typing import Final, Protocol
+
+from exporter.cgroup import ProcessOwner
+from exporter.collector import Scrape
+from exporter.discovery import RESOURCE, plan
+from exporter.health import API, POD_RESOURCES, Health
+from exporter.kube import Kube
+from exporter.pods import PodMap
+from exporter.readings import Device, Readings
+from gpupack.api import ApiError
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_INTERVAL: Final = 10.0
+
+
+class Sampling(Protocol):
+    def readings(self) -> Readings: ...
+
+    def devices(self) -> list[Device]: ...
+
+
+class Allocation(Protocol):
+    """One pod in kubelet's pod-resources answer."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def namespace(self) -> str: ...
+
+    def device_ids(self, resource_name: str) -> tuple[str, ...]: ...
+
+
+class Processes(Protocol):
+    """Who owns a host PID (`exporter.cgroup.ProcessTable`)."""
+
+    def owner(self, pid: int) -> ProcessOwner: ...
+
+    def forget_missing(self, live_pids: Collection[int]) -> int: ...
+
+
+class Lister(Protocol):
+    def list(self) -> Sequence[Allocation]: ...
+
+
+class Agent:
+    def __init__(
+        self,
+        kube: Kube,
+        pods: PodMap,
+        sampler: Sampling,
+        processes: Processes,
+        lister: Lister,
+        health: Health,
+        *,
+        lister_errors: tuple[type[Exception], ...] = (),
+    ) -> None:
+        self._kube = kube
+        self._pods = pods
+        self._sampler = sampler
+        self._processes = processes
+        self._processes_lock = threading.Lock()  # the table is single-threaded
+        self._lister = lister
+        self._lister_errors = lister_errors or (Exception,)
+        self.health = health
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._problems: frozenset[str] = frozenset()
+
+    def scrape(self) -> Scrape:
+        readings = self._sampler.readings()
+        pids = {process.pid for gpu in readings.gpus for process in gpu.processes}
+        with self._processes_lock:  # scrapes may overlap
+            owners = {pid: self._processes.owner(pid) for pid in sorted(pids)}
+            self._processes.forget_missing(pids)
+        pods = {pod.uid: pod for pod in self._pods.all()}
+        return Scrape(readings, owners, pods, self.health.snapshot())
+
+    def wake(self) -> None:
+        """Run discovery soon (a capacity pod on this node changed)."""
+        self._wake.set()
+
+    def discover(self) -> int:
+        """Annotate the capacity pods whose GPU kubelet knows; the number patched."""
+        if not self._pods.synced:
+            self.health.failed(API, "the node's pods are not listed yet")
+            return 0
+        try:
+            answer = self._lister.list()
+        except self._lister_errors as error:
+            self.health.failed(POD_RESOURCES, str(error))
+            return 0
+        self.health.ok(POD_RESOURCES)
+        allocated = {}
+        for pod in answer:
+            ids = pod.device_ids(RESOURCE)
+            if ids:
+                allocated[(pod.namespace, pod.name)] = ids
+        capacity = [pod for pod in self._pods.all() if pod.capacity]
+        decided = plan(capacity, allocated, self._sampler.devices())
+        self._report(decided.problems)
+        patched = 0
+        for patch in decided.patches:
+            body = {"metadata": {"uid": patch.uid, "annotations": dict(patch.annotations)}}
+            try:
+                self._kube.patch(f"/api/v1/namespaces/{patch.namespace}/pods/{patch.name}", body)
+            except ApiError as error:
+                if error.status in (404, 409):  # gone, or a newer pod of the same name
+                    continue
+                self.health.failed(API, f"annotating {patch.namespace}/{patch.name}: {error}")
+                continue
+            patched += 1
+            log.info(
+                "capacity pod holds GPU",
+                extra={
+                    "pod": f"{patch.namespace}/{patch.name}",
+                    "annotations": dict(patch.annotations),
+                },
+            )
+        if patched or not decided.patches:
+            self.health.ok(API)
+        return patched
+
+    def _report(self, problems: Sequence[str]) -> None:
+        current = frozenset(problems)
+        for problem in sorted(current - self._problems):
+            log.warning("%s", problem)
+        self._problems = current
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run_discovery(self, interval: float = DISCOVERY_INTERVAL) -> None:
+        """Discover every `interval` seconds, or sooner when woken, until `stop()`."""
+        while not self._stop.is_set():
+            try:
+                self.discover()
+            except Exception as error:  # the loop must outlive any one bad answer
+                log.exception("discovery failed")
+                self.health.failed(POD_RESOURCES, f"discovery failed: {error}")
+            self._wake.wait(interval)
+            self._wake.clear()

@@ -1,0 +1,206 @@
+"""`gpupack-exporter`: the node agent, one per GPU node (a DaemonSet with hostPID).
+
+Samples NVML about once a second, attributes each GPU process to its pod through its
+cgroup, serves per-pod and per-GPU metrics on `/metrics`, and writes on each capacity
+pod of its node the GPU kubelet gave it. Exit codes: 0 after SIGTERM/SIGINT, 2 for bad
+arguments or no cluster to talk to. Everything else (no GPU driver, no kubelet socket,
+API server away) is a state the exporter reports and recovers from, not an exit.
+"""
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+
+from exporter import server
+from exporter.agent import Agent
+from exporter.cgroup import ProcessTable
+from exporter.collector import ExporterCollector
+from exporter.health import Health
+from exporter.kube import connect
+from exporter.nvml import PynvmlReader
+from exporter.podresources import PodResourcesClient, PodResourcesError
+from exporter.pods import PodMap, node_pods
+from exporter.sampler import Sampler
+from gpupack import keys
+from gpupack.logs import configure_logging
+
+log = logging.getLogger("exporter.cli")
+
+EXIT_CONFIG: Final = 2
+DEFAULT_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupack-exporter",
+        description="Report per-pod GPU compute and memory from NVML, and write on each "
+        "capacity pod of this node the GPU kubelet gave it.",
+    )
+    add = parser.add_argument
+    add(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (default: $NODE_NAME, set from the downward API)",
+    )
+    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    add(
+        "--namespace",
+        default=keys.SYSTEM_NAMESPACE,
+        help="gpupack's namespace, where capacity pods live (default: %(default)s)",
+    )
+    add("--address", default="0.0.0.0", help="listen address")  # noqa: S104
+    add(
+        "--port",
+        type=int,
+        default=9400,
+        help="port of /metrics and /healthz (default: %(default)s)",
+    )
+    add(
+        "--interval",
+        type=positive,
+        default=1.0,
+        metavar="SECONDS",
+        help="NVML sampling interval (default: %(default)s)",
+    )
+    add(
+        "--min-window",
+        type=positive,
+        default=5.0,
+        metavar="SECONDS",
+        help="per-process compute is averaged since the previous scrape, over at least this "
+        "long (default: %(default)s)",
+    )
+    add(
+        "--max-window",
+        type=positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="and at most this long (default: %(default)s)",
+    )
+    add(
+        "--discovery-interval",
+        type=positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often kubelet is asked which GPU each capacity pod holds (default: "
+        "%(default)s; sooner when a capacity pod changes)",
+    )
+    add(
+        "--pod-resources-socket",
+        type=Path,
+        default=Path(DEFAULT_SOCKET),
+        help="kubelet's pod-resources socket (default: %(default)s)",
+    )
+    add(
+        "--proc",
+        type=Path,
+        default=Path("/proc"),
+        help="the host's /proc (the exporter runs with hostPID; default: %(default)s)",
+    )
+    add("--log-level", default=os.environ.get("GPUPACK_LOG_LEVEL", "info"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    if args.min_window > args.max_window:
+        parser.error("--min-window must not exceed --max-window")
+    if not args.node_name:
+        parser.error("no node name: pass --node-name or set NODE_NAME")
+    try:
+        kube = connect(args.kubeconfig)
+    except ValueError as error:
+        parser.print_usage(sys.stderr)
+        print(f"gpupack-exporter: error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+
+    health = Health()
+    sampler = Sampler(
+        PynvmlReader(),
+        health,
+        interval=args.interval,
+        min_window=args.min_window,
+        max_window=args.max_window,
+    )
+    holder: list[Agent] = []
+    prefix = f"{args.namespace}/"
+
+    def changed(key: str) -> None:
+        if holder and (not key or key.startswith(prefix)):
+            holder[0].wake()
+
+    informer = node_pods(kube, args.node_name, on_change=changed)
+    pods = PodMap(informer, args.namespace)
+    processes = ProcessTable(args.proc)
+    lister = PodResourcesClient(args.pod_resources_socket)
+    agent = Agent(
+        kube,
+        pods,
+        sampler,
+        processes,
+        lister,
+        health,
+        lister_errors=(PodResourcesError,),
+    )
+    holder.append(agent)
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(agent.scrape))
+
+    def healthy() -> tuple[bool, dict[str, object]]:
+        snapshot = health.snapshot()
+        return sampler.alive, {"up": dict(snapshot.up), "problems": dict(snapshot.messages)}
+
+    try:
+        http = server.make_server(args.address, args.port, registry, healthy)
+    except OSError as error:
+        print(
+            f"gpupack-exporter: error: cannot listen on port {args.port}: {error}", file=sys.stderr
+        )
+        return EXIT_CONFIG
+    informer.start()
+    sampler.start()
+    discovery = threading.Thread(
+        target=agent.run_discovery, args=(args.discovery_interval,), name="discovery", daemon=True
+    )
+    discovery.start()
+    server.start(http)
+    log.info("exporter started", extra={"node": args.node_name, "port": args.port})
+    try:
+        stop.wait()
+    finally:
+        agent.stop()
+        http.shutdown()
+        sampler.stop()
+        informer.stop()
+        lister.close()
+        discovery.join(timeout=5)
+        kube.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Which GPU each capacity pod on this node holds: the annotations the exporter writes.
+
+kubelet's pod-resources API says which device IDs it allocated to each pod. For a
+capacity pod (label `gpupack.io/role=capacity` in gpupack's namespace) that is one
+`nvidia.com/gpu` device; the NVIDIA device plugin names devices by UUID (`GPU-...`, or
+`MIG-...` under the MIG "single" strategy), or by index when it runs with
+`DEVICE_ID_STRATEGY=index`. This module turns those answers and NVML's device list into
+the patches that put `gpupack.io/gpu-uuid` and `gpupack.io/gpu-memory` on each capacity
+pod, and into problems a person can act on. Pure: the shell does the I/O.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from exporter.pods import PodInfo
+from exporter.readings import Device
+from gpupack import codec, keys
+from gpupack.errors import ContractError
+from gpupack.quantity import format_memory
+
+RESOURCE: Final = keys.NVIDIA_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    namespace: str
+    name: str
+    uid: str  # a precondition: never annotate a newer pod of the same name
+    annotations: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    patches: tuple[Patch, ...]
+    problems: tuple[str, ...]  # one line per capacity pod we could not annotate, and why
+
+
+def device_uuid(device_id: str, devices: Mapping[str, Device]) -> str | None:
+    """The UUID a device plugin ID names: the ID itself, or the GPU at that index."""
+    try:
+        return codec.read_gpu_uuid({keys.GPU_UUID: device_id})
+    except ContractError:
+        pass
+    if device_id.isdigit():
+        for device in devices.values():
+            if device.index == int(device_id):
+                return device.uuid
+    return None
+
+
+def plan(
+    capacity_pods: Sequence[PodInfo],
+    allocated: Mapping[tuple[str, str], Sequence[str]],
+    devices: Sequence[Device],
+) -> Plan:
+    """Patches for the capacity pods whose annotations differ from what kubelet says.
+
+    `allocated` maps (namespace, name) to the `nvidia.com/gpu` device IDs kubelet gave
+    the pod. Annotations are rewritten when they differ: kubelet is the truth about
+    which device a pod holds. A device that NVML
+    does not list (NVML down) gets its UUID and no memory: the scheduler then reads the
+    node's GFD memory label, and the memory follows once NVML answers.
+    """
+    by_uuid = {device.uuid: device for device in devices}
+    patches: list[Patch] = []
+    problems: list[str] = []
+    for pod in capacity_pods:
+        if not pod.capacity or pod.phase != "Running":
+            continue
+        ids = allocated.get((pod.namespace, pod.name))
+        where = f"capacity pod {pod.namespace}/{pod.name}"
+        if ids is None:
+            problems.append(f"{where}: kubelet lists no {RESOURCE} device for it yet")
+            continue
+        if len(ids) != 1:
+            problems.append(f"{where}: kubelet gave it {len(ids)} {RESOURCE} devices, not 1")
+            continue
+        uuid = device_uuid(ids[0], by_uuid)
+        if uuid is None:
+            problems.append(
+                f"{where}: device ID {ids[0]!r} is neither a GPU/MIG UUID nor the index of a "
+                "GPU NVML lists"
+            )
+            continue
+        want = {keys.GPU_UUID: uuid}
+        device = by_uuid.get(uuid)
+        memory = device.memory_total if device is not None and device.memory_total > 0 else None
+        if memory is not None:
+            want[keys.GPU_MEMORY] = format_memory(memory)
+        if pod.gpu_uuid != uuid or (memory is not None and pod.memory != memory):
+            patches.append(Patch(pod.namespace, pod.name, pod.uid, want))
+    return Plan(tuple(patches), tuple(problems))

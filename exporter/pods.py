@@ -1,0 +1,137 @@
+"""The pods on this node, as the exporter needs them: UID to name, containers and share.
+
+A node-scoped pod watch (`spec.nodeName=<node>`) keeps the store current; `PodMap`
+answers "which pod and container is this cgroup" and "what did gpupack allocate to this
+pod" without scanning. Each pod is parsed once per resourceVersion. A pod gpupack does
+not manage (no `gpupack.io/gpu-compute`) is still known by name, so its GPU use is
+reported under its own name, and only the allocation series are missing.
+"""
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from gpupack import codec, keys
+from gpupack.api import ListWatch
+from gpupack.errors import ContractError
+from gpupack.informer import Informer
+from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.shares import gpu_memory, pod_allocation
+
+UID_INDEX: Final = "uid"
+_RUNTIMES: Final = ("containerd://", "cri-o://", "docker://", "crio://")
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    containers: Mapping[str, str]  # container ID (hex, no runtime prefix) -> container name
+    managed: bool  # gpupack decided its share (it carries gpupack.io/gpu-compute)
+    compute: int | None = None  # allocated millis of one GPU
+    memory: int | None = None  # allocated GPU memory, bytes (capacity pod: the device's)
+    gpu_uuid: str | None = None  # fractional pod: the GPU the scheduler assigned;
+    #                              capacity pod: the GPU kubelet gave it (exporter-written)
+    capacity: bool = False  # a capacity pod in gpupack's namespace
+    phase: str = ""
+
+
+def container_id(raw: str) -> str:
+    """`containerd://abc` -> `abc`: the ID as it appears in cgroup paths."""
+    for prefix in _RUNTIMES:
+        if raw.startswith(prefix):
+            return raw[len(prefix) :]
+    return raw.rpartition("://")[2]
+
+
+def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    containers: dict[str, str] = {}
+    for field in ("initContainerStatuses", "containerStatuses", "ephemeralContainerStatuses"):
+        for entry in status.get(field) or ():
+            raw = entry.get("containerID")
+            if raw:
+                containers[container_id(str(raw))] = str(entry.get("name", ""))
+    annotations = annotations_of(pod)
+    namespace = str(meta.get("namespace", ""))
+    capacity = namespace == system_namespace and labels_of(pod).get(keys.ROLE) == keys.ROLE_CAPACITY
+    try:
+        uuid = codec.read_gpu_uuid(annotations)
+    except ContractError:
+        uuid = None
+    allocation = None if capacity else pod_allocation(pod)
+    memory = gpu_memory(pod) if capacity else (allocation.memory or None) if allocation else None
+    return PodInfo(
+        uid=str(meta.get("uid", "")),
+        namespace=namespace,
+        name=str(meta.get("name", "")),
+        containers=MappingProxyType(containers),
+        managed=allocation is not None,
+        compute=allocation.compute if allocation else None,
+        memory=memory,
+        gpu_uuid=uuid,
+        capacity=capacity,
+        phase=str(status.get("phase", "")),
+    )
+
+
+def _uid(pod: JSON) -> Iterable[str]:
+    uid = (pod.get("metadata") or {}).get("uid")
+    return (str(uid),) if uid else ()
+
+
+def node_pods(
+    client: ListWatch, node: str, on_change: Callable[[str], None] | None = None
+) -> Informer:
+    """An informer over the pods bound to `node` (the only ones the exporter can see)."""
+    return Informer(
+        client,
+        "/api/v1/pods",
+        {"fieldSelector": f"spec.nodeName={node}"},
+        name="node pods",
+        indexers={UID_INDEX: _uid},
+        on_change=on_change,
+    )
+
+
+class PodMap:
+    """Parsed views of an informer's pods, cached per resourceVersion."""
+
+    def __init__(self, informer: Informer, system_namespace: str = keys.SYSTEM_NAMESPACE) -> None:
+        self._informer = informer
+        self._namespace = system_namespace
+        self._lock = threading.Lock()
+        self._parsed: dict[str, tuple[str, PodInfo]] = {}  # uid -> (resourceVersion, info)
+
+    @property
+    def synced(self) -> bool:
+        return self._informer.synced
+
+    def _info(self, pod: JSON) -> PodInfo:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        version = str(meta.get("resourceVersion", ""))
+        with self._lock:
+            cached = self._parsed.get(uid)
+            if cached is not None and cached[0] == version:
+                return cached[1]
+        info = pod_info(pod, self._namespace)
+        with self._lock:
+            self._parsed[uid] = (version, info)
+        return info
+
+    def by_uid(self, uid: str) -> PodInfo | None:
+        found = self._informer.by_index(UID_INDEX, uid)
+        return self._info(found[0]) if found else None
+
+    def all(self) -> list[PodInfo]:
+        pods = [self._info(pod) for pod in self._informer.items()]
+        live = {pod.uid for pod in pods}
+        with self._lock:
+            for uid in [uid for uid in self._parsed if uid not in live]:
+                del self._parsed[uid]
+        return pods
