@@ -1,5 +1,5 @@
 # One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
-# gpupack-certs, and the exporter as it lands). Build: docker build -t gpupack:dev .
+# gpupack-certs, gpupack-exporter). Build: docker build -t gpupack:dev .
 # The build stage makes wheels; the final stage installs them into a virtualenv and
 # carries no compiler, no pip cache, and runs as a non-root user.
 
@@ -12,6 +12,7 @@ COPY pyproject.toml README.md ./
 COPY gpupack gpupack
 COPY webhook webhook
 COPY scheduler scheduler
+COPY exporter exporter
 COPY certs certs
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

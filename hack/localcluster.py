@@ -43,6 +43,7 @@ JSON = dict[str, Any]
 SYSTEM_NAMESPACE: Final = "gpupack-system"
 WEBHOOK_NAME: Final = "gpupack-webhook"
 SCHEDULER_NAME: Final = "gpupack-scheduler"
+EXPORTER_NAME: Final = "gpupack-exporter"
 SERVICE_CIDR: Final = "10.96.0.0/16"
 READY_TIMEOUT: Final = 120.0
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
@@ -874,6 +875,51 @@ class LocalCluster:
             process.stop()
         self.write_state()
 
+    def install_exporter(
+        self,
+        node: str,
+        *,
+        pod_resources_socket: Path,
+        proc: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> tuple[Process, int]:
+        """Run `gpupack-exporter` for `node` as a local process with the RBAC the chart
+        renders (bound to the local user `gpupack-exporter`), talking to the kubelet
+        pod-resources socket the caller serves. Returns the process and its port. No NVML
+        here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
+        admin = self.kube()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(Path(self.binary("helm")), "templates/exporter.yaml", EXPORTER_NAME):
+            admin.apply(obj)
+        port = free_port()
+        process = self._launch(
+            f"{EXPORTER_NAME}-{node}",
+            [
+                sys.executable,
+                "-m",
+                "exporter.cli",
+                f"--kubeconfig={self.user_kubeconfig(EXPORTER_NAME)}",
+                f"--node-name={node}",
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--pod-resources-socket={pod_resources_socket}",
+                f"--port={port}",
+                "--address=127.0.0.1",
+                *([f"--proc={proc}"] if proc else []),
+                *extra_args,
+            ],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self.write_state()
+        return process, port
+
+    def stop_exporter(self, node: str) -> None:
+        process = self.processes.pop(f"{EXPORTER_NAME}-{node}", None)
+        if process is not None:
+            process.stop()
+        self.write_state()
+
 
 # -- what the chart will install, as the harness installs it --------------------------
 
@@ -991,6 +1037,7 @@ class SimulatedGpuAssigner:
     def __init__(self, kube: Kube, interval: float = 0.3) -> None:
         self._kube = kube
         self._interval = interval
+        self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="simulated-gpu-assigner", daemon=True
@@ -1038,6 +1085,7 @@ class SimulatedGpuAssigner:
             annotations = pod["metadata"].get("annotations") or {}
             if (
                 not node
+                or node in self.skip_nodes
                 or pod.get("status", {}).get("phase") != "Running"
                 or "gpupack.io/gpu-uuid" in annotations
             ):

@@ -12,6 +12,7 @@ from exporter.cgroup import (
     parse_stat,
 )
 from tests.exporter import cgroup_fixtures as fx
+from tests.exporter.procfs import stat_line, write_proc
 
 BURSTABLE_A = CgroupOwner(fx.BURSTABLE_POD_UID, fx.CONTAINER_A)
 BESTEFFORT_B = CgroupOwner(fx.BESTEFFORT_POD_UID, fx.CONTAINER_B)
@@ -137,13 +138,6 @@ def test_a_pod_only_in_the_unified_line_is_still_found() -> None:
 # --- /proc/<pid>/stat ------------------------------------------------------------------
 
 
-def _stat_line(pid: int, comm: str, start_time: int) -> str:
-    # Fields 3..21, then starttime (22), then the rest up to field 52, as Linux 5.x writes.
-    head = f"{pid} ({comm}) S 1 {pid} {pid} 0 -1 4194560 11523 0 3 0 412 97 0 0 20 0 9 0"
-    tail = " 13094912000 482113 18446744073709551615 1 1 0 0 0 0 0 16781312 17642 0 0 0"
-    return f"{head} {start_time}{tail} 17 5 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
-
-
 @pytest.mark.parametrize(
     "comm",
     [
@@ -155,7 +149,7 @@ def _stat_line(pid: int, comm: str, start_time: int) -> str:
     ],
 )
 def test_stat_start_time_is_read_after_the_last_closing_parenthesis(comm: str) -> None:
-    assert parse_stat(_stat_line(4242, comm, 8_812_345)) == ProcStat(comm, 8_812_345)
+    assert parse_stat(stat_line(4242, comm, 8_812_345)) == ProcStat(comm, 8_812_345)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +158,7 @@ def test_stat_start_time_is_read_after_the_last_closing_parenthesis(comm: str) -
         pytest.param("", id="empty"),
         pytest.param("4242 python3 S 1", id="no-parentheses"),
         pytest.param("4242 (python3) S 1 4242 4242 0 -1", id="truncated"),
-        pytest.param(_stat_line(1, "x", 5).replace(" 5 ", " five ", 1), id="non-numeric"),
+        pytest.param(stat_line(1, "x", 5).replace(" 5 ", " five ", 1), id="non-numeric"),
     ],
 )
 def test_malformed_stat_reads_as_none(text: str) -> None:
@@ -174,46 +168,30 @@ def test_malformed_stat_reads_as_none(text: str) -> None:
 # --- ProcessTable over a fake /proc ----------------------------------------------------
 
 
-def _write_proc(
-    root: Path,
-    pid: int,
-    *,
-    cgroup: str,
-    start_time: int = 100,
-    comm: str = "python3",
-    cmdline: str | None = None,
-) -> None:
-    proc = root / str(pid)
-    proc.mkdir(parents=True, exist_ok=True)
-    (proc / "stat").write_text(_stat_line(pid, comm, start_time))
-    (proc / "cgroup").write_text(cgroup)
-    (proc / "cmdline").write_text(cmdline if cmdline is not None else f"{comm}\0")
-
-
 def _pod(owner: CgroupOwner) -> ProcessOwner:
     return ProcessOwner(OwnerKind.POD, owner.pod_uid, owner.container_id)
 
 
 def test_process_in_a_container_is_owned_by_its_pod(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     table = ProcessTable(tmp_path)
     assert table.owner(4242) == _pod(BURSTABLE_A)
     assert table.failures == 0
 
 
 def test_host_process_is_reported_as_host(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 812, cgroup=fx.V2_HOST_SERVICE, comm="nvidia-persiste")
+    write_proc(tmp_path, 812, cgroup=fx.V2_HOST_SERVICE, comm="nvidia-persiste")
     assert ProcessTable(tmp_path).owner(812) == ProcessOwner(OwnerKind.HOST)
 
 
 def test_name_with_spaces_and_parentheses_does_not_break_resolution(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V1_SYSTEMD_CRIO_BURSTABLE, comm="w) (x y")
+    write_proc(tmp_path, 4242, cgroup=fx.V1_SYSTEMD_CRIO_BURSTABLE, comm="w) (x y")
     expected = ProcessOwner(OwnerKind.POD, fx.BURSTABLE_POD_UID, fx.CONTAINER_B)
     assert ProcessTable(tmp_path).owner(4242) == expected
 
 
 def test_answers_are_cached_while_the_start_time_is_unchanged(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     table = ProcessTable(tmp_path)
     table.owner(4242)
     (tmp_path / "4242" / "cgroup").unlink()
@@ -221,15 +199,15 @@ def test_answers_are_cached_while_the_start_time_is_unchanged(tmp_path: Path) ->
 
 
 def test_a_reused_pid_with_a_new_start_time_is_read_again(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE, start_time=100)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE, start_time=100)
     table = ProcessTable(tmp_path)
     assert table.owner(4242) == _pod(BURSTABLE_A)
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CRIO_BESTEFFORT, start_time=9_000)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CRIO_BESTEFFORT, start_time=9_000)
     assert table.owner(4242) == _pod(BESTEFFORT_B)
 
 
 def test_vanished_pid_is_gone_and_counted(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     table = ProcessTable(tmp_path)
     table.owner(4242)
     for name in ("stat", "cgroup", "cmdline"):
@@ -250,7 +228,7 @@ def test_permission_denied_is_gone_not_an_exception(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Tests may run as root, which ignores file modes: deny the read itself.
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     read_bytes = Path.read_bytes
 
     def denied(path: Path) -> bytes:
@@ -269,12 +247,12 @@ def test_pid_reused_while_being_read_is_not_attributed(
 ) -> None:
     # The process exits and its PID is reused between reading stat and reading cgroup:
     # the cgroup text may be the new process's, so neither is answered or cached.
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CRIO_BESTEFFORT, start_time=100)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CRIO_BESTEFFORT, start_time=100)
     read_bytes = Path.read_bytes
 
     def reused_during_read(path: Path) -> bytes:
         if path.name == "cgroup":
-            (path.parent / "stat").write_text(_stat_line(4242, "python3", 9_000))
+            (path.parent / "stat").write_text(stat_line(4242, "python3", 9_000))
         return read_bytes(path)
 
     monkeypatch.setattr(Path, "read_bytes", reused_during_read)
@@ -286,7 +264,7 @@ def test_pid_reused_while_being_read_is_not_attributed(
 
 
 def test_unreadable_cgroup_is_not_cached(tmp_path: Path) -> None:
-    _write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     (tmp_path / "4242" / "cgroup").unlink()
     (tmp_path / "4242" / "cgroup").mkdir()  # reading it fails with IsADirectoryError
     table = ProcessTable(tmp_path)
@@ -324,13 +302,13 @@ def test_mps_server_is_flagged_and_keeps_its_pod(
     cmdline: str,
 ) -> None:
     # The kernel keeps 15 bytes of the name: "nvidia-cuda-mps-server" reads "nvidia-cuda-mps".
-    _write_proc(tmp_path, 977, cgroup=cgroup, comm="nvidia-cuda-mps", cmdline=cmdline)
+    write_proc(tmp_path, 977, cgroup=cgroup, comm="nvidia-cuda-mps", cmdline=cmdline)
     expected = ProcessOwner(OwnerKind.MPS_SERVER, expected_pod, expected_container)
     assert ProcessTable(tmp_path).owner(977) == expected
 
 
 def test_mps_control_daemon_is_not_the_server(tmp_path: Path) -> None:
-    _write_proc(
+    write_proc(
         tmp_path,
         976,
         cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE,
@@ -342,7 +320,7 @@ def test_mps_control_daemon_is_not_the_server(tmp_path: Path) -> None:
 
 def test_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None:
     for pid in (1001, 1002, 1003):
-        _write_proc(tmp_path, pid, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+        write_proc(tmp_path, pid, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
     table = ProcessTable(tmp_path, max_entries=2)
     table.owner(1001)
     table.owner(1002)
@@ -357,7 +335,7 @@ def test_cache_keeps_the_most_recently_used_entries(tmp_path: Path) -> None:
 
 def test_forget_missing_drops_entries_of_dead_pids(tmp_path: Path) -> None:
     for pid in (1001, 1002, 1003):
-        _write_proc(tmp_path, pid, cgroup=fx.V2_HOST_SERVICE)
+        write_proc(tmp_path, pid, cgroup=fx.V2_HOST_SERVICE)
     table = ProcessTable(tmp_path)
     for pid in (1001, 1002, 1003):
         table.owner(pid)

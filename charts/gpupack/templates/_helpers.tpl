@@ -51,3 +51,11 @@ app.kubernetes.io/name: gpupack
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: scheduler
 {{- end -}}
+
+{{- define "gpupack.exporter.name" -}}gpupack-exporter{{- end -}}
+
+{{- define "gpupack.exporter.selector" -}}
+app.kubernetes.io/name: gpupack
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: exporter
+{{- end -}}
