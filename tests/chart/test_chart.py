@@ -265,13 +265,18 @@ def test_workloads_run_unprivileged_and_read_only() -> None:
     }  # never the CA's key
 
 
-def test_the_dashboard_queries_metrics_the_webhook_exports() -> None:
+def test_the_dashboard_queries_only_metrics_gpupack_exports() -> None:
     from prometheus_client import CollectorRegistry
 
+    from exporter.collector import ExporterCollector, Scrape
+    from exporter.readings import Readings
+    from scheduler.metrics import Metrics, Usage
     from webhook.metrics import WebhookMetrics
 
     registry = CollectorRegistry()
     WebhookMetrics(registry)
+    Metrics(registry, lambda: Usage(0, 0, 0, 0, 0, leader=False))
+    registry.register(ExporterCollector(lambda: Scrape(Readings())))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
     exported = {
         family.name + suffix
@@ -280,14 +285,52 @@ def test_the_dashboard_queries_metrics_the_webhook_exports() -> None:
     }
     (config_map,) = of_kind(render("--set=metrics.grafanaDashboard.enabled=true"), "ConfigMap")
     dashboard = json.loads(config_map["data"]["gpupack.json"])
+    panels = {panel["title"]: panel for panel in dashboard["panels"]}
+    assert len(panels) == len(dashboard["panels"])  # titles name panels
+    assert len({panel["id"] for panel in panels.values()}) == len(panels)
+    cells = [
+        (x, y)
+        for panel in panels.values()
+        for pos in [panel["gridPos"]]
+        for x in range(pos["x"], pos["x"] + pos["w"])
+        for y in range(pos["y"], pos["y"] + pos["h"])
+    ]
+    assert len(cells) == len(set(cells))  # no panel hides another
+    assert all(0 <= x < 24 for x, _ in cells)  # Grafana's grid is 24 columns wide
+    exprs = {
+        title: [target["expr"] for target in panel.get("targets", ())]
+        for title, panel in panels.items()
+    }
+    variables = [
+        str(variable.get("definition", "")) for variable in dashboard["templating"]["list"]
+    ]
     queried = {
         name
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"gpupack_[a-z_]+", target["expr"])
+        for expr in [*(e for es in exprs.values() for e in es), *variables]
+        for name in re.findall(r"gpupack_[a-z_]+", expr)
     }
-    assert queried
     assert queried <= exported
+
+    def panels_querying(*fragments: str) -> list[str]:
+        """Titles of the panels whose queries, together, hold every fragment."""
+        return [t for t, es in exprs.items() if all(any(f in e for e in es) for f in fragments)]
+
+    # What the issue asks for: per-pod use against allocation, GPUs held against GPUs
+    # used, and the packing ratio.
+    for used, allocated in (
+        ("gpupack_pod_gpu_compute_ratio", "gpupack_pod_gpu_compute_allocated_ratio"),
+        ("gpupack_pod_gpu_memory_used_bytes", "gpupack_pod_gpu_memory_allocated_bytes"),
+    ):
+        assert panels_querying(
+            f"sum by (namespace, pod) ({used}", f"sum by (namespace, pod) ({allocated}"
+        )
+    assert panels_querying("count(gpupack_gpu_capacity_pod)", "gpupack_scheduler_gpus_in_use")
+    packing = panels_querying(
+        "count(gpupack_pod_gpu_compute_allocated_ratio) / count(gpupack_gpu_capacity_pod)"
+    )
+    assert any("packing" in title.lower() for title in packing)
+    assert any(panels[title]["type"] == "stat" for title in packing)
+    assert panels_querying("gpupack_scheduler_allocated_compute_ratio")
 
 
 def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
