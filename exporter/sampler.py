@@ -341,11 +341,17 @@ def _extend(
 
 
 def _windowed(ticks: deque[tuple[float, float]] | None, start: float) -> float | None:
-    """Mean of the tick values after `start`; the latest one if the sampler fell behind."""
+    """Mean of the tick values after `start`; the latest one if the sampler fell behind.
+    Ticks are in time order, so only the window's tail is read."""
     if not ticks:
         return None
-    inside = [value for at, value in ticks if at > start]
-    return _mean(inside) if inside else ticks[-1][1]
+    total, count = 0.0, 0
+    for at, value in reversed(ticks):
+        if at <= start:
+            break
+        total += value
+        count += 1
+    return total / count if count else ticks[-1][1]
 
 
 def _mean(values: list[float]) -> float:

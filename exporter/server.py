@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
+from exporter import exposition
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def make_server(
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 try:
-                    body, status, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+                    body, status, kind = exposition.text(registry), 200, CONTENT_TYPE_LATEST
                 except Exception as error:  # a scrape must answer, never hang
                     log.exception("scrape failed")
                     body, status, kind = f"scrape failed: {error}\n".encode(), 500, "text/plain"

@@ -1,0 +1,1 @@
+"""The exporter's scrape time and resident memory against bare prometheus_client exposition."""
