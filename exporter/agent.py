@@ -112,7 +112,7 @@ class Agent:
         capacity = [pod for pod in self._pods.all() if pod.capacity]
         decided = plan(capacity, allocated, self._sampler.devices())
         self._report(decided.problems)
-        patched = 0
+        patched, failed = 0, False
         for patch in decided.patches:
             body = {"metadata": {"uid": patch.uid, "annotations": dict(patch.annotations)}}
             try:
@@ -121,6 +121,7 @@ class Agent:
                 if error.status in (404, 409):  # gone, or a newer pod of the same name
                     continue
                 self.health.failed(API, f"annotating {patch.namespace}/{patch.name}: {error}")
+                failed = True
                 continue
             patched += 1
             log.info(
@@ -130,7 +131,7 @@ class Agent:
                     "annotations": dict(patch.annotations),
                 },
             )
-        if patched or not decided.patches:
+        if not failed:
             self.health.ok(API)
         return patched
 

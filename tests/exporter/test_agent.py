@@ -1,0 +1,232 @@
+"""The exporter's shell: discovery writes what kubelet says, once, and keeps going when
+kubelet or the API server fails; a scrape names every PID's owner."""
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.agent import Agent
+from exporter.cgroup import ProcessTable
+from exporter.health import API, POD_RESOURCES, Health
+from exporter.podresources import (
+    ContainerDevices,
+    ContainerResources,
+    PodResources,
+    PodResourcesUnavailable,
+)
+from exporter.pods import PodMap, node_pods
+from exporter.sampler import Sampler
+from gpupack.api import ApiError
+from gpupack.informer import Informer
+from gpupack.quantity import format_memory
+from tests.exporter.fake_reader import FakeReader, fake_uuid
+from tests.exporter.procfs import containerd_v2, write_proc
+from tests.fakes import FakeKube
+
+JSON = dict[str, Any]
+NODE = "gpu-1"
+
+
+class PatchingKube(FakeKube):
+    """FakeKube plus the merge patch the exporter sends, recorded (and failable)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patches: list[tuple[str, JSON]] = []
+        self.patch_errors: list[ApiError] = []
+
+    def patch(self, path: str, body: JSON) -> JSON:
+        if self.patch_errors:
+            raise self.patch_errors.pop(0)
+        self.patches.append((path, body))
+        return body
+
+
+class Kubelet:
+    def __init__(self) -> None:
+        self.pods: list[PodResources] = []
+        self.down: str | None = None
+        self.calls = 0
+
+    def list(self) -> list[PodResources]:
+        self.calls += 1
+        if self.down:
+            raise PodResourcesUnavailable(self.down)
+        return self.pods
+
+
+def capacity(name: str, uid: str, annotations: Mapping[str, str] | None = None) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "gpupack-system",
+            "uid": uid,
+            "labels": {"gpupack.io/role": "capacity"},
+            "annotations": dict(annotations or {}),
+        },
+        "spec": {"nodeName": NODE, "containers": [{"name": "hold"}]},
+        "status": {"phase": "Running"},
+    }
+
+
+def holding(name: str, device: str) -> PodResources:
+    devices = (ContainerDevices("nvidia.com/gpu", (device,)),)
+    return PodResources(name, "gpupack-system", (ContainerResources("hold", devices),))
+
+
+@pytest.fixture
+def kube() -> PatchingKube:
+    return PatchingKube()
+
+
+@dataclass
+class Parts:
+    agent: Agent
+    kubelet: Kubelet
+    reader: FakeReader
+    sampler: Sampler
+    informer: Informer
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.agent, self.kubelet, self.reader))
+
+
+@pytest.fixture
+def parts(kube: PatchingKube, tmp_path: Path) -> Iterator[Parts]:
+    informer = node_pods(kube, NODE)
+    reader = FakeReader.typical(gpus=2, processes_per_gpu=0)
+    health = Health()
+    sampler = Sampler(reader, health)
+    kubelet = Kubelet()
+    agent = Agent(kube, PodMap(informer), sampler, ProcessTable(tmp_path), kubelet, health)
+    sampler.sample_once()
+    informer.start()
+    assert informer.wait_synced(5)
+    yield Parts(agent, kubelet, reader, sampler, informer)
+    informer.stop()
+
+
+def synced_put(kube: PatchingKube, parts: Parts, pod: JSON) -> None:
+    kube.put(pod)
+    key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    assert parts.informer.wait_for(lambda informer: informer.get(key) is not None, 5)
+
+
+def test_discovery_writes_the_gpu_and_its_memory_with_a_uid_precondition(
+    kube: PatchingKube, parts: Parts
+) -> None:
+    agent, kubelet, reader = parts
+    memory = format_memory(reader.device(fake_uuid(1)).memory_total)
+    synced_put(kube, parts, capacity("cap-a", "uid-a"))
+    kubelet.pods = [holding("cap-a", fake_uuid(1))]
+    assert agent.discover() == 1
+    ((path, body),) = kube.patches
+    assert path == "/api/v1/namespaces/gpupack-system/pods/cap-a"
+    assert body["metadata"]["uid"] == "uid-a"
+    assert body["metadata"]["annotations"] == {
+        "gpupack.io/gpu-uuid": fake_uuid(1),
+        "gpupack.io/gpu-memory": memory,
+    }
+    assert agent.health.snapshot().up == {POD_RESOURCES: True, API: True, "nvml": True}
+
+
+def test_a_pod_that_already_says_the_right_gpu_is_left_alone(
+    kube: PatchingKube, parts: Parts
+) -> None:
+    agent, kubelet, reader = parts
+    memory = format_memory(reader.device(fake_uuid(0)).memory_total)
+    done = {"gpupack.io/gpu-uuid": fake_uuid(0), "gpupack.io/gpu-memory": memory}
+    synced_put(kube, parts, capacity("cap-a", "uid-a", done))
+    kubelet.pods = [holding("cap-a", "0")]  # the device plugin's index strategy
+    assert agent.discover() == 0
+    assert kube.patches == []
+
+
+def test_kubelet_away_is_one_logged_state_and_counted_failures(
+    kube: PatchingKube,
+    parts: Parts,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent, kubelet, _ = parts
+    synced_put(kube, parts, capacity("cap-a", "uid-a"))
+    kubelet.down = "no kubelet pod-resources socket at /x; is the hostPath mounted?"
+    with caplog.at_level(logging.INFO, logger="exporter.health"):
+        for _ in range(3):
+            assert agent.discover() == 0
+        kubelet.down = None
+        kubelet.pods = [holding("cap-a", fake_uuid(0))]
+        assert agent.discover() == 1
+    snapshot = agent.health.snapshot()
+    assert snapshot.errors[POD_RESOURCES] == 3
+    assert snapshot.up[POD_RESOURCES] is True
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if "socket" in m] == [f"pod-resources: {kubelet_message()}"]
+    assert "pod-resources recovered" in messages
+
+
+def kubelet_message() -> str:
+    return "no kubelet pod-resources socket at /x; is the hostPath mounted?"
+
+
+@pytest.mark.parametrize(
+    ("error", "api_up", "patched"),
+    [
+        pytest.param(ApiError(409, "Conflict", "uid precondition"), True, 0, id="newer-pod"),
+        pytest.param(ApiError(404, "NotFound", "gone"), True, 0, id="gone"),
+        pytest.param(ApiError(0, "ConnectionError", "refused"), False, 0, id="api-away"),
+    ],
+)
+def test_a_refused_patch_is_skipped_and_only_an_outage_marks_the_api_down(
+    kube: PatchingKube,
+    parts: Parts,
+    error: ApiError,
+    api_up: bool,
+    patched: int,
+) -> None:
+    agent, kubelet, _ = parts
+    synced_put(kube, parts, capacity("cap-a", "uid-a"))
+    kubelet.pods = [holding("cap-a", fake_uuid(0))]
+    kube.patch_errors.append(error)
+    assert agent.discover() == patched
+    assert agent.health.snapshot().up[API] is api_up
+    assert agent.discover() == 1  # and the next round writes it
+
+
+def test_a_problem_is_logged_once_while_it_lasts(
+    kube: PatchingKube,
+    parts: Parts,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    agent, kubelet, _ = parts
+    synced_put(kube, parts, capacity("cap-a", "uid-a"))
+    kubelet.pods = [holding("cap-a", "bogus")]
+    with caplog.at_level(logging.WARNING, logger="exporter.agent"):
+        for _ in range(3):
+            agent.discover()
+    (record,) = caplog.records
+    assert "gpupack-system/cap-a" in record.getMessage()
+
+
+def test_a_scrape_names_each_pids_owner(kube: PatchingKube, parts: Parts, tmp_path: Path) -> None:
+    agent, _, reader = parts
+    uid = "0b0a6a3e-5e0f-4c8e-9a4c-2a9e3f1d7c11"
+    write_proc(tmp_path, 4001, cgroup=containerd_v2(uid, "c" * 64))
+    write_proc(tmp_path, 4002, cgroup="0::/user.slice/user-0.slice/session-1.scope\n")
+    reader.set_process(fake_uuid(0), 4001, sm=0.4)
+    reader.set_process(fake_uuid(0), 4002, sm=0.1)
+    reader.set_process(fake_uuid(1), 4003, sm=0.1)  # exited: no /proc entry
+    parts.sampler.sample_once()
+    owners = agent.scrape().owners
+    assert (owners[4001].kind, owners[4001].pod_uid, owners[4001].container_id) == (
+        "pod",
+        uid,
+        "c" * 64,
+    )
+    assert owners[4002].kind == "host"
+    assert owners[4003].kind == "gone"
