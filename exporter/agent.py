@@ -96,8 +96,9 @@ class Agent:
     def discover(self) -> int:
         """Annotate the capacity pods whose GPU kubelet knows; the number patched."""
         if not self._pods.synced:
-            self.health.failed(API, "the node's pods are not listed yet")
+            self.health.failed(API, self._pods.error or "the node's pods are not listed yet")
             return 0
+        watch_error = self._pods.error
         try:
             answer = self._lister.list()
         except self._lister_errors as error:
@@ -131,7 +132,9 @@ class Agent:
                     "annotations": dict(patch.annotations),
                 },
             )
-        if not failed:
+        if watch_error:  # discovery went on with the pods known before the outage
+            self.health.failed(API, f"watching the node's pods: {watch_error}")
+        elif not failed:
             self.health.ok(API)
         return patched
 

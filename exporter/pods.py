@@ -111,6 +111,11 @@ class PodMap:
     def synced(self) -> bool:
         return self._informer.synced
 
+    @property
+    def error(self) -> str:
+        """Why the pod watch is failing ("" while it keeps the map current)."""
+        return self._informer.error
+
     def _info(self, pod: JSON) -> PodInfo:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))

@@ -77,6 +77,7 @@ class Informer:
         self._stream: WatchStream | None = None
         self._thread: threading.Thread | None = None
         self.lists = 0  # completed lists, for tests and metrics
+        self._error = ""  # the last list or watch failure, "" once one succeeds again
 
     # Readers.
 
@@ -86,6 +87,16 @@ class Informer:
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
+
+    @property
+    def error(self) -> str:
+        """Why the last list or watch failed; "" while the cache is being kept current."""
+        with self._changed:
+            return self._error
+
+    def _failed(self, error: str) -> None:
+        with self._changed:
+            self._error = error
 
     @property
     def resource_version(self) -> str:
@@ -182,11 +193,14 @@ class Informer:
                 else:
                     failures += 1
                     pause = self._backoff.delay(failures)
+                if not error.gone:
+                    self._failed(str(error))
                 log.warning("%s: %s; retrying in %.1fs", self.name, error, pause)
                 self._pause(pause)
             except Exception:  # a bug must not silently end the cache
                 failures += 1
                 need_list = True
+                self._failed("unexpected failure (see the log)")
                 log.exception("%s: unexpected failure; listing again", self.name)
                 self._pause(self._backoff.delay(failures))
 
@@ -212,6 +226,7 @@ class Informer:
             self._index = index
             self._resource_version = str(meta.get("resourceVersion", ""))
             self.lists += 1
+            self._error = ""
             self._changed.notify_all()
         self._synced.set()
         if self._on_change is not None:
@@ -229,6 +244,7 @@ class Informer:
         stream = self._client.watch(self._path, params)
         with self._changed:
             self._stream = stream
+            self._error = ""
         if self._stopped.is_set():  # stop() ran before the stream was published
             stream.close()
         applied = 0

@@ -230,3 +230,19 @@ def test_a_scrape_names_each_pids_owner(kube: PatchingKube, parts: Parts, tmp_pa
     )
     assert owners[4002].kind == "host"
     assert owners[4003].kind == "gone"
+
+
+def test_a_broken_pod_watch_marks_the_api_down_and_discovery_goes_on(
+    kube: PatchingKube, parts: Parts
+) -> None:
+    agent, kubelet, _ = parts
+    synced_put(kube, parts, capacity("cap-a", "uid-a"))
+    kubelet.pods = [holding("cap-a", fake_uuid(0))]
+    kube.fail("watch", ApiError(0, "ConnectionError", "connection refused"), times=1000)
+    kube.end_watches()
+    assert kube.wait_for(lambda: parts.informer.error != "", 5)
+
+    assert agent.discover() == 1  # from the pods known before the outage
+    snapshot = agent.health.snapshot()
+    assert snapshot.up[API] is False
+    assert "connection refused" in snapshot.messages[API]

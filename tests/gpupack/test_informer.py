@@ -313,3 +313,24 @@ def test_stop_interrupts_a_backoff_pause(kube: FakeKube) -> None:
 
     assert not informer.running
     assert not informer.synced
+
+
+def test_the_last_failure_is_visible_until_the_cache_is_current_again(kube: FakeKube) -> None:
+    kube.put(pod("a"))
+    kube.fail("list", ApiError(0, "ConnectionError", "connection refused"), times=2)
+    seen: list[str] = []
+    holder: list[Informer] = []
+
+    def pause(_: float) -> None:  # what a reader sees while the informer backs off
+        seen.append(holder[0].error)
+
+    informer = Informer(kube, "/api/v1/pods", name="pods", sleep=pause)
+    holder.append(informer)
+    assert informer.error == ""
+    informer.start()
+    try:
+        assert informer.wait_synced(WAIT)
+        assert seen == ["0 ConnectionError: connection refused"] * 2
+        assert informer.error == ""
+    finally:
+        informer.stop()
