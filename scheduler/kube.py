@@ -23,6 +23,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client import rest as k8s_rest
+from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from gpupack.api import ApiError, WatchStream, status_error, watch_events
@@ -189,9 +190,12 @@ def connect(
     if path is None and not env.get("KUBERNETES_SERVICE_HOST") and default.is_file():
         path = str(default)
     if path:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, client_configuration=configuration, persist_config=False
-        )
+        try:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=configuration, persist_config=False
+            )
+        except (ConfigException, OSError) as error:  # missing, unreadable or no context
+            raise ValueError(f"kubeconfig {path}: {error}") from error
     elif env.get("KUBERNETES_SERVICE_HOST"):
         InClusterConfigLoader(  # type: ignore[no-untyped-call]
             token_filename=str(service_account / "token"),

@@ -22,6 +22,7 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client import rest as k8s_rest
+from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
 from gpupack.api import ApiError, WatchStream, status_error, watch_events
@@ -188,9 +189,12 @@ def load_client(
     configuration = k8s_client.Configuration()
     path = kubeconfig or _kubeconfig_paths(env, home or Path.home())
     if path:
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, client_configuration=configuration, persist_config=False
-        )
+        try:
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=configuration, persist_config=False
+            )
+        except (ConfigException, OSError) as error:  # missing, unreadable or no context
+            raise ValueError(f"kubeconfig {path}: {error}") from error
         log.info("using kubeconfig %s", path)
     elif env.get("KUBERNETES_SERVICE_HOST"):
         InClusterConfigLoader(  # type: ignore[no-untyped-call]

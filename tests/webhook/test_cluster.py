@@ -195,8 +195,9 @@ def test_in_cluster_service_account_is_used_when_the_service_host_is_set(
 
 
 def test_an_explicit_kubeconfig_that_does_not_load_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigException):
+    with pytest.raises(ValueError, match=f"kubeconfig {tmp_path / 'missing'}: ") as raised:
         connect(str(tmp_path / "missing"), environ={}, home=tmp_path)
+    assert isinstance(raised.value.__cause__, ConfigException)
 
 
 # The raw HTTP adapter.
