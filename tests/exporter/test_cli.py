@@ -1,10 +1,22 @@
 """`gpupack-exporter`'s command line: help, and clear errors with exit code 2."""
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from exporter.cli import EXIT_CONFIG, build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() configures the root logger; leave it as the other tests expect it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None:
