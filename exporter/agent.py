@@ -115,11 +115,16 @@ class Agent:
         self._report(decided.problems)
         patched, failed = 0, False
         for patch in decided.patches:
-            body = {"metadata": {"uid": patch.uid, "annotations": dict(patch.annotations)}}
+            body = {
+                "metadata": {
+                    "resourceVersion": patch.resource_version,
+                    "annotations": dict(patch.annotations),
+                }
+            }
             try:
                 self._kube.patch(f"/api/v1/namespaces/{patch.namespace}/pods/{patch.name}", body)
             except ApiError as error:
-                if error.status in (404, 409):  # gone, or a newer pod of the same name
+                if error.status in (404, 409):  # gone, or changed since: the watch says how
                     continue
                 self.health.failed(API, f"annotating {patch.namespace}/{patch.name}: {error}")
                 failed = True

@@ -26,7 +26,7 @@ RESOURCE: Final = keys.NVIDIA_GPU
 class Patch:
     namespace: str
     name: str
-    uid: str  # a precondition: never annotate a newer pod of the same name
+    resource_version: str  # the precondition: a pod changed or recreated since is a 409
     annotations: Mapping[str, str]
 
 
@@ -89,5 +89,5 @@ def plan(
         if memory is not None:
             want[keys.GPU_MEMORY] = format_memory(memory)
         if pod.gpu_uuid != uuid or (memory is not None and pod.memory != memory):
-            patches.append(Patch(pod.namespace, pod.name, pod.uid, want))
+            patches.append(Patch(pod.namespace, pod.name, pod.resource_version, want))
     return Plan(tuple(patches), tuple(problems))

@@ -37,6 +37,7 @@ class PodInfo:
     #                              capacity pod: the GPU kubelet gave it (exporter-written)
     capacity: bool = False  # a capacity pod in gpupack's namespace
     phase: str = ""
+    resource_version: str = ""  # the write precondition for annotating a capacity pod
 
 
 def container_id(raw: str) -> str:
@@ -76,6 +77,7 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
         gpu_uuid=uuid,
         capacity=capacity,
         phase=str(status.get("phase", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
     )
 
 

@@ -3,7 +3,7 @@
 `/healthz` answers 200 while the exporter works, even when NVML or the kubelet are
 down (it keeps serving what it can, and `/metrics` says what is wrong): a restart would
 not bring a GPU back. It answers 503 only when the exporter itself is broken (its
-sampling thread died), which a restart does fix. The body lists each source's state.
+sampling thread died or is stuck), which a restart does fix. The body lists each source's state.
 """
 
 import json
@@ -39,7 +39,7 @@ def make_server(
                 except Exception as error:  # a scrape must answer, never hang
                     log.exception("scrape failed")
                     body, status, kind = f"scrape failed: {error}\n".encode(), 500, "text/plain"
-            elif path in ("/healthz", "/readyz"):
+            elif path == "/healthz":
                 ok, detail = health()
                 body = json.dumps({"ok": ok, **detail}, sort_keys=True).encode() + b"\n"
                 status, kind = (200 if ok else 503), "application/json"

@@ -29,6 +29,7 @@ from tests.fakes import FakeKube
 
 JSON = dict[str, Any]
 NODE = "gpu-1"
+KUBELET_AWAY = "no kubelet pod-resources socket at /x; is the hostPath mounted?"
 
 
 class PatchingKube(FakeKube):
@@ -118,7 +119,7 @@ def synced_put(kube: PatchingKube, parts: Parts, pod: JSON) -> None:
     assert parts.informer.wait_for(lambda informer: informer.get(key) is not None, 5)
 
 
-def test_discovery_writes_the_gpu_and_its_memory_with_a_uid_precondition(
+def test_discovery_writes_the_gpu_and_its_memory_with_a_resource_version_precondition(
     kube: PatchingKube, parts: Parts
 ) -> None:
     agent, kubelet, reader = parts
@@ -128,7 +129,9 @@ def test_discovery_writes_the_gpu_and_its_memory_with_a_uid_precondition(
     assert agent.discover() == 1
     ((path, body),) = kube.patches
     assert path == "/api/v1/namespaces/gpupack-system/pods/cap-a"
-    assert body["metadata"]["uid"] == "uid-a"
+    seen = parts.informer.get("gpupack-system/cap-a")
+    assert seen is not None
+    assert body["metadata"]["resourceVersion"] == seen["metadata"]["resourceVersion"] != ""
     assert body["metadata"]["annotations"] == {
         "gpupack.io/gpu-uuid": fake_uuid(1),
         "gpupack.io/gpu-memory": memory,
@@ -155,7 +158,7 @@ def test_kubelet_away_is_one_logged_state_and_counted_failures(
 ) -> None:
     agent, kubelet, _ = parts
     synced_put(kube, parts, capacity("cap-a", "uid-a"))
-    kubelet.down = "no kubelet pod-resources socket at /x; is the hostPath mounted?"
+    kubelet.down = KUBELET_AWAY
     with caplog.at_level(logging.INFO, logger="exporter.health"):
         for _ in range(3):
             assert agent.discover() == 0
@@ -166,18 +169,16 @@ def test_kubelet_away_is_one_logged_state_and_counted_failures(
     assert snapshot.errors[POD_RESOURCES] == 3
     assert snapshot.up[POD_RESOURCES] is True
     messages = [r.getMessage() for r in caplog.records]
-    assert [m for m in messages if "socket" in m] == [f"pod-resources: {kubelet_message()}"]
+    assert [m for m in messages if "socket" in m] == [f"pod-resources: {KUBELET_AWAY}"]
     assert "pod-resources recovered" in messages
-
-
-def kubelet_message() -> str:
-    return "no kubelet pod-resources socket at /x; is the hostPath mounted?"
 
 
 @pytest.mark.parametrize(
     ("error", "api_up", "patched"),
     [
-        pytest.param(ApiError(409, "Conflict", "uid precondition"), True, 0, id="newer-pod"),
+        pytest.param(
+            ApiError(409, "Conflict", "the object has been modified"), True, 0, id="newer-pod"
+        ),
         pytest.param(ApiError(404, "NotFound", "gone"), True, 0, id="gone"),
         pytest.param(ApiError(0, "ConnectionError", "refused"), False, 0, id="api-away"),
     ],

@@ -27,6 +27,7 @@ def capacity_pod(
             "name": name,
             "namespace": "gpupack-system",
             "uid": uid or f"uid-{name}",
+            "resourceVersion": "3",
             "labels": {"gpupack.io/role": "capacity", "gpupack.io/pool": "p1"},
             "annotations": annotations or {},
         },
@@ -59,7 +60,7 @@ def test_a_running_capacity_pod_gets_its_gpu_and_memory() -> None:
         Patch(
             "gpupack-system",
             "cap-a",
-            "uid-cap-a",
+            "3",
             {"gpupack.io/gpu-uuid": GPU1, "gpupack.io/gpu-memory": "80Gi"},
         ),
     )
