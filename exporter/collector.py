@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from exporter.cgroup import GONE, OwnerKind, ProcessOwner
-from exporter.health import API, NVML, POD_RESOURCES, SOURCES, HealthSnapshot
+from exporter.health import API, POD_RESOURCES, SOURCES, HealthSnapshot
 from exporter.pods import PodInfo
 from exporter.readings import GpuReading, Readings
 
@@ -210,8 +210,14 @@ def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterato
 
 def _health_families(scrape: Scrape) -> Iterator[Metric]:
     health = scrape.health
+    # NVML's state is the sampler's: a lost GPU is a problem Health logs, but NVML still
+    # answers for the others (gpupack_gpu_healthy says which GPU).
+    yield GaugeMetricFamily(
+        PREFIX + "exporter_nvml_up",
+        "1 when NVML answers",
+        value=1.0 if scrape.readings.nvml_up else 0.0,
+    )
     for source, name, doc in (
-        (NVML, "exporter_nvml_up", "1 when NVML answers"),
         (
             POD_RESOURCES,
             "exporter_pod_resources_up",

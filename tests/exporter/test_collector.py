@@ -306,3 +306,13 @@ def test_graphics_processes_count_like_compute_ones() -> None:
     assert values(samples, "gpupack_pod_gpu_memory_used_bytes") == {
         ("ml", "whole-gpu", "app", GPU0): GIB
     }
+
+
+def test_a_lost_gpu_is_not_nvml_down() -> None:
+    lost = GpuReading(device=device(GPU1, 1), status=None, healthy=False)
+    health = HealthSnapshot({"nvml": False}, {"nvml": 1}, {"nvml": f"{GPU1}: GPU is lost"})
+    samples = scrape_text(
+        Scrape(Readings(gpus=(reading(GPU0, 0), lost), nvml_up=True), health=health)
+    )
+    assert values(samples, "gpupack_exporter_nvml_up") == {(): 1.0}
+    assert values(samples, "gpupack_gpu_healthy") == {(GPU0,): 1.0, (GPU1,): 0.0}
