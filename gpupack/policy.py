@@ -5,19 +5,32 @@ data-centre GPUs (T4: 15 GiB) without knowing the device at admission time.
 
 A policy is data: how much history the recommender looks at, which percentile plus
 how much headroom becomes the allocation, the bounds, the allocation a workload gets
-before there is any history, and whether its GPU may be shared with other workloads.
-Operators override these with `GPUPolicy` objects; the built-ins apply when none exist.
+before there is any history, whether its GPU may be shared with other workloads, and
+how the recommendation is applied (`update_mode`). Operators override these with
+`GPUPolicy` objects (`policy_from_object`); a built-in applies wherever no valid object
+of its name exists (`effective_policies`).
 """
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 from gpupack.errors import ContractError
+from gpupack.quantity import format_compute, format_memory, parse_compute, parse_memory
 
 GiB: Final = 2**30
 DAY: Final = 86_400
+MIN_HISTORY_WINDOW: Final = 60
+
+
+class UpdateMode(StrEnum):
+    """What the recommendation does to a workload's pods (the spelling of VPA's modes)."""
+
+    OFF = "Off"  # computed and published, never applied: new pods get the initial allocation
+    INITIAL = "Initial"  # the webhook applies it to the workload's new pods (the default)
+    AUTO = "Auto"  # Initial, plus a rollout restart when running pods drift far from it
 
 
 class Sharing(StrEnum):
@@ -42,6 +55,7 @@ class Policy:
     initial_compute: int  # before any history
     initial_memory: int
     sharing: Sharing = Sharing.SHARED
+    update_mode: UpdateMode = UpdateMode.INITIAL
 
     def __post_init__(self) -> None:
         key = f"policy {self.name}"
@@ -52,6 +66,12 @@ class Policy:
             raise ContractError(key, self, "0 < min_memory <= initial_memory <= max_memory")
         if not 0 < self.percentile <= 100:
             raise ContractError(key, self.percentile, "a percentile in (0, 100]")
+        if self.history_window_seconds < MIN_HISTORY_WINDOW:
+            raise ContractError(
+                key, self.history_window_seconds, f"at least {MIN_HISTORY_WINDOW} seconds"
+            )
+        if self.compute_headroom < 0 or self.memory_headroom < 0:
+            raise ContractError(key, self, "headrooms of 0 or more (0.2 = +20 %)")
 
     def clamp_compute(self, millis: int) -> int:
         return max(self.min_compute, min(self.max_compute, millis))
@@ -162,3 +182,123 @@ def parse_policy_name(value: object, key: str) -> str:
     if not isinstance(value, str) or _NAME.match(value.strip()) is None:
         raise ContractError(key, value, NAME_FORM)
     return value.strip()
+
+
+# -- GPUPolicy objects ---------------------------------------------------------------------
+
+API_VERSION: Final = "gpupack.io/v1alpha1"
+KIND: Final = "GPUPolicy"
+PLURAL: Final = "gpupolicies"
+
+
+def _field(spec: Mapping[str, Any], name: str, where: str, required: bool = True) -> Any:
+    if name not in spec or spec[name] is None:
+        if required:
+            raise ContractError(f"{where}.{name}", None, "a value (the field is required)")
+        return None
+    return spec[name]
+
+
+def _number(spec: Mapping[str, Any], name: str, where: str, form: str) -> float:
+    value = _field(spec, name, where)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContractError(f"{where}.{name}", value, form)
+    return float(value)
+
+
+def policy_from_object(obj: Mapping[str, Any]) -> Policy:
+    """The Policy a `GPUPolicy` object describes. Raises ContractError naming the field
+    (`GPUPolicy gpupack-system/batch spec.minCompute`) and the accepted form."""
+    meta = obj.get("metadata") or {}
+    name = parse_policy_name(meta.get("name"), f"{KIND} metadata.name")
+    where = f"{KIND} {meta.get('namespace', '')}/{name} spec".replace(" /", " ")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise ContractError(where, spec, "an object with the policy's fields")
+    window = _field(spec, "historyWindowSeconds", where)
+    if isinstance(window, bool) or not isinstance(window, int):
+        raise ContractError(f"{where}.historyWindowSeconds", window, "a whole number of seconds")
+    max_memory = _field(spec, "maxMemory", where, required=False)
+    sharing = _field(spec, "sharing", where, required=False) or Sharing.SHARED.value
+    mode = _field(spec, "updateMode", where, required=False) or UpdateMode.INITIAL.value
+    if sharing not in set(Sharing):
+        raise ContractError(f"{where}.sharing", sharing, " or ".join(Sharing))
+    if mode not in set(UpdateMode):
+        raise ContractError(f"{where}.updateMode", mode, ", ".join(UpdateMode))
+    description = _field(spec, "description", where, required=False)
+    return Policy(
+        name=name,
+        description=str(description) if description is not None else "",
+        history_window_seconds=window,
+        percentile=_number(spec, "percentile", where, "a number in (0, 100]"),
+        compute_headroom=_number(spec, "computeHeadroom", where, "a fraction: 0.2 = +20 %"),
+        memory_headroom=_number(spec, "memoryHeadroom", where, "a fraction: 0.2 = +20 %"),
+        min_compute=parse_compute(_field(spec, "minCompute", where), f"{where}.minCompute"),
+        max_compute=parse_compute(_field(spec, "maxCompute", where), f"{where}.maxCompute"),
+        min_memory=parse_memory(_field(spec, "minMemory", where), f"{where}.minMemory"),
+        max_memory=parse_memory(max_memory, f"{where}.maxMemory") if max_memory else None,
+        initial_compute=parse_compute(
+            _field(spec, "initialCompute", where), f"{where}.initialCompute"
+        ),
+        initial_memory=parse_memory(_field(spec, "initialMemory", where), f"{where}.initialMemory"),
+        sharing=Sharing(sharing),
+        update_mode=UpdateMode(mode),
+    )
+
+
+def policy_spec(policy: Policy) -> dict[str, Any]:
+    """The `spec` of the GPUPolicy object that describes `policy` (the chart's defaults)."""
+    spec: dict[str, Any] = {
+        "description": policy.description,
+        "historyWindowSeconds": policy.history_window_seconds,
+        "percentile": policy.percentile,
+        "computeHeadroom": policy.compute_headroom,
+        "memoryHeadroom": policy.memory_headroom,
+        "minCompute": format_compute(policy.min_compute),
+        "maxCompute": format_compute(policy.max_compute),
+        "initialCompute": format_compute(policy.initial_compute),
+        "minMemory": format_memory(policy.min_memory),
+        "initialMemory": format_memory(policy.initial_memory),
+        "sharing": policy.sharing.value,
+        "updateMode": policy.update_mode.value,
+    }
+    if policy.max_memory is not None:
+        spec["maxMemory"] = format_memory(policy.max_memory)
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """The policies in force: built-ins overlaid by the valid GPUPolicy objects.
+
+    `invalid` maps the name of each GPUPolicy object that does not parse to why; where
+    that name is a built-in, the built-in applies in its place.
+    """
+
+    policies: Mapping[str, Policy]
+    invalid: Mapping[str, str]
+    from_objects: frozenset[str]  # names that come from a valid object
+
+    def source(self, name: str) -> str:
+        if name in self.from_objects:
+            return "GPUPolicy"
+        if name in self.invalid:
+            return f"built-in (GPUPolicy {name} is invalid: {self.invalid[name]})"
+        return "built-in"
+
+
+def effective_policies(objects: Iterable[Mapping[str, Any]]) -> PolicySet:
+    """Built-ins, replaced or extended by every GPUPolicy object that parses."""
+    policies: dict[str, Policy] = dict(BUILTIN)
+    invalid: dict[str, str] = {}
+    named: set[str] = set()
+    for obj in objects:
+        try:
+            policy = policy_from_object(obj)
+        except ContractError as exc:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            invalid[name] = str(exc)
+            continue
+        policies[policy.name] = policy
+        named.add(policy.name)
+    return PolicySet(policies, invalid, frozenset(named))

@@ -44,6 +44,8 @@ SYSTEM_NAMESPACE: Final = "gpupack-system"
 WEBHOOK_NAME: Final = "gpupack-webhook"
 SCHEDULER_NAME: Final = "gpupack-scheduler"
 EXPORTER_NAME: Final = "gpupack-exporter"
+RECOMMENDER_NAME: Final = "gpupack-recommender"
+CHART_DIR: Final = Path(__file__).resolve().parents[1] / "charts" / "gpupack"
 SERVICE_CIDR: Final = "10.96.0.0/16"
 READY_TIMEOUT: Final = 120.0
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
@@ -258,6 +260,13 @@ _PLURALS = {
         "mutatingwebhookconfigurations",
         False,
     ),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    "GPUPolicy": ("/apis/gpupack.io/v1alpha1", "gpupolicies", True),
+    "GPURecommendation": ("/apis/gpupack.io/v1alpha1", "gpurecommendations", True),
 }
 
 
@@ -746,6 +755,29 @@ class LocalCluster:
 
     # gpupack
 
+    def install_crds(self) -> None:
+        """The chart's CustomResourceDefinitions (`charts/gpupack/crds`), once established,
+        so the components' watches of GPUPolicy and GPURecommendation objects succeed."""
+        admin = self.kube()
+        crds = sorted((CHART_DIR / "crds").glob("*.yaml"))
+        names = []
+        for path in crds:
+            crd = yaml.safe_load(path.read_text())
+            admin.apply(crd)
+            names.append(crd["metadata"]["name"])
+
+        def established() -> bool:
+            for name in names:
+                crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if not any(
+                    c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+                ):
+                    return False
+            return True
+
+        admin.wait_for("the gpupack CRDs to be established", established, timeout=READY_TIMEOUT)
+
     def install_webhook(
         self,
         *,
@@ -756,6 +788,7 @@ class LocalCluster:
         register it with `configuration`, by default the MutatingWebhookConfiguration the
         chart renders, pointed at the local process."""
         admin = self.kube()
+        self.install_crds()
         for obj in webhook_rbac():
             admin.apply(obj)
         admin.apply(
@@ -973,7 +1006,7 @@ def webhook_rbac() -> list[JSON]:
 def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -> JSON:
     """The MutatingWebhookConfiguration the chart (charts/gpupack) renders, so the local
     cluster registers the webhook with the chart's selectors and settings."""
-    chart = Path(__file__).resolve().parents[1] / "charts" / "gpupack"
+    chart = CHART_DIR
     rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
         [
             str(helm),
@@ -998,7 +1031,7 @@ def chart_rbac(
 ) -> list[JSON]:
     """The ClusterRoles and Roles a chart template renders, bound to the local `user`
     instead of the ServiceAccount: the local processes run with the chart's permissions."""
-    chart = Path(__file__).resolve().parents[1] / "charts" / "gpupack"
+    chart = CHART_DIR
     rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
         [
             str(helm),
