@@ -29,6 +29,11 @@ GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
 CAPACITY_POD: Final = f"{DOMAIN}/capacity-pod"
 SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
 
+# On a Deployment's or StatefulSet's pod template: set by the recommender (updateMode
+# Auto) to roll the workload's pods onto a new recommendation, as `kubectl rollout
+# restart` sets kubectl.kubernetes.io/restartedAt.
+RESTARTED_AT: Final = f"{DOMAIN}/restarted-at"
+
 SCHEDULER_NAME: Final = "gpupack-scheduler"
 SYSTEM_NAMESPACE: Final = "gpupack-system"
 DEFAULT_SCHEDULER: Final = "default-scheduler"

@@ -59,3 +59,11 @@ app.kubernetes.io/name: gpupack
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: exporter
 {{- end -}}
+
+{{- define "gpupack.recommender.name" -}}gpupack-recommender{{- end -}}
+
+{{- define "gpupack.recommender.selector" -}}
+app.kubernetes.io/name: gpupack
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: recommender
+{{- end -}}
