@@ -947,6 +947,48 @@ class LocalCluster:
         self.write_state()
         return process, port
 
+    def install_recommender(
+        self, *, name: str = RECOMMENDER_NAME, extra_args: Sequence[str] = ()
+    ) -> Process:
+        """Run `gpupack-recommender` as a local process with the RBAC the chart renders
+        (rollouts granted), bound to the local user `gpupack-recommender`."""
+        admin = self.kube()
+        self.install_crds()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(
+            Path(self.binary("helm")),
+            "templates/recommender.yaml",
+            RECOMMENDER_NAME,
+            sets=("recommender.rollouts=true",),
+        ):
+            admin.apply(obj)
+        process = self._launch(
+            name,
+            [
+                sys.executable,
+                "-m",
+                "scheduler.recommender.cli",
+                f"--kubeconfig={self.user_kubeconfig(RECOMMENDER_NAME)}",
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--identity={name}",
+                f"--metrics-port={free_port()}",
+                "--metrics-address=127.0.0.1",
+                *extra_args,
+            ],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self.write_state()
+        return process
+
+    def stop_recommender(self, name: str = RECOMMENDER_NAME) -> None:
+        """SIGTERM: the recommender checkpoints every history and releases its Lease."""
+        process = self.processes.pop(name, None)
+        if process is not None:
+            process.stop()
+        self.write_state()
+
     def stop_exporter(self, node: str) -> None:
         process = self.processes.pop(f"{EXPORTER_NAME}-{node}", None)
         if process is not None:
@@ -958,7 +1000,9 @@ class LocalCluster:
 
 
 def webhook_rbac() -> list[JSON]:
-    """Least privilege for the webhook: read namespaces and pods, create capacity pods."""
+    """Least privilege for the webhook, as the chart grants it: read namespaces, pods and
+    GPURecommendations cluster-wide; create capacity pods and read GPUPolicy objects in the
+    system namespace."""
     rbac = "rbac.authorization.k8s.io/v1"
     subject = [{"kind": "User", "name": WEBHOOK_NAME, "apiGroup": "rbac.authorization.k8s.io"}]
     return [
@@ -969,6 +1013,11 @@ def webhook_rbac() -> list[JSON]:
             "rules": [
                 {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
                 {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+                {
+                    "apiGroups": ["gpupack.io"],
+                    "resources": ["gpurecommendations"],
+                    "verbs": ["get", "list", "watch"],
+                },
             ],
         },
         {
@@ -987,7 +1036,14 @@ def webhook_rbac() -> list[JSON]:
             "apiVersion": rbac,
             "kind": "Role",
             "metadata": {"name": WEBHOOK_NAME, "namespace": SYSTEM_NAMESPACE},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+                {
+                    "apiGroups": ["gpupack.io"],
+                    "resources": ["gpupolicies"],
+                    "verbs": ["get", "list", "watch"],
+                },
+            ],
         },
         {
             "apiVersion": rbac,
@@ -1027,7 +1083,11 @@ def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -
 
 
 def chart_rbac(
-    helm: Path, template: str, user: str, namespace: str = SYSTEM_NAMESPACE
+    helm: Path,
+    template: str,
+    user: str,
+    namespace: str = SYSTEM_NAMESPACE,
+    sets: Sequence[str] = (),
 ) -> list[JSON]:
     """The ClusterRoles and Roles a chart template renders, bound to the local `user`
     instead of the ServiceAccount: the local processes run with the chart's permissions."""
@@ -1041,6 +1101,7 @@ def chart_rbac(
             f"--namespace={namespace}",
             "--kube-version=1.35.0",
             f"--show-only={template}",
+            *(f"--set={value}" for value in sets),
         ],
         capture_output=True,
         text=True,

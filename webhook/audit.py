@@ -14,10 +14,22 @@ import orjson
 
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
+from gpupack.recommendation import Recommendation
 from webhook.decision import CapacityOutcome, Decision
 from webhook.review import AdmissionRequest
 
 AUDIT_MARKER = "gpupack.audit/v1"  # lets `decisions` find our lines among other log output
+
+
+def recommendation_fields(rec: Recommendation) -> JSON:
+    """The recommendation an admission applied: which object, and what it said."""
+    return {
+        "name": rec.name,
+        "compute": format_compute(rec.compute),
+        "memory": format_memory(rec.memory),
+        "confidence": round(rec.confidence, 3),
+        "lastChange": rec.last_change,
+    }
 
 
 def audit_line(
@@ -46,6 +58,7 @@ def audit_line(
         "message": decision.message,
         "policy": decision.policy,
         "policySource": decision.policy_source,
+        "policyOrigin": decision.policy_origin,
         "gpuRequest": decision.gpu_request,
         "compute": None if decision.compute is None else format_compute(decision.compute),
         "memory": None if decision.memory is None else format_memory(decision.memory),
@@ -54,6 +67,8 @@ def audit_line(
         "patchOps": len(decision.patch),
         "latencyMs": round(latency_seconds * 1000, 3),
     }
+    if decision.recommendation is not None:
+        line["recommendation"] = recommendation_fields(decision.recommendation)
     if decision.demand is not None:
         line["pool"] = decision.demand.pool
     if decision.stripped:

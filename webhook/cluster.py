@@ -1,8 +1,12 @@
-"""The webhook's view of the cluster: three informers and the capacity manager.
+"""The webhook's view of the cluster: five informers and the capacity manager.
 
 `connect` returns None when there is no cluster to talk to (the server then runs without
-namespace opt-in lookups and without capacity spawning). `Cluster` is what the server
-uses: `synced`, `namespace(name)`, `ensure_capacity(demand, dry_run)`, `start`, `stop`.
+namespace opt-in lookups, GPUPolicy objects, recommendations and capacity spawning).
+`Cluster` is what the server uses: `synced`, `namespace(name)`, `policies` (the
+PolicySet in force, from the GPUPolicy objects in the system namespace),
+`recommendation(namespace, kind, name)` (a workload's GPURecommendation, parsed),
+`ensure_capacity(demand, dry_run)`, `start`, `stop`. Policies and recommendations are
+parsed when their watch caches change (`webhook.rightsizing`), never per admission.
 `ensure_capacity` plans from the caches on the event loop and answers at once; when
 GPUs are missing it claims the capacity pods' names (the next admission counts them) and
 creates them on a background thread, so no admission waits for another pod's creation.
@@ -19,6 +23,10 @@ from gpupack import keys
 from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.informer import WATCH_TIMEOUT_SECONDS, Informer
 from gpupack.kube import JSON
+from gpupack.policy import API_VERSION as POLICY_API_VERSION
+from gpupack.policy import PLURAL as POLICY_PLURAL
+from gpupack.policy import PolicySet
+from gpupack.recommendation import Recommendation, list_path
 from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,
@@ -30,6 +38,7 @@ from webhook.capacity import (
 )
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient, load_client
+from webhook.rightsizing import PolicyCache, RecommendationCache
 
 log = logging.getLogger(__name__)
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
@@ -37,8 +46,14 @@ CREATORS: Final = 2  # background threads creating capacity pods
 ALL_PODS_PATH: Final = "/api/v1/pods"
 
 
+def policies_path(namespace: str) -> str:
+    """The GPUPolicy objects of one namespace (the webhook reads the system namespace's)."""
+    return f"/apis/{POLICY_API_VERSION}/namespaces/{namespace}/{POLICY_PLURAL}"
+
+
 class Cluster:
-    """Informers for namespaces, capacity pods and fractional pods, plus capacity spawning."""
+    """Informers for namespaces, capacity pods, fractional pods, GPUPolicy objects and
+    GPURecommendations, plus capacity spawning."""
 
     def __init__(
         self,
@@ -86,19 +101,64 @@ class Cluster:
             sleep=sleep,
             on_created=on_capacity_created,
         )
-        self._informers = (self.namespaces, self.capacity_pods, self.fractional_pods)
+        self._policies = PolicyCache()
+        self.gpupolicies = Informer(
+            client,
+            policies_path(system_namespace),
+            name="gpupolicies",
+            watch_timeout_seconds=watch_timeout_seconds,
+            on_change=self._policies_changed,
+        )
+        self._recommendations = RecommendationCache()
+        self.gpurecommendations = Informer(
+            client,
+            list_path(),
+            name="gpurecommendations",
+            watch_timeout_seconds=watch_timeout_seconds,
+            on_change=self._recommendation_changed,
+        )
+        self._informers = (
+            self.namespaces,
+            self.capacity_pods,
+            self.fractional_pods,
+            self.gpupolicies,
+            self.gpurecommendations,
+        )
         self._client = client
         self._on_failed = on_capacity_failed
         self._creators = ThreadPoolExecutor(CREATORS, thread_name_prefix="capacity")
 
     @property
     def synced(self) -> bool:
-        """Every informer has completed its first list."""
-        return all(informer.synced for informer in self._informers)
+        """Every informer has completed its first list, and the policies and recommendations
+        have been parsed from it."""
+        return (
+            all(informer.synced for informer in self._informers)
+            and self._policies.ready
+            and self._recommendations.ready
+        )
 
     def namespace(self, name: str) -> JSON | None:
         """The Namespace object from the cache, None when unknown (or not synced yet)."""
         return self.namespaces.get(name)
+
+    @property
+    def policies(self) -> PolicySet:
+        """The policies in force: the built-ins overlaid by the valid GPUPolicy objects."""
+        return self._policies.current
+
+    def recommendation(self, namespace: str, kind: str, name: str) -> Recommendation | None:
+        """The workload's GPURecommendation; None when absent, unparsable or without a value."""
+        return self._recommendations.lookup(namespace, kind, name)
+
+    def _policies_changed(self, key: str) -> None:  # on the gpupolicies informer's thread
+        self._policies.update(self.gpupolicies.items())
+
+    def _recommendation_changed(self, key: str) -> None:  # on its informer's thread
+        if key:
+            self._recommendations.changed(key, self.gpurecommendations.get(key))
+        else:
+            self._recommendations.reset(self.gpurecommendations.items())
 
     async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         outcome = self.capacity.claim(demand, dry_run)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from gpupack.kube import JSON
+from gpupack.recommendation import Recommendation
 
 
 class Outcome(StrEnum):
@@ -58,9 +59,11 @@ class Decision:
     patch: tuple[JSON, ...] = ()
     policy: str | None = None
     policy_source: str | None = None  # "pod-annotation", "namespace-annotation", "auto: ..."
+    policy_origin: str | None = None  # "GPUPolicy", "built-in", "built-in (GPUPolicy ... invalid)"
     compute: int | None = None
     memory: int | None = None
-    allocation_source: str | None = None  # "pinned", "policy-initial", "capped: ..."
+    allocation_source: str | None = None  # "pinned", "policy-initial", "recommendation ..."
+    recommendation: Recommendation | None = None  # the workload's recommendation, if applied
     gpu_request: JSON | None = None  # {"container": name, "count": 1, "in": "limits"}
     owner_kind: str = ""
     owner_name: str = ""

@@ -3,7 +3,8 @@
 Takes a Pod or a workload (its pod template), runs the same pure decision the server
 runs, and prints the decision and the resulting pod (or only the patch with --patch).
 Namespace labels and annotations can be supplied so opt-in and namespace policies are
-explained as the cluster would see them.
+explained as the cluster would see them. Offline there are no GPUPolicy objects and no
+GPURecommendations: the built-in policies apply, with their initial allocations.
 """
 
 import argparse
@@ -148,6 +149,7 @@ def summary(decision: Decision, kind: str, name: str) -> JSON:
         out |= {
             "policy": decision.policy,
             "policySource": decision.policy_source,
+            "policyOrigin": decision.policy_origin,
             "allocationSource": decision.allocation_source,
             "pool": decision.demand.pool if decision.demand else None,
         }

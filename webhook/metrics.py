@@ -83,6 +83,12 @@ class WebhookMetrics:
             ["result"],
             registry=registry,
         )
+        self._recommendations_applied = Counter(
+            "gpupack_webhook_recommendations_applied",
+            "Admitted pods whose allocation came (at least in part) from their workload's "
+            "GPURecommendation.",
+            registry=registry,
+        )
         self._admission_children: dict[tuple[str, str], Counter] = {}
         self._capacity_children: dict[str, Counter] = {}
         self._error_children = {kind: self._errors.labels(kind.value) for kind in ErrorKind}
@@ -96,6 +102,9 @@ class WebhookMetrics:
             child = self._admission_children[key] = self._admissions.labels(*key)
         child.inc()
         self._duration.observe(seconds)
+
+    def recommendation_applied(self) -> None:
+        self._recommendations_applied.inc()
 
     def capacity(self, action: str, created: int) -> None:
         child = self._capacity_children.get(action)

@@ -1,45 +1,62 @@
 """The webhook's pure decision: an admission request in, a Decision (with its patch) out.
 
-No I/O: the Namespace (when the webhook could read it) and the policies are passed in.
+No I/O: the Namespace (when the webhook could read it), the policies in force and a
+lookup of the workloads' GPURecommendations are passed in (`MutationContext`).
 The rules, in order: only CREATE; a pod we already mutated is left alone (so reinvocation
 changes nothing); the pod must ask for exactly one `nvidia.com/gpu` and nothing GPU-like
 besides; it must be opted in; it must not be pinned to a node or another scheduler. Then
-the policy and the allocation are chosen and the patch is built. User-supplied values of
-the scheduler-only annotations are stripped on every path, skipped pods included.
+the policy and the allocation are chosen and the patch is built. The allocation, per
+dimension: a pinned annotation; else the workload's recommendation when it was computed
+for the pod's policy and that policy's updateMode is not Off (clamped to the policy's
+bounds); else the policy's initial allocation; memory capped at the GPU the nodeSelector
+picks. User-supplied values of the scheduler-only annotations are stripped on every path,
+skipped pods included.
 """
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
-from gpupack.policy import BUILTIN, Policy, Sharing
+from gpupack.policy import Policy, PolicySet, Sharing, UpdateMode
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
+from gpupack.recommendation import Recommendation
 from webhook import patch, scope
 from webhook.decision import Decision, Demand, Outcome, Reason
-from webhook.policies import PolicyChoice, UnknownPolicyError, resolve_policy
+from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 
 MIB = 2**20
 VISIBLE_DEVICES_FIELD = f"metadata.annotations['{keys.GPU_UUID}']"
 
 
+# (namespace, workload kind, workload name) -> the workload's usable recommendation
+RecommendationLookup = Callable[[str, str, str], Recommendation | None]
+
+
+def no_recommendation(namespace: str, kind: str, name: str) -> Recommendation | None:
+    """The lookup without a cluster: no workload has a recommendation."""
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class MutationContext:
     namespace: JSON | None = None  # the Namespace object, when the webhook could read it
-    policies: Mapping[str, Policy] = field(default_factory=lambda: BUILTIN)
+    policy_set: PolicySet = BUILTIN_POLICIES  # built-ins overlaid by the GPUPolicy objects
+    recommendation: RecommendationLookup = no_recommendation
 
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
     compute: int
     memory: int
-    source: str
+    source: str  # "pinned", "policy-initial", "recommendation GPURecommendation ...", notes
+    recommendation: Recommendation | None = None  # the recommendation applied, if any
 
 
 def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
@@ -92,13 +109,14 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         return skip(*out)
 
     try:
-        choice = resolve_policy(pod, owner_kind, ctx.namespace, ctx.policies)
+        choice = resolve_policy(pod, owner_kind, ctx.namespace, ctx.policy_set)
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}")
     except UnknownPolicyError as exc:
         return deny(Reason.UNKNOWN_POLICY, f"gpupack: {exc}")
+    recommendation = ctx.recommendation(request.namespace, owner_kind, owner_name)
     try:
-        allocation = allocate(annotations, spec, choice.policy)
+        allocation = allocate(annotations, spec, choice.policy, recommendation)
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
@@ -114,14 +132,16 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         patch=ops,
         policy=choice.policy.name,
         policy_source=choice.source,
+        policy_origin=choice.origin,
         compute=allocation.compute,
         memory=allocation.memory,
         allocation_source=allocation.source,
+        recommendation=allocation.recommendation,
         gpu_request={"container": slot.name, "count": slot.count, "in": list(slot.where)},
         owner_kind=owner_kind,
         owner_name=owner_name,
         stripped=stripped,
-        warnings=(choice.warning,) if choice.warning else (),
+        warnings=choice.warnings,
         demand=Demand(
             decision_id=request.uid,
             pool=metadata_key(scheduling),
@@ -143,9 +163,27 @@ def device_memory_hint(spec: PodSpec) -> int | None:
     return None
 
 
-def allocate(annotations: dict[str, str], spec: PodSpec, policy: Policy) -> Allocation:
-    """Pinned values win (validated); otherwise the policy's initial allocation. Never more
-    than the one GPU the pod asked for. Raises ContractError for a bad pinned value."""
+def recommendation_ignored(recommendation: Recommendation, policy: Policy) -> str | None:
+    """Why a workload's recommendation does not apply to a pod of `policy`; None if it does."""
+    if recommendation.policy != policy.name:
+        computed_for = recommendation.policy or "(none)"
+        return f"recommendation ignored: computed for policy {computed_for}, pod uses {policy.name}"
+    if policy.update_mode is UpdateMode.OFF:
+        return f"recommendation ignored: policy {policy.name} has updateMode Off"
+    return None
+
+
+def allocate(
+    annotations: dict[str, str],
+    spec: PodSpec,
+    policy: Policy,
+    recommendation: Recommendation | None = None,
+) -> Allocation:
+    """Per dimension: the pinned value (validated); else the workload's recommendation when
+    it applies (`recommendation_ignored`), clamped to the policy's bounds; else the
+    policy's initial allocation. Memory that is not pinned is capped at the GPU the
+    nodeSelector picks. Never more than the one GPU the pod asked for. Raises
+    ContractError for a bad pinned value."""
     pinned_compute = read_compute(annotations)  # 1m..1000m by construction
     pinned_memory = read_memory(annotations)
     device = device_memory_hint(spec)
@@ -156,17 +194,50 @@ def allocate(annotations: dict[str, str], spec: PodSpec, policy: Policy) -> Allo
             MEMORY_FORM,
             f"more than the {format_memory(device)} of the GPUs the nodeSelector picks",
         )
-    compute = pinned_compute if pinned_compute is not None else policy.initial_compute
-    memory = pinned_memory if pinned_memory is not None else policy.initial_memory
+    notes: list[str] = []
+    rec = recommendation
+    if rec is not None and (why := recommendation_ignored(rec, policy)) is not None:
+        notes.append(why)
+        rec = None
+    if rec is not None and pinned_compute is not None and pinned_memory is not None:
+        notes.append(f"recommendation {rec.describe()} not used: compute and memory are pinned")
+        rec = None
+
+    if pinned_compute is not None:
+        compute = pinned_compute
+    elif rec is not None:
+        compute = policy.clamp_compute(rec.compute)
+        if compute != rec.compute:
+            notes.append(
+                f"recommended compute {format_compute(rec.compute)} clamped to "
+                f"{format_compute(compute)} (policy {policy.name})"
+            )
+    else:
+        compute = policy.initial_compute
+    if pinned_memory is not None:
+        memory = pinned_memory
+    elif rec is not None:
+        memory = policy.clamp_memory(rec.memory)
+        if memory != rec.memory:
+            notes.append(
+                f"recommended memory {format_memory(rec.memory)} clamped to "
+                f"{format_memory(memory)} (policy {policy.name})"
+            )
+    else:
+        memory = policy.initial_memory
+
     sources = []
     if pinned_compute is not None or pinned_memory is not None:
         sources.append("pinned")
-    if pinned_compute is None or pinned_memory is None:
+    if rec is not None:
+        sources.append(f"recommendation {rec.describe()}")
+    elif pinned_compute is None or pinned_memory is None:
         sources.append("policy-initial")
+    sources.extend(notes)
     if pinned_memory is None and device is not None and memory > device:
         memory = device
         sources.append(f"memory capped at the node selector's {format_memory(device)}")
-    return Allocation(compute, memory, ", ".join(sources))
+    return Allocation(compute, memory, ", ".join(sources), rec)
 
 
 def _env_var(name: str, value: str) -> JSON:

@@ -3,9 +3,12 @@
 Auto-detection reads the controlling owner's kind, well-known labels of training
 operators, notebook servers, Ray and model-serving frameworks, and model-server images.
 The returned `source` is written to the audit log so an operator can see how each choice was made.
+
+The policies come as a `PolicySet` (built-ins overlaid by the GPUPolicy objects). A
+GPUPolicy object that does not parse never denies a pod: the built-in of its name
+applies, or, for an operator's own policy, the auto-detected one, with a warning.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -13,7 +16,7 @@ from gpupack import keys
 from gpupack.codec import read_policy
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Pod, annotations_of, labels_of
-from gpupack.policy import DEFAULT_POLICY, Policy
+from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy, PolicySet
 
 # Owner kinds (of the pod's controlling owner) and what they usually run.
 TRAINING_OWNERS: Final = frozenset(
@@ -75,6 +78,10 @@ def serving_image(pod: Pod) -> str | None:
     return None
 
 
+# The policies in force when there are no GPUPolicy objects (or no cluster to read them).
+BUILTIN_POLICIES: Final = PolicySet(BUILTIN, {}, frozenset())
+
+
 class UnknownPolicyError(ValueError):
     """A policy name that is neither a GPUPolicy object nor a built-in."""
 
@@ -83,7 +90,8 @@ class UnknownPolicyError(ValueError):
 class PolicyChoice:
     policy: Policy
     source: str  # pod-annotation | namespace-annotation | auto: <why> | default
-    warning: str | None = None  # e.g. an unusable namespace annotation that was ignored
+    origin: str = "built-in"  # PolicySet.source: GPUPolicy | built-in | built-in (... invalid)
+    warnings: tuple[str, ...] = ()  # e.g. an unusable namespace annotation that was ignored
 
 
 def detect(pod: Pod, owner_kind: str) -> tuple[str, str]:
@@ -109,31 +117,70 @@ def detect(pod: Pod, owner_kind: str) -> tuple[str, str]:
     return DEFAULT_POLICY, "no owner kind or label matched; the default policy"
 
 
-def _lookup(name: str, policies: Mapping[str, Policy], where: str) -> Policy:
-    policy = policies.get(name)
+class _BrokenPolicyError(Exception):
+    """An operator's GPUPolicy that does not parse and has no built-in to stand in."""
+
+    def __init__(self, warning: str) -> None:
+        super().__init__(warning)
+        self.warning = warning
+
+
+def invalid_warning(name: str, instead: str, why: str) -> str:
+    """The warning for a pod whose policy is an invalid GPUPolicy object; the reason comes
+    last, so what applies survives the API server's truncation of long warnings."""
+    return f"GPUPolicy {name} is invalid, {instead}: {why}"
+
+
+def _lookup(name: str, policies: PolicySet, where: str) -> tuple[Policy, tuple[str, ...]]:
+    """The policy of that name, with the warning when its object is invalid (the built-in
+    applies). Raises _BrokenPolicyError for an invalid object that is not a built-in,
+    UnknownPolicyError for a name nobody defined."""
+    policy = policies.policies.get(name)
+    why = policies.invalid.get(name)
     if policy is None:
-        known = ", ".join(sorted(policies))
+        if why is not None:
+            instead = f"the auto-detected policy applies instead of the {where}'s"
+            raise _BrokenPolicyError(invalid_warning(name, instead, why))
+        known = ", ".join(sorted(policies.policies))
         raise UnknownPolicyError(f"{where} {keys.POLICY}: unknown policy {name!r}; known: {known}")
-    return policy
+    if why is None:
+        return policy, ()
+    return policy, (invalid_warning(name, f"the built-in {name} applies", why),)
+
+
+def _choice(
+    policy: Policy, source: str, policies: PolicySet, warnings: tuple[str, ...]
+) -> PolicyChoice:
+    return PolicyChoice(policy, source, policies.source(policy.name), warnings)
 
 
 def resolve_policy(
-    pod: Pod, owner_kind: str, namespace: JSON | None, policies: Mapping[str, Policy]
+    pod: Pod, owner_kind: str, namespace: JSON | None, policies: PolicySet
 ) -> PolicyChoice:
-    """The policy for a pod. Raises ContractError or UnknownPolicy for a bad pod annotation
-    (the caller denies the pod); a bad namespace annotation is ignored with a warning."""
+    """The policy for a pod. Raises ContractError or UnknownPolicyError for a bad pod
+    annotation (the caller denies the pod); a bad namespace annotation is ignored with a
+    warning. A GPUPolicy object that does not parse never denies a pod: the built-in of its
+    name applies, or, for an operator's own policy, the auto-detected one, with a warning."""
+    warnings: tuple[str, ...] = ()
     name = read_policy(annotations_of(pod))
     if name is not None:
-        return PolicyChoice(_lookup(name, policies, "pod annotation"), "pod-annotation")
-    warning = None
-    if namespace is not None:
+        try:
+            policy, found = _lookup(name, policies, "pod annotation")
+            return _choice(policy, "pod-annotation", policies, found)
+        except _BrokenPolicyError as exc:
+            warnings += (exc.warning,)
+    elif namespace is not None:
         try:
             ns_name = read_policy(annotations_of(namespace))
             if ns_name is not None:
-                policy = _lookup(ns_name, policies, "namespace annotation")
-                return PolicyChoice(policy, "namespace-annotation")
+                policy, found = _lookup(ns_name, policies, "namespace annotation")
+                return _choice(policy, "namespace-annotation", policies, found)
+        except _BrokenPolicyError as exc:
+            warnings += (exc.warning,)
         except (ContractError, UnknownPolicyError) as exc:
-            warning = f"ignored the namespace's policy: {exc}"
+            warnings += (f"ignored the namespace's policy: {exc}",)
     detected, why = detect(pod, owner_kind)
-    policy = policies.get(detected) or _lookup(DEFAULT_POLICY, policies, "default")
-    return PolicyChoice(policy, f"auto: {why}", warning)
+    if detected not in policies.policies:  # only if a future built-in list loses one
+        detected = DEFAULT_POLICY
+    policy, found = _lookup(detected, policies, "auto-detected")
+    return _choice(policy, f"auto: {why}", policies, warnings + found)

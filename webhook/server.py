@@ -6,13 +6,15 @@ never an exception into the request), answer, audit, count. Bad input is a 400 o
 with `{"error": message}`, never a 5xx; a bug in the decision admits the pod unchanged.
 
 Everything the app uses is passed to `create_app`: the cluster port (or None), the audit
-log, the metrics, the clocks, the policies. No module-level state, no work at import.
+log, the metrics, the clocks, the policies without a cluster. With a cluster, the
+policies in force and the workloads' recommendations come from its watch caches.
+No module-level state, no work at import.
 """
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
@@ -23,11 +25,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpupack.kube import JSON
-from gpupack.policy import BUILTIN, Policy
+from gpupack.policy import PolicySet
+from gpupack.recommendation import Recommendation
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import ErrorKind, WebhookMetrics
 from webhook.mutate import MutationContext, decide
+from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
 
 NO_CLUSTER: Final = CapacityOutcome(
@@ -48,6 +52,12 @@ class ClusterPort(Protocol):
     def synced(self) -> bool: ...  # the watch caches have listed; readiness depends on it
 
     def namespace(self, name: str) -> JSON | None: ...  # from a watch cache; None if unknown
+
+    @property
+    def policies(self) -> PolicySet: ...  # built-ins overlaid by the GPUPolicy objects
+
+    # (namespace, workload kind, workload name) -> its GPURecommendation, parsed; or None
+    def recommendation(self, namespace: str, kind: str, name: str) -> Recommendation | None: ...
 
     async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome: ...
 
@@ -113,7 +123,7 @@ class Admissions:
         audit: AuditLog,
         metrics: WebhookMetrics,
         cluster: ClusterPort | None,
-        policies: Mapping[str, Policy],
+        policies: PolicySet,
         decide: Decide,
         clock: Callable[[], datetime],
         timer: Callable[[], float],
@@ -151,12 +161,19 @@ class Admissions:
         elapsed = self._timer() - started
         self._write_audit(review, decision, capacity, elapsed)
         self._metrics.admission(decision.outcome, decision.reason, elapsed)
+        if decision.recommendation is not None and decision.outcome is Outcome.MUTATED:
+            self._metrics.recommendation_applied()
         return response
 
     def _decision(self, review: AdmissionRequest) -> Decision:
         try:
-            namespace = self._cluster.namespace(review.namespace) if self._cluster else None
-            return self._decide(review, MutationContext(namespace, self._policies))
+            cluster = self._cluster
+            if cluster is None:
+                return self._decide(review, MutationContext(None, self._policies))
+            context = MutationContext(
+                cluster.namespace(review.namespace), cluster.policies, cluster.recommendation
+            )
+            return self._decide(review, context)
         except Exception as exc:
             log.exception("decision failed; admitting the pod unchanged", extra={"uid": review.uid})
             self._metrics.error(ErrorKind.INTERNAL)
@@ -231,14 +248,15 @@ def create_app(
     audit: AuditLog,
     metrics: WebhookMetrics,
     cluster: ClusterPort | None = None,
-    policies: Mapping[str, Policy] = BUILTIN,
+    policies: PolicySet = BUILTIN_POLICIES,
     decide: Decide = decide,
     clock: Callable[[], datetime] = utc_now,
     timer: Callable[[], float] = time.perf_counter,
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
     tls_ready: Callable[[], bool] = lambda: True,
 ) -> Starlette:
-    """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods."""
+    """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
+    recommendations, and `policies` are the policies in force."""
     admissions = Admissions(
         audit=audit,
         metrics=metrics,

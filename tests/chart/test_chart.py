@@ -362,3 +362,27 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     (local,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
     lease_updates = [r for r in local["rules"] if "update" in r["verbs"]]
     assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)
+
+
+def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywhere() -> None:
+    """Least privilege: GPURecommendations live in the workloads' namespaces, GPUPolicy
+    objects only in the release namespace; the local cluster's RBAC is the same."""
+    from hack.localcluster import webhook_rbac
+
+    docs = render()
+
+    def rules(kind: str) -> list[dict[str, Any]]:
+        (role,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == "gpupack-webhook"]
+        assert kind == "ClusterRole" or role["metadata"]["namespace"] == NAMESPACE
+        found: list[dict[str, Any]] = role["rules"]
+        return found
+
+    cluster_wide, namespaced = rules("ClusterRole"), rules("Role")
+    read = ["get", "list", "watch"]
+    gpupack_io = [r for r in cluster_wide if r["apiGroups"] == ["gpupack.io"]]
+    assert gpupack_io == [
+        {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": read}
+    ]
+    assert {"apiGroups": ["gpupack.io"], "resources": ["gpupolicies"], "verbs": read} in namespaced
+    local = {obj["kind"]: obj["rules"] for obj in webhook_rbac() if "rules" in obj}
+    assert local == {"ClusterRole": cluster_wide, "Role": namespaced}

@@ -4,20 +4,25 @@ Each test isolates its pool with a toleration of its own (harmless: no node has 
 taint), so capacity pods of one test never count for another.
 """
 
+import contextlib
 import copy
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpupack import keys
+from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key
+from gpupack.recommendation import Recommendation, recommendation_object
 from hack.localcluster import (
     SYSTEM_NAMESPACE,
+    ApiError,
     ClusterError,
     Kube,
     LocalCluster,
@@ -320,3 +325,198 @@ def test_with_the_webhook_down_pods_are_admitted_unchanged(
     after = kube.create(pods_path(ns), pod(ns, "after-outage"))
     assert_mutated(after)
     delete_capacity(kube, after)
+
+
+# GPUPolicy objects and GPURecommendations (what the recommender writes).
+
+POLICIES = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
+
+
+def audit_entry(cluster: LocalCluster | None, uid: str) -> JSON | None:
+    """The webhook's audit line for admission `uid`; None without the local cluster."""
+    if cluster is None:
+        return None
+    log = cluster.audit_log
+
+    def find() -> JSON | None:
+        for text in log.read_text().splitlines():
+            if f'"{uid}"' in text:
+                line: JSON = json.loads(text)
+                if line.get("uid") == uid:
+                    return line
+        return None
+
+    entry: JSON = cluster.kube().wait_for(f"the audit line of {uid}", find, timeout=10)
+    return entry
+
+
+@contextlib.contextmanager
+def gpupolicy(kube: Kube, name: str, **spec: Any) -> Iterator[JSON]:
+    """A GPUPolicy object for the test's duration: a built-in's spec (or real-time's, for
+    another name) with `spec` overriding fields; what was there before is put back."""
+    path = f"{POLICIES}/{name}"
+    try:
+        before: JSON | None = kube.get(path)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        before = None
+    fields = {**policy_spec(BUILTIN.get(name, BUILTIN["real-time"])), **spec}
+    obj = {
+        "apiVersion": "gpupack.io/v1alpha1",
+        "kind": "GPUPolicy",
+        "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+        "spec": fields,
+    }
+    try:
+        yield kube.apply(obj)
+    finally:
+        if before is None:
+            kube.delete(path)
+        else:
+            meta = {
+                k: before["metadata"][k]
+                for k in ("name", "namespace", "labels")
+                if k in before["metadata"]
+            }
+            kube.apply({**before, "metadata": meta})
+
+
+def probe(namespace: str, annotations: JSON, **metadata: Any) -> JSON:
+    """A dry-run pod: how a test asks what the webhook would do, leaving nothing behind."""
+    obj = pod(namespace, "probe", annotations=annotations)
+    obj["metadata"].update(metadata)
+    return obj
+
+
+def admitted_compute(kube: Kube, obj: JSON) -> str | None:
+    """The gpu-compute annotation the webhook gives `obj` in a dry run; None if denied."""
+    try:
+        dry = kube.create(pods_path(obj["metadata"]["namespace"]), obj, dry_run=True)
+    except ApiError:
+        return None
+    value: str | None = (dry["metadata"].get("annotations") or {}).get(keys.GPU_COMPUTE)
+    return value
+
+
+def test_a_gpupolicy_object_overrides_the_builtins_initial_allocation(
+    kube: Kube, cluster: LocalCluster | None, opted_in_namespace: str
+) -> None:
+    ns = opted_in_namespace
+    annotations = {keys.POLICY: "build"}
+    with gpupolicy(kube, "build", initialCompute="300m", initialMemory="3Gi"):
+        kube.wait_for(
+            "the webhook to see the GPUPolicy",
+            lambda: admitted_compute(kube, probe(ns, annotations)) == "300m",
+        )
+        stored = kube.create(pods_path(ns), pod(ns, "from-gpupolicy", annotations=annotations))
+        try:
+            assert_mutated(stored, compute="300m")
+            assert stored["metadata"]["annotations"][keys.GPU_MEMORY] == "3Gi"
+            line = audit_entry(cluster, stored["metadata"]["annotations"][keys.DECISION])
+            if line is not None:
+                assert (line["policy"], line["policyOrigin"]) == ("build", "GPUPolicy")
+                assert (line["compute"], line["memory"]) == ("300m", "3Gi")
+                assert line["allocationSource"] == "policy-initial"
+        finally:
+            delete_capacity(kube, stored)
+    kube.wait_for(
+        "the webhook to see the built-in again",
+        lambda: admitted_compute(kube, probe(ns, annotations)) == "200m",
+    )
+
+
+def test_an_invalid_operator_policy_falls_back_with_a_warning_instead_of_denying(
+    kube: Kube, cluster: LocalCluster | None, opted_in_namespace: str
+) -> None:
+    ns = opted_in_namespace
+    annotations = {keys.POLICY: "it-broken"}
+    # Valid for the CRD's schema, not for gpupack: the minimum above the initial compute.
+    with gpupolicy(kube, "it-broken", minCompute="900m", initialCompute="300m"):
+        kube.wait_for(  # unknown policies are denied; an invalid one is admitted
+            "the webhook to see the invalid GPUPolicy",
+            lambda: admitted_compute(kube, probe(ns, annotations)),
+        )
+        stored = kube.create(pods_path(ns), pod(ns, "broken-policy", annotations=annotations))
+        try:
+            assert_mutated(stored, compute="400m")  # a bare pod: near-real-time, built-in
+            assert stored["metadata"]["annotations"][keys.POLICY] == "near-real-time"
+            line = audit_entry(cluster, stored["metadata"]["annotations"][keys.DECISION])
+            if line is not None:
+                (warning,) = line["warnings"]
+                assert warning.startswith("GPUPolicy it-broken is invalid, the auto-detected")
+        finally:
+            delete_capacity(kube, stored)
+
+
+def test_the_workloads_recommendation_sets_its_new_pods_allocation(
+    kube: Kube, cluster: LocalCluster | None, opted_in_namespace: str
+) -> None:
+    ns = opted_in_namespace
+    recommended = Recommendation(
+        namespace=ns,
+        kind="Deployment",
+        workload="web",
+        policy="near-real-time",
+        compute=150,
+        memory=2 * 2**30,
+        confidence=0.75,
+        last_change="2026-11-20T08:00:00Z",
+        reason="integration test",
+    )
+    kube.apply(recommendation_object(recommended, {"samples": 900}))
+    template_hash = "5d8f7c9b6"
+    like_the_deployments = probe(
+        ns,
+        {},
+        labels={"app": "web", "pod-template-hash": template_hash},
+        ownerReferences=[
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": f"web-{template_hash}",
+                "uid": "00000000-0000-4000-8000-000000000000",
+                "controller": True,
+            }
+        ],
+    )
+    kube.wait_for(
+        "the webhook to see the GPURecommendation",
+        lambda: admitted_compute(kube, like_the_deployments) == "150m",
+    )
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": gpu_spec(ns)},
+        },
+    }
+    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
+    stored: JSON | None = None
+    try:
+
+        def one_pod() -> JSON | None:
+            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=web")["items"]
+            return items[0] if items else None
+
+        stored = kube.wait_for("the Deployment's pod", one_pod)
+        assert_mutated(stored, compute="150m")
+        assert stored["metadata"]["annotations"][keys.GPU_MEMORY] == "2Gi"
+        line = audit_entry(cluster, stored["metadata"]["annotations"][keys.DECISION])
+        if line is not None:
+            assert line["allocationSource"] == (
+                f"recommendation GPURecommendation {ns}/deployment-web (confidence 0.75)"
+            )
+            assert line["recommendation"] == {
+                "name": "deployment-web",
+                "compute": "150m",
+                "memory": "2Gi",
+                "confidence": 0.75,
+                "lastChange": "2026-11-20T08:00:00Z",
+            }
+    finally:
+        kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/web")
+        delete_capacity(kube, stored)

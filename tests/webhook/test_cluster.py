@@ -9,7 +9,8 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,14 @@ from gpupack import keys
 from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
+from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key, scheduling_metadata
-from tests.fakes import FakeKube
-from webhook.cluster import Cluster, connect
+from gpupack.recommendation import Recommendation, list_path, recommendation_object
+from tests.fakes import FakeKube, FakeWatch
+from webhook.cluster import Cluster, connect, policies_path
 from webhook.decision import Demand
 from webhook.kube import HttpClient, load_client
+from webhook.policies import BUILTIN_POLICIES
 from webhook.server import ClusterPort
 
 WAIT = 10.0  # a deadline for background threads, never a measured duration
@@ -149,6 +153,16 @@ def client(server: str, tmp_path: Path) -> Iterator[HttpClient]:
     assert isinstance(loaded, HttpClient)
     yield loaded
     loaded.close()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def demand(uid: str, compute: int = 300) -> Demand:
@@ -324,11 +338,7 @@ def test_cluster_over_http_syncs_and_creates_capacity(
     assert cluster is not None
     cluster.start()
     try:
-        assert all(
-            i.wait_synced(WAIT)
-            for i in (cluster.namespaces, cluster.capacity_pods, cluster.fractional_pods)
-        )
-        assert cluster.synced
+        assert wait_until(lambda: cluster.synced)
         assert (cluster.namespace("ml") or {})["metadata"]["labels"] == {keys.OPTIMIZE: "enabled"}
         assert cluster.namespace("unknown") is None
 
@@ -342,8 +352,20 @@ def test_cluster_over_http_syncs_and_creates_capacity(
     assert list(stub.pods["gpupack-system"]) == [capacity_name(POOL, 0)]
     assert created == [1]
     assert not any(
-        i.running for i in (cluster.namespaces, cluster.capacity_pods, cluster.fractional_pods)
+        i.running
+        for i in (
+            cluster.namespaces,
+            cluster.capacity_pods,
+            cluster.fractional_pods,
+            cluster.gpupolicies,
+            cluster.gpurecommendations,
+        )
     )
+    listed = {path for verb, path, _ in stub.requests if verb == "GET" and "watch" not in path}
+    assert {urlsplit(path).path for path in listed} >= {
+        "/apis/gpupack.io/v1alpha1/namespaces/gpupack-system/gpupolicies",
+        "/apis/gpupack.io/v1alpha1/gpurecommendations",
+    }
 
 
 def test_ensure_capacity_answers_on_the_event_loop_and_creates_in_the_background() -> None:
@@ -371,3 +393,101 @@ def test_ensure_capacity_answers_on_the_event_loop_and_creates_in_the_background
     assert len(threads) == 1
     assert threads[0].startswith("capacity")
     assert kube.count("create") == 1
+
+
+# GPUPolicy objects and GPURecommendations.
+
+
+class RoutingKube:
+    """The in-memory API with the two gpupack.io collections the webhook watches: each is
+    served by a FakeKube of its own, under that fake's pods path, so its objects get the
+    fake's resourceVersions, watch history and events."""
+
+    def __init__(self) -> None:
+        self.core = FakeKube()
+        self.policies = FakeKube()
+        self.recommendations = FakeKube()
+        self._routes = {
+            policies_path(keys.SYSTEM_NAMESPACE): (self.policies, "/api/v1/pods"),
+            list_path(): (self.recommendations, "/api/v1/pods"),
+        }
+
+    def _route(self, path: str) -> tuple[FakeKube, str]:
+        return self._routes.get(path, (self.core, path))
+
+    def list(self, path: str, params: Mapping[str, str]) -> JSON:
+        kube, routed = self._route(path)
+        return kube.list(routed, params)
+
+    def watch(self, path: str, params: Mapping[str, str]) -> FakeWatch:
+        kube, routed = self._route(path)
+        return kube.watch(routed, params)
+
+    def create(self, path: str, body: JSON) -> JSON:
+        return self.core.create(path, body)
+
+    def close(self) -> None:
+        for kube in (self.core, self.policies, self.recommendations):
+            kube.close()
+
+
+def gpupolicy(name: str, **spec: Any) -> JSON:
+    fields = {**policy_spec(BUILTIN[name]), **spec}
+    meta = {"name": name, "namespace": keys.SYSTEM_NAMESPACE}
+    return {
+        "apiVersion": "gpupack.io/v1alpha1",
+        "kind": "GPUPolicy",
+        "metadata": meta,
+        "spec": fields,
+    }
+
+
+def recommendation(compute: int, name: str = "web") -> JSON:
+    rec = Recommendation("ml", "Deployment", name, "near-real-time", compute, 2**30, 0.5, "", "")
+    return recommendation_object(rec, {})
+
+
+def recommended_compute(cluster: Cluster) -> int | None:
+    found = cluster.recommendation("ml", "Deployment", "web")
+    return None if found is None else found.compute
+
+
+def test_cluster_keeps_the_policies_and_recommendations_current() -> None:
+    kube = RoutingKube()
+    kube.policies.put(gpupolicy("batch", initialCompute="300m"))
+    kube.recommendations.put(recommendation(250))
+    cluster = Cluster(kube)
+    assert cluster.policies == BUILTIN_POLICIES  # before the first list
+    assert cluster.recommendation("ml", "Deployment", "web") is None
+    cluster.start()
+    try:
+        assert wait_until(lambda: cluster.synced)
+        assert cluster.policies.policies["batch"].initial_compute == 300
+        assert recommended_compute(cluster) == 250
+
+        kube.policies.put(gpupolicy("batch", initialCompute="200m"))
+        assert wait_until(lambda: cluster.policies.policies["batch"].initial_compute == 200)
+        kube.policies.put(gpupolicy("batch", percentile="high"))
+        assert wait_until(lambda: "batch" in cluster.policies.invalid)
+        assert cluster.policies.policies["batch"] == BUILTIN["batch"]
+
+        kube.recommendations.put(recommendation(400))
+        assert wait_until(lambda: recommended_compute(cluster) == 400)
+        kube.recommendations.delete("pods", "ml", "deployment-web")
+        assert wait_until(lambda: recommended_compute(cluster) is None)
+    finally:
+        cluster.stop()
+
+
+def test_cluster_is_not_synced_while_a_gpupack_collection_cannot_be_listed() -> None:
+    kube = RoutingKube()
+    kube.policies.fail("list", ApiError(403, "Forbidden", "gpupolicies is forbidden"), times=1000)
+    cluster = Cluster(kube)
+    cluster.start()
+    try:
+        assert cluster.namespaces.wait_synced(WAIT)
+        assert cluster.gpurecommendations.wait_synced(WAIT)
+        assert wait_until(lambda: "forbidden" in cluster.gpupolicies.error)
+        assert not cluster.synced
+    finally:
+        cluster.stop()

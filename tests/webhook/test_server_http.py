@@ -28,10 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupack import keys
 from gpupack.kube import JSON
+from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
+from gpupack.recommendation import Recommendation
 from webhook.audit import AUDIT_MARKER, AuditLog
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import WebhookMetrics, start_metrics_server
 from webhook.mutate import MutationContext
+from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest
 from webhook.serve import build_uvicorn_config, serve
 from webhook.server import ClusterPort, Decide, create_app
@@ -52,9 +55,12 @@ def cpu_pod() -> JSON:
 
 @dataclass
 class FakeCluster:
-    """A ClusterPort in memory: namespaces by name, a scripted capacity answer."""
+    """A ClusterPort in memory: namespaces by name, policies, recommendations by
+    (namespace, kind, name), a scripted capacity answer."""
 
     namespaces: dict[str, JSON] = field(default_factory=dict)
+    policies: PolicySet = BUILTIN_POLICIES
+    recommendations: dict[tuple[str, str, str], Recommendation] = field(default_factory=dict)
     capacity: Callable[[Demand, bool], CapacityOutcome] | None = None
     hang: bool = False
     delays: dict[str, float] = field(default_factory=dict)  # by decision id
@@ -65,6 +71,9 @@ class FakeCluster:
 
     def namespace(self, name: str) -> JSON | None:
         return self.namespaces.get(name)
+
+    def recommendation(self, namespace: str, kind: str, name: str) -> Recommendation | None:
+        return self.recommendations.get((namespace, kind, name))
 
     async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         self.calls.append((demand, dry_run))
@@ -230,6 +239,34 @@ def test_namespace_from_the_cluster_is_used_for_the_opt_in(start_webhook: StartW
 
     assert "patch" not in answer
     assert webhook.audit_lines()[0]["reason"] == "opted-out"
+
+
+def test_policies_and_recommendations_come_from_the_cluster(start_webhook: StartWebhook) -> None:
+    """vllm_pod is Deployment llm-server's, auto-detected as real-time."""
+    spec = {**policy_spec(BUILTIN["real-time"]), "percentile": "high"}
+    broken = {"metadata": {"name": "real-time", "namespace": "gpupack-system"}, "spec": spec}
+    recommended = Recommendation(
+        "ml", "Deployment", "llm-server", "real-time", 350, 5 * 2**30, 0.9, "", "p99"
+    )
+    cluster = FakeCluster(
+        policies=effective_policies([broken]),
+        recommendations={("ml", "Deployment", "llm-server"): recommended},
+    )
+    webhook = start_webhook(cluster=cluster)
+
+    answer = webhook.admit(vllm_pod())
+    webhook.admit(cpu_pod(), uid="req-2")
+
+    pod = jsonpatch.apply_patch(vllm_pod(), json.loads(base64.b64decode(answer["patch"])))
+    annotations = pod["metadata"]["annotations"]
+    assert (annotations[keys.GPU_COMPUTE], annotations[keys.GPU_MEMORY]) == ("350m", "5Gi")
+    (warning,) = answer["warnings"]
+    assert warning.startswith("GPUPolicy real-time is invalid, the built-in real-time applies")
+    line = webhook.audit_lines()[0]
+    assert line["warnings"] == [warning]
+    assert line["recommendation"]["name"] == "deployment-llm-server"
+    assert line["allocationSource"].startswith("recommendation GPURecommendation ml/")
+    assert webhook.metric("gpupack_webhook_recommendations_applied_total") == 1
 
 
 def test_created_capacity_pods_are_counted(start_webhook: StartWebhook) -> None:
