@@ -111,6 +111,7 @@ class FakeNode:
         self._stop.set()
         self._thread.join(timeout=5)
         self._http.shutdown()
+        self._http.server_close()
         self._sampler.stop()
         self._informer.stop()
         self._client.close()
