@@ -11,10 +11,8 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Final
 
@@ -24,9 +22,10 @@ from gpupack import keys
 from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.informer import Informer
 from gpupack.logs import configure_logging
+from scheduler import leader
 from scheduler.cache import Cache, Dirty
 from scheduler.kube import connect
-from scheduler.leader import Elector, Timing
+from scheduler.leader import Elector
 from scheduler.loop import Scheduler
 from scheduler.metrics import Metrics
 from scheduler.placement import Scorer
@@ -90,22 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster's own pod mix (default: %(default)s; see docs/scheduler.md)",
     )
     add("--workers", type=int, default=8, help="threads for API writes (default: %(default)s)")
-    election = parser.add_argument_group("leader election")
-    election.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="elect a leader through a Lease; turn off only for a single replica",
-    )
-    election.add_argument("--lease-name", default="gpupack-scheduler")
-    election.add_argument(
-        "--identity",
-        default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-        help="this replica's name in the Lease (default: hostname and a random suffix)",
-    )
-    election.add_argument("--lease-duration", type=seconds, default=15.0, metavar="SECONDS")
-    election.add_argument("--renew-deadline", type=seconds, default=10.0, metavar="SECONDS")
-    election.add_argument("--retry-period", type=seconds, default=2.0, metavar="SECONDS")
+    leader.add_arguments(parser, "gpupack-scheduler")
     add("--metrics-address", default="0.0.0.0", help="metrics listen address")  # noqa: S104
     add(
         "--metrics-port",
@@ -126,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
-        timing = Timing(args.lease_duration, args.renew_deadline, args.retry_period)
+        timing = leader.timing_of(args)
         kube = connect(args.kubeconfig)
     except ValueError as error:
         parser.print_usage(sys.stderr)

@@ -10,10 +10,13 @@ exits and restarts as a candidate, as kube-scheduler does). On a clean shutdown 
 leader releases the Lease so a standby takes over at its next retry, not after expiry.
 """
 
+import argparse
 import datetime
 import logging
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -39,6 +42,41 @@ class Timing:
                 "leader election needs 0 < retry-period < renew-deadline < lease-duration, got "
                 f"{self.retry_period} / {self.renew_deadline} / {self.lease_duration}"
             )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser, lease_name: str) -> None:
+    """The leader-election options every leader-elected gpupack binary takes."""
+    election = parser.add_argument_group("leader election")
+    election.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader through a Lease; turn off only for a single replica",
+    )
+    election.add_argument("--lease-name", default=lease_name)
+    election.add_argument(
+        "--identity",
+        default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        help="this replica's name in the Lease (default: hostname and a random suffix)",
+    )
+    election.add_argument("--lease-duration", type=_seconds, default=15.0, metavar="SECONDS")
+    election.add_argument("--renew-deadline", type=_seconds, default=10.0, metavar="SECONDS")
+    election.add_argument("--retry-period", type=_seconds, default=2.0, metavar="SECONDS")
+
+
+def timing_of(args: argparse.Namespace) -> Timing:
+    """The Timing `add_arguments`' options describe; ValueError when inconsistent."""
+    return Timing(args.lease_duration, args.renew_deadline, args.retry_period)
 
 
 def _micro_time() -> str:

@@ -14,10 +14,8 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Final
 
@@ -29,8 +27,9 @@ from gpupack.logs import configure_logging
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.recommendation import list_path
+from scheduler import leader
 from scheduler.kube import connect
-from scheduler.leader import Elector, Timing
+from scheduler.leader import Elector
 from scheduler.recommender.controller import Recommender, Settings
 from scheduler.recommender.metrics import RecommenderMetrics
 from scheduler.recommender.usage import (
@@ -140,22 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="at most one restart per workload per this long (default: %(default)s)",
     )
-    election = parser.add_argument_group("leader election")
-    election.add_argument(
-        "--leader-elect",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="elect a leader through a Lease; turn off only for a single replica",
-    )
-    election.add_argument("--lease-name", default="gpupack-recommender")
-    election.add_argument(
-        "--identity",
-        default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-        help="this replica's name in the Lease (default: hostname and a random suffix)",
-    )
-    election.add_argument("--lease-duration", type=positive, default=15.0, metavar="SECONDS")
-    election.add_argument("--renew-deadline", type=positive, default=10.0, metavar="SECONDS")
-    election.add_argument("--retry-period", type=positive, default=2.0, metavar="SECONDS")
+    leader.add_arguments(parser, "gpupack-recommender")
     add("--metrics-address", default="0.0.0.0", help="metrics listen address")  # noqa: S104
     add(
         "--metrics-port",
@@ -194,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
-        timing = Timing(args.lease_duration, args.renew_deadline, args.retry_period)
+        timing = leader.timing_of(args)
         kube = connect(args.kubeconfig)
         exporters = None
         if not args.prometheus_url and not args.exporter_url:
