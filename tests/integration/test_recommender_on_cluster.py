@@ -414,7 +414,10 @@ def test_a_workload_using_a_quarter_gpu_is_rightsized_onto_fewer_gpus_and_keeps_
     )
     audit = local_cluster.audit_log.read_text()
     assert f"GPURecommendation {ns}/{object_name('Deployment', app)}" in audit
-    print(f"GPUs held by {ns}/{app}: before {len(gpus_used(before))}, after 1")
+    print(
+        f"{ns}/{app}: 3 pods at 1 / 12Gi on {len(gpus_used(before))} GPUs; recommendation "
+        f"{status['compute']} / {status['memory']}; 3 pods on {len(gpus_used(after))} GPU"
+    )
 
 
 def test_memory_near_its_allocation_restarts_an_auto_workload_with_more_memory(
