@@ -30,6 +30,7 @@ from exporter.podresources import PodResourcesClient, PodResourcesError
 from exporter.pods import PodMap, node_pods
 from exporter.sampler import Sampler
 from gpupack import keys
+from gpupack.args import positive_seconds
 from gpupack.logs import configure_logging
 
 log = logging.getLogger("exporter.cli")
@@ -38,14 +39,6 @@ EXIT_CONFIG: Final = 2
 DEFAULT_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,14 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--interval",
-        type=positive,
+        type=positive_seconds,
         default=1.0,
         metavar="SECONDS",
         help="NVML sampling interval (default: %(default)s)",
     )
     add(
         "--min-window",
-        type=positive,
+        type=positive_seconds,
         default=5.0,
         metavar="SECONDS",
         help="per-process compute is averaged since the previous scrape, over at least this "
@@ -90,14 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--max-window",
-        type=positive,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="and at most this long (default: %(default)s)",
     )
     add(
         "--discovery-interval",
-        type=positive,
+        type=positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="how often kubelet is asked which GPU each capacity pod holds (default: "

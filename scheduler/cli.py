@@ -19,6 +19,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpupack import keys
+from gpupack.args import non_negative_seconds
 from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.informer import Informer
 from gpupack.logs import configure_logging
@@ -40,14 +41,6 @@ SYNC_TIMEOUT: Final = 120.0
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 
-def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (>= 0)")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--grace-period",
-        type=seconds,
+        type=non_negative_seconds,
         default=300.0,
         metavar="SECONDS",
         help="how long a capacity pod may hold an empty GPU before it is deleted "
@@ -74,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--orphan-grace",
-        type=seconds,
+        type=non_negative_seconds,
         default=30.0,
         metavar="SECONDS",
         help="how long a pod may sit on a GPU whose capacity pod is gone before it is "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpupack.api import ApiError
+from gpupack.args import positive_seconds
 from gpupack.kube import JSON
 from scheduler.kube import Kube
 
@@ -44,16 +45,6 @@ class Timing:
             )
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser, lease_name: str) -> None:
     """The leader-election options every leader-elected gpupack binary takes."""
     election = parser.add_argument_group("leader election")
@@ -69,9 +60,12 @@ def add_arguments(parser: argparse.ArgumentParser, lease_name: str) -> None:
         default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         help="this replica's name in the Lease (default: hostname and a random suffix)",
     )
-    election.add_argument("--lease-duration", type=_seconds, default=15.0, metavar="SECONDS")
-    election.add_argument("--renew-deadline", type=_seconds, default=10.0, metavar="SECONDS")
-    election.add_argument("--retry-period", type=_seconds, default=2.0, metavar="SECONDS")
+    for flag, default in (
+        ("--lease-duration", 15.0),
+        ("--renew-deadline", 10.0),
+        ("--retry-period", 2.0),
+    ):
+        election.add_argument(flag, type=positive_seconds, default=default, metavar="SECONDS")
 
 
 def timing_of(args: argparse.Namespace) -> Timing:

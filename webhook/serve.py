@@ -20,6 +20,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
+from gpupack.args import positive_seconds
 from gpupack.logs import configure_logging
 from webhook.audit import AuditLog
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
@@ -34,14 +35,6 @@ GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 log = logging.getLogger("webhook.serve")
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpupack import keys
+from gpupack.args import positive_number, positive_seconds
 from gpupack.informer import Informer
 from gpupack.logs import configure_logging
 from gpupack.policy import API_VERSION as POLICY_API
@@ -49,14 +50,6 @@ DEFAULT_EXPORTER_SELECTOR: Final = (
 )
 
 
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,14 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--interval",
-        type=positive,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="how often usage is collected (default: %(default)s)",
     )
     add(
         "--checkpoint-interval",
-        type=positive,
+        type=positive_seconds,
         default=300.0,
         metavar="SECONDS",
         help="longest a growing history goes unsaved in its GPURecommendation; a crash loses "
@@ -118,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     usage.add_argument(
         "--scrape-timeout",
-        type=positive,
+        type=positive_seconds,
         default=5.0,
         metavar="SECONDS",
         help="timeout of one exporter scrape or Prometheus query (default: %(default)s)",
@@ -126,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     rollout = parser.add_argument_group("rollouts (policies with updateMode: Auto)")
     rollout.add_argument(
         "--rollout-drift",
-        type=positive,
+        type=positive_number,
         default=0.5,
         metavar="RATIO",
         help="restart a workload when its pods' allocation and the recommendation are more "
@@ -134,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument(
         "--rollout-cooldown",
-        type=positive,
+        type=positive_seconds,
         default=3600.0,
         metavar="SECONDS",
         help="at most one restart per workload per this long (default: %(default)s)",
