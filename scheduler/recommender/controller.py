@@ -218,7 +218,7 @@ class Recommender:
                     "recommendation changed",
                     extra={"workload": str(key), "policy": policy.name, "reason": workload.reason},
                 )
-        self._write_policy_statuses()
+        self._write_policy_statuses(policy_set)
         result = TickResult(samples, unmatched, collected.errors, written, changed, rollouts)
         if self._metrics is not None:
             self._metrics.samples.inc(samples)
@@ -365,10 +365,10 @@ class Recommender:
             self._metrics.rollouts.labels("ok").inc()
         return True
 
-    def _write_policy_statuses(self) -> None:
+    def _write_policy_statuses(self, policy_set: PolicySet) -> None:
         namespace = self.settings.namespace
         for obj in self._policies.items():
-            desired = policy_status(obj)
+            desired = policy_status(obj, policy_set.invalid)
             current = obj.get("status") or {}
             if all(current.get(k) == v for k, v in desired.items()):
                 continue

@@ -17,7 +17,7 @@ from gpupack import keys
 from gpupack.codec import read_compute, read_memory
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Pod, annotations_of, workload_of
-from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy, policy_from_object
+from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import Recommendation, object_name, recommendation_object
 from scheduler.recommender.recommend import History, Running, Target
@@ -202,20 +202,19 @@ def restore(obj: JSON) -> Workload:
     return workload
 
 
-def policy_status(obj: JSON) -> JSON:
-    """The status a GPUPolicy object should carry: valid or not, and what applies."""
+def policy_status(obj: JSON, invalid: Mapping[str, str]) -> JSON:
+    """The status a GPUPolicy object should carry: valid or not (`invalid` is
+    `PolicySet.invalid`, which parsed it already), and what applies."""
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
     generation = meta.get("generation")
-    try:
-        policy_from_object(obj)
-    except ContractError as exc:
+    if name in invalid:
         fallback = (
             f"the built-in {name} applies"
             if name in BUILTIN
             else "pods naming it get their auto-detected policy"
         )
-        status: JSON = {"valid": "False", "message": f"{exc}; {fallback}"}
+        status: JSON = {"valid": "False", "message": f"{invalid[name]}; {fallback}"}
     else:
         status = {"valid": "True", "message": "in force"}
     if isinstance(generation, int):
