@@ -860,7 +860,36 @@ class LocalCluster:
         return self.install_webhook(configuration=self._webhook_configuration)
 
     def stop_webhook(self) -> None:
-        process = self.processes.pop(WEBHOOK_NAME, None)
+        self._stop(WEBHOOK_NAME)
+
+    def _run_component(
+        self,
+        process_name: str,
+        user: str,
+        template: str,
+        module: str,
+        args: Sequence[str],
+        *,
+        sets: Sequence[str] = (),
+    ) -> Process:
+        """Run `python -m module` as the local user `user`, with the RBAC the chart's
+        `template` renders (and `sets`) bound to that user, and a kubeconfig for it."""
+        admin = self.kube()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(Path(self.binary("helm")), template, user, sets=sets):
+            admin.apply(obj)
+        process = self._launch(
+            process_name,
+            [sys.executable, "-m", module, f"--kubeconfig={self.user_kubeconfig(user)}", *args],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self.write_state()
+        return process
+
+    def _stop(self, process_name: str) -> None:
+        process = self.processes.pop(process_name, None)
         if process is not None:
             process.stop()
         self.write_state()
@@ -870,43 +899,28 @@ class LocalCluster:
     ) -> Process:
         """Run `gpupack-scheduler` as a local process (`name` tells replicas apart) with
         the RBAC the chart renders, bound to the local user `gpupack-scheduler`."""
-        admin = self.kube()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart_rbac(
-            Path(self.binary("helm")), "templates/scheduler.yaml", SCHEDULER_NAME
-        ):
-            admin.apply(obj)
-        kubeconfig = self.user_kubeconfig(SCHEDULER_NAME)
-        process = self._launch(
+        return self._run_component(
             name,
+            SCHEDULER_NAME,
+            "templates/scheduler.yaml",
+            "scheduler.cli",
             [
-                sys.executable,
-                "-m",
-                "scheduler.cli",
-                f"--kubeconfig={kubeconfig}",
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--identity={name}",
                 f"--metrics-port={free_port()}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,
             ],
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
-        self.write_state()
-        return process
 
     def stop_scheduler(self, name: str = SCHEDULER_NAME, *, kill: bool = False) -> None:
         """Stop a scheduler replica: SIGTERM (it releases its Lease), or SIGKILL."""
-        process = self.processes.pop(name, None)
-        if process is not None:
-            if kill and process.popen is not None:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait(timeout=10)
-                process.popen = None
-            process.stop()
-        self.write_state()
+        process = self.processes.get(name)
+        if kill and process is not None and process.popen is not None:
+            os.killpg(process.popen.pid, signal.SIGKILL)
+            process.popen.wait(timeout=10)
+            process.popen = None
+        self._stop(name)
 
     def install_exporter(
         self,
@@ -920,20 +934,13 @@ class LocalCluster:
         renders (bound to the local user `gpupack-exporter`), talking to the kubelet
         pod-resources socket the caller serves. Returns the process and its port. No NVML
         here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
-        admin = self.kube()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart_rbac(Path(self.binary("helm")), "templates/exporter.yaml", EXPORTER_NAME):
-            admin.apply(obj)
         port = free_port()
-        process = self._launch(
+        process = self._run_component(
             f"{EXPORTER_NAME}-{node}",
+            EXPORTER_NAME,
+            "templates/exporter.yaml",
+            "exporter.cli",
             [
-                sys.executable,
-                "-m",
-                "exporter.cli",
-                f"--kubeconfig={self.user_kubeconfig(EXPORTER_NAME)}",
                 f"--node-name={node}",
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--pod-resources-socket={pod_resources_socket}",
@@ -942,58 +949,36 @@ class LocalCluster:
                 *([f"--proc={proc}"] if proc else []),
                 *extra_args,
             ],
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
-        self.write_state()
         return process, port
+
+    def stop_exporter(self, node: str) -> None:
+        self._stop(f"{EXPORTER_NAME}-{node}")
 
     def install_recommender(
         self, *, name: str = RECOMMENDER_NAME, extra_args: Sequence[str] = ()
     ) -> Process:
         """Run `gpupack-recommender` as a local process with the RBAC the chart renders
         (rollouts granted), bound to the local user `gpupack-recommender`."""
-        admin = self.kube()
         self.install_crds()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart_rbac(
-            Path(self.binary("helm")),
-            "templates/recommender.yaml",
-            RECOMMENDER_NAME,
-            sets=("recommender.rollouts=true",),
-        ):
-            admin.apply(obj)
-        process = self._launch(
+        return self._run_component(
             name,
+            RECOMMENDER_NAME,
+            "templates/recommender.yaml",
+            "scheduler.recommender.cli",
             [
-                sys.executable,
-                "-m",
-                "scheduler.recommender.cli",
-                f"--kubeconfig={self.user_kubeconfig(RECOMMENDER_NAME)}",
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--identity={name}",
                 f"--metrics-port={free_port()}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,
             ],
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+            sets=("recommender.rollouts=true",),
         )
-        self.write_state()
-        return process
 
     def stop_recommender(self, name: str = RECOMMENDER_NAME) -> None:
         """SIGTERM: the recommender checkpoints every history and releases its Lease."""
-        process = self.processes.pop(name, None)
-        if process is not None:
-            process.stop()
-        self.write_state()
-
-    def stop_exporter(self, node: str) -> None:
-        process = self.processes.pop(f"{EXPORTER_NAME}-{node}", None)
-        if process is not None:
-            process.stop()
-        self.write_state()
+        self._stop(name)
 
 
 # -- what the chart will install, as the harness installs it --------------------------
