@@ -1044,26 +1044,33 @@ def webhook_rbac() -> list[JSON]:
     ]
 
 
-def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -> JSON:
-    """The MutatingWebhookConfiguration the chart (charts/gpupack) renders, so the local
-    cluster registers the webhook with the chart's selectors and settings."""
-    chart = CHART_DIR
-    rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
+def render_chart(
+    helm: Path, template: str, namespace: str = SYSTEM_NAMESPACE, sets: Sequence[str] = ()
+) -> str:
+    """What `helm template` renders of one of the chart's templates (charts/gpupack)."""
+    return subprocess.run(  # noqa: S603 (our helm, fixed arguments)
         [
             str(helm),
             "template",
             "gpupack",
-            str(chart),
+            str(CHART_DIR),
             f"--namespace={namespace}",
             "--kube-version=1.35.0",
-            "--show-only=templates/mutatingwebhookconfiguration.yaml",
+            f"--show-only={template}",
+            *(f"--set={value}" for value in sets),
         ],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     ).stdout
-    config: JSON = yaml.safe_load(rendered)
+
+
+def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -> JSON:
+    """The MutatingWebhookConfiguration the chart renders, so the local cluster registers
+    the webhook with the chart's selectors and settings."""
+    template = "templates/mutatingwebhookconfiguration.yaml"
+    config: JSON = yaml.safe_load(render_chart(helm, template, namespace))
     return config
 
 
@@ -1076,23 +1083,7 @@ def chart_rbac(
 ) -> list[JSON]:
     """The ClusterRoles and Roles a chart template renders, bound to the local `user`
     instead of the ServiceAccount: the local processes run with the chart's permissions."""
-    chart = CHART_DIR
-    rendered = subprocess.run(  # noqa: S603 (our helm, fixed arguments)
-        [
-            str(helm),
-            "template",
-            "gpupack",
-            str(chart),
-            f"--namespace={namespace}",
-            "--kube-version=1.35.0",
-            f"--show-only={template}",
-            *(f"--set={value}" for value in sets),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
+    rendered = render_chart(helm, template, namespace, sets)
     out: list[JSON] = []
     subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
     for doc in yaml.safe_load_all(rendered):
