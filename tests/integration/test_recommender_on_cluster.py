@@ -39,11 +39,13 @@ from hack.localcluster import (
 )
 from tests.exporter.fake_reader import A100, FakeReader, GiB
 from tests.exporter.procfs import containerd_v2, write_proc
+from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
 
 JSON = dict[str, Any]
 NODE = "gpu-a100-3"
+ON_NODE = {"kubernetes.io/hostname": NODE}
 GPUS = 8
 POLICIES = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
 SCHEDULER_ARGS = [
@@ -211,40 +213,6 @@ def make_policy(kube: Kube) -> Iterator[Callable[..., str]]:
         kube.delete(f"{POLICIES}/{name}")
 
 
-def deployment(ns: str, name: str, replicas: int, policy_name: str) -> JSON:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": {keys.POLICY: policy_name}},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "cuda",
-                            "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                            "resources": {
-                                "requests": {"cpu": "10m", "memory": "16Mi"},
-                                "limits": {"nvidia.com/gpu": "1"},
-                            },
-                        }
-                    ],
-                    "nodeSelector": {"kubernetes.io/hostname": NODE},
-                    # A pool of its own: no node has this taint, the toleration isolates.
-                    "tolerations": [
-                        {"key": "gpupack.test/isolate", "value": f"{ns}-{name}"},
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                    ],
-                    "terminationGracePeriodSeconds": 0,
-                },
-            },
-        },
-    }
-
-
 def webhook_knows(kube: Kube, ns: str, policy_name: str) -> Callable[[], bool]:
     """The webhook's cache has the GPUPolicy: a dry-run pod naming it is admitted."""
     pod = {
@@ -339,7 +307,10 @@ def test_a_workload_using_a_quarter_gpu_is_rightsized_onto_fewer_gpus_and_keeps_
     name = make_policy("it-rightsize", initial_memory="12Gi", update_mode="Initial")
     kube.wait_for("the webhook to see the GPUPolicy", webhook_knows(kube, ns, name), timeout=30)
     fake_node.usage[app] = (0.25, int(2.5 * GiB))
-    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 3, name))
+    kube.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment(ns, app, 3, None, policy=name, node_selector=ON_NODE),
+    )
 
     before = settle(kube, ns, app, 3)
     assert {p["metadata"]["annotations"][keys.GPU_COMPUTE] for p in before} == {"1"}
@@ -430,7 +401,10 @@ def test_memory_near_its_allocation_restarts_an_auto_workload_with_more_memory(
     name = make_policy("it-auto", initial_memory="4Gi", update_mode="Auto")
     kube.wait_for("the webhook to see the GPUPolicy", webhook_knows(kube, ns, name), timeout=30)
     fake_node.usage[app] = (0.5, int(3.8 * GiB))  # 95 % of 4Gi
-    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment(ns, app, 1, name))
+    kube.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        deployment(ns, app, 1, None, policy=name, node_selector=ON_NODE),
+    )
     before = settle(kube, ns, app, 1)
     assert before[0]["metadata"]["annotations"][keys.GPU_MEMORY] == "4Gi"
 

@@ -15,6 +15,7 @@ import pytest
 from gpupack import keys
 from gpupack.quantity import parse_compute, parse_memory
 from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
 
@@ -39,53 +40,6 @@ def scheduler(
     local_cluster.install_scheduler(extra_args=FAST)
     yield local_cluster
     local_cluster.stop_scheduler()
-
-
-def deployment(
-    ns: str,
-    name: str,
-    replicas: int,
-    compute: str = "300m",
-    *,
-    memory: str | None = None,
-    policy: str = "batch",
-    node_selector: dict[str, str] | None = None,
-) -> JSON:
-    annotations = {keys.GPU_COMPUTE: compute, keys.POLICY: policy}
-    if memory is not None:
-        annotations[keys.GPU_MEMORY] = memory
-    spec: JSON = {
-        "containers": [
-            {
-                "name": "cuda",
-                "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                "resources": {
-                    "requests": {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"},
-                    "limits": {"nvidia.com/gpu": "1"},
-                },
-            }
-        ],
-        # A pool of its own: no node has this taint, so the toleration only isolates.
-        "tolerations": [
-            {"key": "gpupack.test/isolate", "value": f"{ns}-{name}", "effect": "NoSchedule"}
-        ],
-        "terminationGracePeriodSeconds": 0,
-    }
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}, "annotations": annotations},
-                "spec": spec,
-            },
-        },
-    }
 
 
 def create(kube: Kube, obj: JSON) -> None:

@@ -1,0 +1,58 @@
+"""Workload manifests the integration tests create."""
+
+from typing import Any
+
+from gpupack import keys
+
+JSON = dict[str, Any]
+
+
+def deployment(
+    ns: str,
+    name: str,
+    replicas: int,
+    compute: str | None = "300m",
+    *,
+    memory: str | None = None,
+    policy: str = "batch",
+    node_selector: dict[str, str] | None = None,
+) -> JSON:
+    """A Deployment of GPU pods in a pool of its own. `compute` (and `memory`) pin the
+    allocation; None leaves it to the policy and the workload's recommendation."""
+    annotations = {keys.POLICY: policy}
+    if compute is not None:
+        annotations[keys.GPU_COMPUTE] = compute
+    if memory is not None:
+        annotations[keys.GPU_MEMORY] = memory
+    spec: JSON = {
+        "containers": [
+            {
+                "name": "cuda",
+                "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                "resources": {
+                    "requests": {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"},
+                    "limits": {"nvidia.com/gpu": "1"},
+                },
+            }
+        ],
+        # A pool of its own: no node has this taint, so the toleration only isolates.
+        "tolerations": [
+            {"key": "gpupack.test/isolate", "value": f"{ns}-{name}", "effect": "NoSchedule"}
+        ],
+        "terminationGracePeriodSeconds": 0,
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations},
+                "spec": spec,
+            },
+        },
+    }
