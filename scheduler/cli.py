@@ -41,8 +41,6 @@ SYNC_TIMEOUT: Final = 120.0
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupack-scheduler",

@@ -76,6 +76,9 @@ class Source:
     def describe(self) -> str:
         return "benchmark"
 
+    def close(self) -> None:
+        pass
+
 
 def pod(workload: int, index: int) -> JSON:
     template = f"{workload:05x}"

@@ -50,8 +50,6 @@ DEFAULT_EXPORTER_SELECTOR: Final = (
 )
 
 
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupack-recommender",
@@ -253,9 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for informer in informers:
             informer.stop()
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
+        source.close()
         kube.close()
 
 

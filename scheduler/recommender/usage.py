@@ -70,6 +70,10 @@ class UsageSource(Protocol):
         """For logs: `3 exporters`, `Prometheus at http://...`."""
         ...
 
+    def close(self) -> None:
+        """Release threads or connections (at shutdown)."""
+        ...
+
 
 @dataclass(slots=True)
 class _Sum:

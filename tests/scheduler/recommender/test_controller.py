@@ -88,6 +88,9 @@ class Source:
     def describe(self) -> str:
         return "a test source"
 
+    def close(self) -> None:
+        pass
+
 
 class Clock:
     def __init__(self, now: float = 1_800_000_000.0) -> None:
