@@ -35,8 +35,6 @@ GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 log = logging.getLogger("webhook.serve")
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
