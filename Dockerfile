@@ -12,6 +12,7 @@ COPY pyproject.toml README.md ./
 COPY gpupack gpupack
 COPY webhook webhook
 COPY scheduler scheduler
+COPY recommender recommender
 COPY exporter exporter
 COPY certs certs
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

@@ -5,16 +5,16 @@ renewal window, and issues new ones otherwise. Writes the CA Secret, then the se
 Secret (optimistic concurrency on both), then the caBundle of every entry of the
 MutatingWebhookConfiguration, when that exists (at pre-install it does not yet: the
 chart runs this again after install). Exit 0 when done, 1 when the API server is
-unreachable or refuses, 2 for input it must not touch (a Secret of another type).
+unreachable or refuses, 2 for input it must not touch (a Secret of another type) or no
+usable cluster configuration (`gpupack.runtime.config`'s order).
 """
 
 import argparse
 import base64
-import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final, Protocol
 
 from certs.pem import KeyAlgorithm
 from certs.plan import (
@@ -25,113 +25,89 @@ from certs.plan import (
     secret_manifests,
     service_dns_names,
 )
+from gpupack.runtime import config
+from gpupack.runtime.api import ApiError, retry
+from gpupack.runtime.transport import JSON_PATCH, STRATEGIC_PATCH, Body, connect
 
 JSON = dict[str, Any]
+WEBHOOK_CONFIGS: Final = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 
 
 class ApiCallError(Exception):
     """The API server could not be reached or refused; the message says which call."""
 
 
+class Client(Protocol):
+    """The verbs this tool uses (its hook Job's RBAC: Secrets in its namespace, the
+    webhook Deployment, the MutatingWebhookConfiguration)."""
+
+    def get(self, path: str) -> JSON: ...
+
+    def create(self, path: str, body: JSON) -> JSON: ...
+
+    def update(self, path: str, body: JSON) -> JSON: ...
+
+    def patch(self, path: str, body: Body, content_type: str = ...) -> JSON: ...
+
+
 class Api:
-    """The few calls this tool makes, on the official client with plain-dict bodies."""
+    """The few calls this tool makes, each named in its errors."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
-        from kubernetes import client, config  # noqa: PLC0415 (slow import, only here)
+    def __init__(self, client: Client) -> None:
+        self._client = client
 
-        try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-            else:
-                try:
-                    config.load_incluster_config()  # type: ignore[no-untyped-call]
-                except config.ConfigException:
-                    config.load_kube_config()  # type: ignore[no-untyped-call]
-        except Exception as exc:  # the loaders raise several unrelated types
-            raise ApiCallError(f"no usable cluster configuration: {exc}") from None
-        self._core = client.CoreV1Api()
-        self._apps = client.AppsV1Api()
-        self._admission = client.AdmissionregistrationV1Api()
-        self._exception = client.exceptions.ApiException
-
-    def _call(self, what: str, function: Any, *args: Any, **kwargs: Any) -> JSON | None:
+    def _call(self, what: str, call: Callable[[], JSON]) -> JSON | None:
         """The JSON answer; None for 404; ApiCallError for anything else."""
         try:
-            response = function(*args, _preload_content=False, _request_timeout=15, **kwargs)
-        except self._exception as exc:
+            return retry(call)
+        except ApiError as exc:
             if exc.status == 404:
                 return None
-            reason = _message(exc.body) or exc.reason
-            raise ApiCallError(f"{what}: HTTP {exc.status}: {reason}") from None
-        except Exception as exc:  # urllib3 connection errors and the like
-            raise ApiCallError(f"{what}: cannot reach the API server: {exc}") from None
-        result: JSON = json.loads(response.data)
-        return result
+            if exc.status == 0:
+                raise ApiCallError(f"{what}: cannot reach the API server: {exc.message}") from None
+            raise ApiCallError(f"{what}: HTTP {exc.status}: {exc.message}") from None
 
     def read_secret(self, namespace: str, name: str) -> JSON | None:
-        return self._call(
-            f"reading Secret {namespace}/{name}", self._core.read_namespaced_secret, name, namespace
-        )
+        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        return self._call(f"reading Secret {namespace}/{name}", lambda: self._client.get(path))
 
     def write_secret(self, existing: JSON | None, body: JSON) -> None:
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        collection = f"/api/v1/namespaces/{namespace}/secrets"
         if existing is None:
-            self._call(
-                f"creating Secret {namespace}/{name}",
-                self._core.create_namespaced_secret,
-                namespace,
-                body,
-            )
+            what = f"creating Secret {namespace}/{name}"
+            self._call(what, lambda: self._client.create(collection, body))
             return
         meta = existing["metadata"]
         kept = {k: meta[k] for k in ("resourceVersion", "ownerReferences") if k in meta}
         body = {**body, "metadata": {**body["metadata"], **kept}}
-        self._call(
-            f"replacing Secret {namespace}/{name}",
-            self._core.replace_namespaced_secret,
-            name,
-            namespace,
-            body,
-        )
+        what = f"replacing Secret {namespace}/{name}"
+        self._call(what, lambda: self._client.update(f"{collection}/{name}", body))
 
     def read_deployment(self, namespace: str, name: str) -> JSON | None:
-        return self._call(
-            f"reading Deployment {namespace}/{name}",
-            self._apps.read_namespaced_deployment,
-            name,
-            namespace,
-        )
+        path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
+        return self._call(f"reading Deployment {namespace}/{name}", lambda: self._client.get(path))
 
     def own_secret(self, namespace: str, name: str, owner: JSON) -> None:
+        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        body = {"metadata": {"ownerReferences": [owner]}}
         self._call(
             f"setting the owner of Secret {namespace}/{name}",
-            self._core.patch_namespaced_secret,
-            name,
-            namespace,
-            {"metadata": {"ownerReferences": [owner]}},
+            lambda: self._client.patch(path, body, STRATEGIC_PATCH),
         )
 
     def read_webhook_config(self, name: str) -> JSON | None:
+        path = f"{WEBHOOK_CONFIGS}/{name}"
         return self._call(
-            f"reading MutatingWebhookConfiguration {name}",
-            self._admission.read_mutating_webhook_configuration,
-            name,
+            f"reading MutatingWebhookConfiguration {name}", lambda: self._client.get(path)
         )
 
     def patch_webhook_config(self, name: str, patch: list[JSON]) -> None:
+        path = f"{WEBHOOK_CONFIGS}/{name}"
         self._call(
             f"patching MutatingWebhookConfiguration {name}",
-            self._admission.patch_mutating_webhook_configuration,
-            name,
-            patch,
+            lambda: self._client.patch(path, patch, JSON_PATCH),
         )
-
-
-def _message(body: Any) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (TypeError, ValueError, AttributeError):
-        return ""
 
 
 def ca_bundle_patch(config: JSON, ca_pem: bytes) -> list[JSON]:
@@ -274,9 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="make the Secrets dependents of this Deployment in --namespace, so they are "
         "deleted with it (the chart passes the webhook's); skipped while it does not exist",
     )
-    parser.add_argument(
-        "--kubeconfig", help="default: in-cluster, else $KUBECONFIG or ~/.kube/config"
-    )
+    parser.add_argument("--kubeconfig", metavar="PATH", help=f"order: {config.ORDER}")
     return parser
 
 
@@ -300,7 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        for line in run_once(args, Api(args.kubeconfig), datetime.now(UTC)):
+        client = connect(args.kubeconfig, user_agent="gpupack-certs", request_timeout=15)
+    except config.ConfigError as exc:
+        print(f"gpupack-certs: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        for line in run_once(args, Api(client), datetime.now(UTC)):
             print(line)
     except CertsError as exc:
         print(f"gpupack-certs: {exc}", file=sys.stderr)
@@ -308,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApiCallError as exc:
         print(f"gpupack-certs: {exc}", file=sys.stderr)
         return 1
+    finally:
+        client.close()
     return 0
 
 

@@ -19,7 +19,7 @@ from exporter.health import API, POD_RESOURCES, Health
 from exporter.kube import Kube
 from exporter.pods import PodMap
 from exporter.readings import Device, Readings
-from gpupack.api import ApiError
+from gpupack.runtime.api import ApiError
 
 log = logging.getLogger(__name__)
 

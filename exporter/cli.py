@@ -10,7 +10,6 @@ API server away) is a state the exporter reports and recovers from, not an exit.
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -24,18 +23,16 @@ from exporter.agent import Agent
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector
 from exporter.health import Health
-from exporter.kube import connect
 from exporter.nvml import PynvmlReader
 from exporter.podresources import PodResourcesClient, PodResourcesError
 from exporter.pods import PodMap, node_pods
 from exporter.sampler import Sampler
 from gpupack import keys
-from gpupack.args import positive_seconds
-from gpupack.logs import configure_logging
+from gpupack.runtime import shell
+from gpupack.runtime.args import positive_seconds
 
 log = logging.getLogger("exporter.cli")
 
-EXIT_CONFIG: Final = 2
 DEFAULT_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 
@@ -51,7 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NODE_NAME", ""),
         help="this node's name (default: $NODE_NAME, set from the downward API)",
     )
-    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     add(
         "--namespace",
         default=keys.SYSTEM_NAMESPACE,
@@ -106,29 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("/proc"),
         help="the host's /proc (the exporter runs with hostPID; default: %(default)s)",
     )
-    add("--log-level", default=os.environ.get("GPUPACK_LOG_LEVEL", "info"))
+    shell.add_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     if args.min_window > args.max_window:
-        parser.error("--min-window must not exceed --max-window")
+        raise ValueError("--min-window must not exceed --max-window")
     if not args.node_name:
-        parser.error("no node name: pass --node-name or set NODE_NAME")
-    try:
-        kube = connect(args.kubeconfig)
-    except ValueError as error:
-        parser.print_usage(sys.stderr)
-        print(f"gpupack-exporter: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-
+        raise ValueError("no node name: pass --node-name or set NODE_NAME")
+    kube = process.connect(args.kubeconfig, "gpupack-exporter")
     health = Health()
     sampler = Sampler(
         PynvmlReader(),
@@ -144,10 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if holder and (not key or key.startswith(prefix)):
             holder[0].wake()
 
-    informer = node_pods(kube, args.node_name, on_change=changed)
+    # Not waited for: without the API server the exporter still serves NVML readings,
+    # and reports gpupack_exporter_api_up 0 until the cache is current.
+    informer = process.add(node_pods(kube, args.node_name, on_change=changed), wait=False)
     pods = PodMap(informer, args.namespace)
     processes = ProcessTable(args.proc)
     lister = PodResourcesClient(args.pod_resources_socket)
+    process.defer(lister.close)
     agent = Agent(
         kube,
         pods,
@@ -168,29 +154,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         http = server.make_server(args.address, args.port, registry, healthy)
     except OSError as error:
-        print(
-            f"gpupack-exporter: error: cannot listen on port {args.port}: {error}", file=sys.stderr
-        )
-        return EXIT_CONFIG
-    informer.start()
+        raise OSError(f"cannot listen on port {args.port}: {error}") from None
     sampler.start()
+    process.defer(sampler.stop)
     discovery = threading.Thread(
         target=agent.run_discovery, args=(args.discovery_interval,), name="discovery", daemon=True
     )
     discovery.start()
+    process.defer(lambda: discovery.join(timeout=5))
     server.start(http)
+    process.defer(http.shutdown)
+    process.defer(agent.stop)
     log.info("exporter started", extra={"node": args.node_name, "port": args.port})
-    try:
-        stop.wait()
-    finally:
-        agent.stop()
-        http.shutdown()
-        sampler.stop()
-        informer.stop()
-        lister.close()
-        discovery.join(timeout=5)
-        kube.close()
-    return 0
+    return shell.Service()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return shell.run(build_parser(), argv, start)
 
 
 if __name__ == "__main__":

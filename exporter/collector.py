@@ -25,6 +25,7 @@ from exporter.cgroup import GONE, OwnerKind, ProcessOwner
 from exporter.health import API, POD_RESOURCES, SOURCES, HealthSnapshot
 from exporter.pods import PodInfo
 from exporter.readings import GpuReading, Readings
+from gpupack import metrics
 
 PREFIX: Final = "gpupack_"
 POD_LABELS: Final = ("namespace", "pod", "container", "gpu")
@@ -61,7 +62,7 @@ class _Use:
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+    return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
 _SOURCES: Final = {OwnerKind.HOST: Source.HOST, OwnerKind.MPS_SERVER: Source.MPS_SERVER}
@@ -89,22 +90,26 @@ def _by_owner(
 def _gpu_families(scrape: Scrape) -> Iterator[Metric]:
     gpus = scrape.readings.gpus
     info = _gauge(
-        "gpu_info",
+        metrics.GPU_INFO,
         "A GPU on this node (1), with its index, model and MIG mode",
         ("gpu", "index", "model", "mig"),
     )
     util = _gauge(
-        "gpu_utilization_ratio", "Time a kernel ran on the GPU over NVML's last period", ("gpu",)
+        metrics.GPU_UTILIZATION, "Time a kernel ran on the GPU over NVML's last period", ("gpu",)
     )
-    used = _gauge("gpu_memory_used_bytes", "GPU memory in use", ("gpu",))
-    total = _gauge("gpu_memory_total_bytes", "GPU memory installed", ("gpu",))
-    temperature = _gauge("gpu_temperature_celsius", "GPU temperature", ("gpu",))
-    power = _gauge("gpu_power_watts", "GPU power draw", ("gpu",))
-    healthy = _gauge("gpu_healthy", "1 unless the GPU is lost or reported a critical XID", ("gpu",))
+    used = _gauge(PREFIX + "gpu_memory_used_bytes", "GPU memory in use", ("gpu",))
+    total = _gauge(PREFIX + "gpu_memory_total_bytes", "GPU memory installed", ("gpu",))
+    temperature = _gauge(PREFIX + "gpu_temperature_celsius", "GPU temperature", ("gpu",))
+    power = _gauge(PREFIX + "gpu_power_watts", "GPU power draw", ("gpu",))
+    healthy = _gauge(
+        metrics.GPU_HEALTHY, "1 unless the GPU is lost or reported a critical XID", ("gpu",)
+    )
     xids = CounterMetricFamily(
         PREFIX + "gpu_xid_errors", "XID errors NVML reported", labels=["gpu"]
     )
-    last_xid = _gauge("gpu_last_xid_code", "The code of the GPU's last XID error", ("gpu",))
+    last_xid = _gauge(
+        PREFIX + "gpu_last_xid_code", "The code of the GPU's last XID error", ("gpu",)
+    )
     for gpu in gpus:
         device, uuid = gpu.device, gpu.device.uuid
         info.add_metric(
@@ -131,20 +136,18 @@ def _gpu_families(scrape: Scrape) -> Iterator[Metric]:
 
 def _pod_families(scrape: Scrape) -> Iterator[Metric]:
     compute = _gauge(
-        "pod_gpu_compute_ratio",
+        metrics.POD_COMPUTE,
         "Share of the GPU's SMs the container's processes used, averaged over the scrape window",
         POD_LABELS,
     )
-    memory = _gauge(
-        "pod_gpu_memory_used_bytes", "GPU memory the container's processes use", POD_LABELS
-    )
+    memory = _gauge(metrics.POD_MEMORY_USED, "GPU memory the container's processes use", POD_LABELS)
     other_compute = _gauge(
-        "gpu_unattributed_compute_ratio",
+        metrics.GPU_UNATTRIBUTED_COMPUTE,
         "SM share used by processes charged to no pod, by source (host, mps-server, unknown)",
         ("gpu", "source"),
     )
     other_memory = _gauge(
-        "gpu_unattributed_memory_used_bytes",
+        PREFIX + "gpu_unattributed_memory_used_bytes",
         "GPU memory used by processes charged to no pod, by source",
         ("gpu", "source"),
     )
@@ -170,22 +173,22 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
 
 def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterator[Metric]:
     allocated_compute = _gauge(
-        "pod_gpu_compute_allocated_ratio",
+        metrics.POD_COMPUTE_ALLOCATED,
         "Compute share gpupack allocated to the pod (gpupack.io/gpu-compute)",
         ALLOCATION_LABELS,
     )
     allocated_memory = _gauge(
-        "pod_gpu_memory_allocated_bytes",
+        metrics.POD_MEMORY_ALLOCATED,
         "GPU memory gpupack allocated to the pod (gpupack.io/gpu-memory)",
         ALLOCATION_LABELS,
     )
     managed = _gauge(
-        "pod_gpu_managed",
+        metrics.POD_MANAGED,
         "1 for a pod whose GPU share gpupack decides, 0 for a pod using a GPU outside gpupack",
         ("namespace", "pod"),
     )
     holders = _gauge(
-        "gpu_capacity_pod",
+        metrics.GPU_CAPACITY_POD,
         "The capacity pod holding the GPU for gpupack's fractional pods (1)",
         ("gpu", "namespace", "pod"),
     )

@@ -14,10 +14,10 @@ from types import MappingProxyType
 from typing import Final
 
 from gpupack import codec, keys
-from gpupack.api import ListWatch
 from gpupack.errors import ContractError
-from gpupack.informer import Informer
 from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.runtime.api import ListWatch
+from gpupack.runtime.informer import Informer
 from gpupack.shares import gpu_memory, pod_allocation
 
 UID_INDEX: Final = "uid"

@@ -965,7 +965,7 @@ class LocalCluster:
             name,
             RECOMMENDER_NAME,
             "templates/recommender.yaml",
-            "scheduler.recommender.cli",
+            "recommender.cli",
             [
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--identity={name}",

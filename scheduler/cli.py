@@ -4,40 +4,27 @@ Starts the informers (nodes, and every pod that has not finished), waits for the
 sync, campaigns for the Lease, and schedules while it leads. A standby keeps its caches
 warm, so it schedules within one retry period of taking over. Exit codes: 0 after
 SIGTERM/SIGINT, 1 when leadership was lost or the caches never synced, 2 for bad
-arguments or no cluster to talk to.
+arguments or no cluster to talk to (`gpupack.runtime.shell`).
 """
 
 import argparse
-import logging
-import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpupack import keys
-from gpupack.args import non_negative_seconds
 from gpupack.capacity import DEFAULT_IMAGE
-from gpupack.informer import Informer
-from gpupack.logs import configure_logging
-from scheduler import leader
+from gpupack.runtime import leader, shell
+from gpupack.runtime.args import non_negative_seconds
 from scheduler.cache import Cache, Dirty
-from scheduler.kube import connect
-from scheduler.leader import Elector
 from scheduler.loop import Scheduler
 from scheduler.metrics import Metrics
 from scheduler.placement import Scorer
 from scheduler.score import FragmentationScorer, PackingScorer
 from scheduler.settings import Settings
 
-log = logging.getLogger("scheduler.cli")
-
-EXIT_LOST: Final = 1
-EXIT_CONFIG: Final = 2
-SYNC_TIMEOUT: Final = 120.0
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 
 
@@ -48,7 +35,6 @@ def build_parser() -> argparse.ArgumentParser:
         "pods, create capacity when none fits, and release empty capacity.",
     )
     add = parser.add_argument
-    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     add("--scheduler-name", default=keys.SCHEDULER_NAME, help="schedulerName to serve")
     add(
         "--namespace",
@@ -88,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=9090,
         help="Prometheus metrics port, 0 to disable (default: %(default)s)",
     )
-    add("--log-level", default=os.environ.get("GPUPACK_LOG_LEVEL", "info"))
+    shell.add_arguments(parser)
     return parser
 
 
@@ -96,25 +82,12 @@ def make_scorer(name: str) -> Scorer:
     return FragmentationScorer() if name == "fragmentation" else PackingScorer()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
-    try:
-        timing = leader.timing_of(args)
-        kube = connect(args.kubeconfig)
-    except ValueError as error:
-        parser.print_usage(sys.stderr)
-        print(f"gpupack-scheduler: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-
+def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
+    kube = process.connect(args.kubeconfig, "gpupack-scheduler")
+    election = process.election(args, kube, args.namespace)
     dirty = Dirty()
-    nodes = Informer(kube, "/api/v1/nodes", name="nodes", on_change=dirty.node)
-    pods = Informer(
+    nodes = process.informer(kube, "/api/v1/nodes", name="nodes", on_change=dirty.node)
+    pods = process.informer(
         kube, "/api/v1/pods", {"fieldSelector": LIVE_PODS}, name="pods", on_change=dirty.pod
     )
     cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace)
@@ -134,25 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     holder.append(scheduler)
     if args.metrics_port:
         start_http_server(args.metrics_port, args.metrics_address, registry)
+    return shell.Service(work=scheduler.run, election=election)
 
-    nodes.start()
-    pods.start()
-    try:
-        for informer in (nodes, pods):
-            if not informer.wait_synced(SYNC_TIMEOUT):
-                log.error("the %s cache did not sync in %.0fs", informer.name, SYNC_TIMEOUT)
-                return EXIT_LOST
-        log.info("caches synced", extra={"identity": args.identity})
-        if not args.leader_elect:
-            scheduler.run(stop)
-            return 0
-        elector = Elector(kube, args.namespace, args.lease_name, args.identity, timing)
-        clean = elector.run(scheduler.run, stop)
-        return 0 if clean else EXIT_LOST
-    finally:
-        nodes.stop()
-        pods.stop()
-        kube.close()
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return shell.run(build_parser(), argv, start)
 
 
 if __name__ == "__main__":

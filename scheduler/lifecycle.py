@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupack import keys
-from gpupack.api import ApiError
 from gpupack.capacity import Allocation, capacity_index, capacity_names, capacity_pod, plan
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.pool import scheduling_metadata
+from gpupack.runtime.api import ApiError
 from gpupack.shares import workload
 from scheduler import writer
 from scheduler.cache import Cache

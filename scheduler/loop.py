@@ -32,10 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
 
-from gpupack.api import ApiError
 from gpupack.capacity import Allocation
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
+from gpupack.runtime.api import ApiError
 from scheduler import writer
 from scheduler.cache import Cache, Pending
 from scheduler.fragmentation import task_mix

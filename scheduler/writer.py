@@ -16,8 +16,8 @@ import time
 from typing import Final
 
 from gpupack import keys
-from gpupack.api import ApiError, retry
 from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError, retry
 from scheduler.kube import STRATEGIC_PATCH, Kube
 
 log = logging.getLogger(__name__)

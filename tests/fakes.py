@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from gpupack.api import ApiError
 from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError
 
 _PATH: Final = re.compile(r"^/api/v1(?:/namespaces/(?P<ns>[^/]+))?/(?P<resource>[a-z]+)$")
 _CLUSTER_SCOPED: Final = frozenset({"namespaces", "nodes"})

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, cast
 
 from gpupack import keys
-from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import (
     DEFAULT_IMAGE,
     Allocation,
@@ -37,6 +36,7 @@ from gpupack.capacity import (
 )
 from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
+from gpupack.runtime.api import ApiError, Backoff, retry
 from gpupack.shares import gpu_memory, is_live, pod_allocation
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient

@@ -21,12 +21,14 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.capacity import DEFAULT_IMAGE
-from gpupack.informer import WATCH_TIMEOUT_SECONDS, Informer
 from gpupack.kube import JSON
 from gpupack.policy import API_VERSION as POLICY_API_VERSION
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.policy import PolicySet
 from gpupack.recommendation import Recommendation, list_path
+from gpupack.runtime import config
+from gpupack.runtime.informer import WATCH_TIMEOUT_SECONDS, Informer
+from gpupack.runtime.transport import Transport
 from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,
@@ -37,7 +39,7 @@ from webhook.capacity import (
     fractional_pool,
 )
 from webhook.decision import CapacityOutcome, Demand
-from webhook.kube import KubeClient, load_client
+from webhook.kube import KubeClient
 from webhook.rightsizing import PolicyCache, RecommendationCache
 
 log = logging.getLogger(__name__)
@@ -196,12 +198,15 @@ def connect(
     environ: Mapping[str, str] | None = None,
     home: Path | None = None,
 ) -> Cluster | None:
-    """A (not yet started) Cluster, or None when `load_client` finds no cluster."""
-    client = load_client(kubeconfig, environ=environ, home=home)
-    if client is None:
+    """A (not yet started) Cluster, or None when `gpupack.runtime.config` finds no
+    cluster (the webhook then serves without one). Raises ConfigError (a ValueError)
+    when a named kubeconfig does not load."""
+    loaded = config.load(kubeconfig, environ=environ, home=home)
+    if loaded is None:
         return None
+    log.info("using %s", loaded.source)
     return Cluster(
-        client,
+        Transport(loaded.configuration, user_agent="gpupack-webhook"),
         capacity_image=capacity_image,
         reservation_ttl=reservation_ttl,
         on_capacity_created=on_capacity_created,

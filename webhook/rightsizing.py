@@ -17,10 +17,10 @@ import logging
 from collections.abc import Iterable
 
 from gpupack.errors import ContractError
-from gpupack.informer import object_key
 from gpupack.kube import JSON
 from gpupack.policy import PolicySet, effective_policies
 from gpupack.recommendation import Recommendation, object_name, recommendation_from_object
+from gpupack.runtime.informer import object_key
 from webhook.policies import BUILTIN_POLICIES
 
 log = logging.getLogger(__name__)

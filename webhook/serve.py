@@ -20,8 +20,9 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
-from gpupack.args import positive_seconds
-from gpupack.logs import configure_logging
+from gpupack.runtime import config
+from gpupack.runtime.args import positive_seconds
+from gpupack.runtime.logs import configure_logging
 from webhook.audit import AuditLog
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.server import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
@@ -67,9 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig",
         metavar="PATH",
         default=None,
-        help="kubeconfig for namespace lookups and capacity pods (default: $KUBECONFIG or "
-        "~/.kube/config when present, else the in-cluster service account, else run "
-        "without a cluster: no namespace opt-in lookups, no capacity pods)",
+        help=f"kubeconfig for namespace lookups and capacity pods (order: {config.ORDER}; "
+        "with none of them the webhook runs without a cluster: no namespace opt-in lookups, "
+        "no capacity pods)",
     )
     parser.add_argument(
         "--audit-file",

@@ -76,9 +76,9 @@ from exporter.health import API, POD_RESOURCES, Health
 from exporter.pods import PodMap, node_pods
 from exporter.sampler import Sampler
 from gpupack import keys
-from gpupack.api import ApiError, WatchStream
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
+from gpupack.runtime.api import ApiError, WatchStream
 from tests.exporter.fake_reader import FakeReader, fake_uuid
 from tests.exporter.procfs import containerd_v2, write_proc
 

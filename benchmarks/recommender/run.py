@@ -27,8 +27,8 @@ from typing import Any
 
 from gpupack import keys
 from gpupack.kube import JSON
-from scheduler.recommender.controller import Recommender, Settings
-from scheduler.recommender.usage import Collected, PodUsage, parse_exporter_metrics
+from recommender.controller import Recommender, Settings
+from recommender.usage import Collected, PodUsage, parse_exporter_metrics
 
 GiB = 1 << 30
 NS = "bench"

@@ -13,7 +13,7 @@ import yaml
 
 from gpupack import recommendation
 from gpupack.policy import BUILTIN, UpdateMode, policy_from_object
-from scheduler.recommender.cli import build_parser
+from recommender.cli import build_parser
 from tests.chart.test_chart import CHART, KUBERNETES, NAMESPACE, helm, of_kind, render
 
 NAME = "gpupack-recommender"

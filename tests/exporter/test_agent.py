@@ -20,9 +20,9 @@ from exporter.podresources import (
 )
 from exporter.pods import PodMap, node_pods
 from exporter.sampler import Sampler
-from gpupack.api import ApiError
-from gpupack.informer import Informer
 from gpupack.quantity import format_memory
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.informer import Informer
 from tests.exporter.fake_reader import FakeReader, fake_uuid
 from tests.exporter.procfs import containerd_v2, write_proc
 from tests.fakes import FakeKube

@@ -1,4 +1,5 @@
-"""The contract package imports nothing but the standard library and itself.
+"""The contract package imports nothing but the standard library and itself (never its
+runtime: `gpupack.runtime` is the I/O layer the components use).
 
 import-linter's forbidden contract names known packages; this catches any other one.
 """
@@ -26,6 +27,7 @@ def imported_roots(path: Path) -> set[str]:
 def test_contract_module_imports_only_the_standard_library(path: Path) -> None:
     foreign = imported_roots(path) - set(sys.stdlib_module_names) - {"gpupack"}
     assert not foreign, f"{path.name} imports {sorted(foreign)}"
+    assert "gpupack.runtime" not in path.read_text(), f"{path.name} imports the runtime"
 
 
 def test_the_check_sees_third_party_imports(tmp_path: Path) -> None:

@@ -269,10 +269,10 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     from exporter.cgroup import ProcessTable
     from exporter.collector import ExporterCollector
     from exporter.health import Health
-    from exporter.kube import connect
     from exporter.pods import PodMap, node_pods
     from exporter.readings import Device
     from exporter.sampler import Sampler
+    from gpupack.runtime.transport import connect
     from tests.exporter.fake_reader import FakeReader, GiB, MiB
     from tests.exporter.procfs import containerd_v2, write_proc
 
@@ -332,7 +332,9 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     reader.set_process(gpu, 502, memory=GiB, sm=0.5)
     reader.set_process(gpu, 503, memory=GiB // 2, sm=0.1)
 
-    client = connect(str(cluster.user_kubeconfig("gpupack-exporter")))
+    client = connect(
+        str(cluster.user_kubeconfig("gpupack-exporter")), user_agent="gpupack-exporter"
+    )
     informer = node_pods(client, NODE)
     health = Health()
     sampler = Sampler(reader, health)

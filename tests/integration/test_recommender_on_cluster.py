@@ -23,13 +23,13 @@ from exporter.agent import Agent
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector
 from exporter.health import Health
-from exporter.kube import connect
 from exporter.pods import PodMap, node_pods
 from exporter.readings import Device
 from exporter.sampler import Sampler
 from gpupack import keys
 from gpupack.quantity import format_memory, parse_compute, parse_memory
 from gpupack.recommendation import list_path, object_name
+from gpupack.runtime.transport import connect
 from hack.localcluster import (
     SYSTEM_NAMESPACE,
     Kube,
@@ -81,7 +81,7 @@ class FakeNode:
         self._pids: dict[str, tuple[str, int]] = {}  # pod uid -> (gpu, pid)
         self._next_pid = 50_000
         health = Health()
-        self._client = connect(str(cluster.kubeconfig))
+        self._client = connect(str(cluster.kubeconfig), user_agent="gpupack-exporter")
         self._informer = node_pods(self._client, NODE)
         self._sampler = Sampler(self.reader, health, interval=0.2, min_window=0.5, max_window=60)
         agent = Agent(

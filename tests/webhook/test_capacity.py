@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from gpupack.api import ApiError
 from gpupack.capacity import CREATED_FOR, Allocation, capacity_name
-from gpupack.informer import Informer
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube
 from webhook.capacity import (
     DECISION_INDEX,

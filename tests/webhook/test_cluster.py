@@ -1,158 +1,33 @@
-"""Connecting to a cluster, the raw HTTP adapter, and the Cluster the server uses.
-
-The adapter is exercised against a tiny local HTTP server that speaks just enough of
-the API (lists, a chunked watch stream, create with AlreadyExists, Status errors); the
-Cluster's behaviour is checked against the in-memory fake.
-"""
+"""The Cluster the server uses: against the local HTTP stub of `tests/apistub.py` once
+end to end, and otherwise against the in-memory fake."""
 
 import asyncio
-import json
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
-from kubernetes.config import ConfigException
 
 from gpupack import keys
-from gpupack.api import ApiError, Backoff, retry
 from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.recommendation import Recommendation, list_path, recommendation_object
+from gpupack.runtime.api import ApiError, Backoff, retry
+from tests.apistub import ApiStub, write_kubeconfig
 from tests.fakes import FakeKube, FakeWatch
 from webhook.cluster import Cluster, connect, policies_path
 from webhook.decision import Demand
-from webhook.kube import HttpClient, load_client
 from webhook.policies import BUILTIN_POLICIES
 from webhook.server import ClusterPort
 
 WAIT = 10.0  # a deadline for background threads, never a measured duration
-TOKEN = "test-token"
 SPEC: JSON = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}
 POOL = pool_key(SPEC)  # type: ignore[arg-type]
-
-
-def status(code: int, reason: str, message: str) -> JSON:
-    return {
-        "kind": "Status",
-        "status": "Failure",
-        "code": code,
-        "reason": reason,
-        "message": message,
-    }
-
-
-class ApiStub:
-    """State of the local API server: stored pods, requests seen, watch control."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, JSON] = {"gpupack-system": {}}
-        self.namespaces = [{"metadata": {"name": "ml", "labels": {keys.OPTIMIZE: "enabled"}}}]
-        self.requests: list[tuple[str, str, str | None]] = []
-        self.watch_events: list[JSON] = []
-        self.release_watches = threading.Event()
-
-
-def handler_for(stub: ApiStub) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, code: int, doc: JSON) -> None:
-            body = json.dumps(doc).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
-
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            query = parse_qs(url.query)
-            stub.requests.append(("GET", self.path, self.headers.get("Authorization")))
-            if url.path == "/api/v1/forbidden":
-                self._send(403, status(403, "Forbidden", "pods is forbidden"))
-            elif query.get("watch") == ["true"]:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for event in stub.watch_events:
-                    line = json.dumps(event).encode() + b"\n"
-                    self._chunk(line[:10])  # events may be split across chunks
-                    self._chunk(line[10:])
-                stub.release_watches.wait(WAIT)
-                self._chunk(b"")
-            else:
-                items = stub.namespaces if url.path == "/api/v1/namespaces" else []
-                self._send(
-                    200, {"kind": "List", "metadata": {"resourceVersion": "7"}, "items": items}
-                )
-
-        def do_POST(self) -> None:
-            stub.requests.append(("POST", self.path, self.headers.get("Authorization")))
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            name = body["metadata"]["name"]
-            stored = stub.pods["gpupack-system"]
-            if name in stored:
-                self._send(409, status(409, "AlreadyExists", f'pods "{name}" already exists'))
-                return
-            stored[name] = body
-            self._send(201, body)
-
-    return Handler
-
-
-@pytest.fixture
-def stub() -> ApiStub:
-    return ApiStub()
-
-
-@pytest.fixture
-def server(stub: ApiStub) -> Iterator[str]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler_for(stub))
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    stub.release_watches.set()
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(WAIT)
-
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "ctx",
-    }
-    path.write_text(json.dumps(config))
-    return path
-
-
-@pytest.fixture
-def client(server: str, tmp_path: Path) -> Iterator[HttpClient]:
-    loaded = load_client(str(write_kubeconfig(tmp_path / "config", server)), environ={})
-    assert isinstance(loaded, HttpClient)
-    yield loaded
-    loaded.close()
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
@@ -169,135 +44,16 @@ def demand(uid: str, compute: int = 300) -> Demand:
     return Demand(uid, POOL, scheduling_metadata(SPEC), compute, 2**30, "ml", "Job/train", False)  # type: ignore[arg-type]
 
 
-# Finding the cluster.
+# Finding the cluster (the order itself is gpupack.runtime.config's, tested there).
 
 
 def test_no_kubeconfig_and_no_service_account_means_no_cluster(tmp_path: Path) -> None:
     assert connect(None, environ={}, home=tmp_path) is None
-    assert (
-        load_client(None, environ={"KUBECONFIG": str(tmp_path / "missing")}, home=tmp_path) is None
-    )
-
-
-def test_kubeconfig_from_the_environment_or_home_is_used(tmp_path: Path) -> None:
-    path = write_kubeconfig(tmp_path / "config", "http://127.0.0.1:1")
-    (tmp_path / ".kube").mkdir()
-    write_kubeconfig(tmp_path / ".kube" / "config", "http://127.0.0.1:1")
-
-    from_env = load_client(None, environ={"KUBECONFIG": str(path)}, home=tmp_path / "none")
-    from_home = load_client(None, environ={}, home=tmp_path)
-
-    assert isinstance(from_env, HttpClient)
-    assert isinstance(from_home, HttpClient)
-    from_env.close()
-    from_home.close()
-
-
-def test_in_cluster_service_account_is_used_when_the_service_host_is_set(
-    tmp_path: Path,
-) -> None:
-    environ = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    (tmp_path / "token").write_text(TOKEN)
-    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-
-    loaded = load_client(None, environ=environ, home=tmp_path, service_account=tmp_path)
-
-    assert isinstance(loaded, HttpClient)
-    loaded.close()
-    with pytest.raises(ConfigException):  # the host is set but there is no token
-        load_client(None, environ=environ, home=tmp_path, service_account=tmp_path / "none")
 
 
 def test_an_explicit_kubeconfig_that_does_not_load_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=f"kubeconfig {tmp_path / 'missing'}: ") as raised:
+    with pytest.raises(ValueError, match=f"kubeconfig {tmp_path / 'missing'} "):
         connect(str(tmp_path / "missing"), environ={}, home=tmp_path)
-    assert isinstance(raised.value.__cause__, ConfigException)
-
-
-# The raw HTTP adapter.
-
-
-def test_list_returns_the_raw_json_with_the_bearer_token(client: HttpClient, stub: ApiStub) -> None:
-    listed = client.list("/api/v1/namespaces", {"labelSelector": "a=b"})
-
-    assert listed["metadata"]["resourceVersion"] == "7"
-    assert listed["items"] == stub.namespaces
-    method, path, authorization = stub.requests[-1]
-    assert (method, authorization) == ("GET", f"Bearer {TOKEN}")
-    assert "labelSelector=a%3Db" in path
-
-
-def test_watch_streams_one_event_per_line(client: HttpClient, stub: ApiStub) -> None:
-    stub.watch_events = [
-        {"type": "ADDED", "object": {"metadata": {"name": f"p{i}", "resourceVersion": str(i)}}}
-        for i in range(3)
-    ]
-    stub.release_watches.set()
-
-    events = list(client.watch("/api/v1/pods", {"timeoutSeconds": "5"}))
-
-    assert [e["object"]["metadata"]["name"] for e in events] == ["p0", "p1", "p2"]
-    assert "watch=true" in stub.requests[-1][1]
-
-
-def test_closing_a_watch_interrupts_a_blocked_read(client: HttpClient, stub: ApiStub) -> None:
-    stub.watch_events = [{"type": "ADDED", "object": {"metadata": {"name": "p0"}}}]
-    stream = client.watch("/api/v1/pods", {"timeoutSeconds": "60"})
-    seen: list[JSON] = []
-    first = threading.Event()
-
-    def consume() -> None:
-        for event in stream:
-            seen.append(event)
-            first.set()
-
-    reader = threading.Thread(target=consume, daemon=True)
-    reader.start()
-    assert first.wait(WAIT)
-
-    stream.close()
-    reader.join(WAIT)
-
-    assert not reader.is_alive()
-    assert len(seen) == 1
-
-
-def test_create_and_already_exists(client: HttpClient, stub: ApiStub) -> None:
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {}}
-
-    created = client.create("/api/v1/namespaces/gpupack-system/pods", body)
-    with pytest.raises(ApiError) as again:
-        client.create("/api/v1/namespaces/gpupack-system/pods", body)
-
-    assert created["metadata"]["name"] == "x"
-    assert again.value.status == 409
-    assert again.value.already_exists
-    assert "already exists" in again.value.message
-
-
-def test_status_errors_keep_reason_and_message(client: HttpClient) -> None:
-    with pytest.raises(ApiError) as error:
-        client.list("/api/v1/forbidden", {})
-
-    assert (error.value.status, error.value.reason) == (403, "Forbidden")
-    assert error.value.message == "pods is forbidden"
-    assert not error.value.retryable
-
-
-def test_an_unreachable_server_is_a_connection_error(tmp_path: Path) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    loaded = load_client(str(write_kubeconfig(tmp_path / "c", f"http://127.0.0.1:{port}")))
-    assert isinstance(loaded, HttpClient)
-
-    with pytest.raises(ApiError) as error:
-        loaded.list("/api/v1/pods", {})
-    loaded.close()
-
-    assert error.value.status == 0
-    assert error.value.reason == "ConnectionError"
-    assert error.value.retryable
 
 
 def test_retry_backs_off_boundedly_and_never_retries_a_conflict() -> None:

@@ -22,8 +22,7 @@ from exporter.cgroup import HOST, OwnerKind, ProcessOwner
 from exporter.collector import ExporterCollector, Scrape
 from exporter.pods import PodInfo
 from exporter.readings import ProcessUsage, Readings
-from scheduler.recommender import usage
-from scheduler.recommender.usage import (
+from recommender.usage import (
     Collected,
     ExporterScraper,
     PodUsage,
@@ -377,13 +376,12 @@ def test_an_exporter_that_trickles_times_out_in_all() -> None:
     assert collected == Collected((), (f"{url}/metrics: timed out after 0.3s",), 1)
 
 
-def test_an_answer_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(usage, "MAX_BODY", 1000)
+def test_an_answer_too_large_is_refused() -> None:
     big = exporter_text(node(*[(GPU0, WORKER, CONTAINER_A, 0.01, GIB)] * 30))
     assert len(big) > 1000
     with (
         serving(answering(lambda _: (200, big.encode()))) as url,
-        ExporterScraper(lambda: [f"{url}/metrics"]) as scraper,
+        ExporterScraper(lambda: [f"{url}/metrics"], max_body=1000) as scraper,
     ):
         collected = scraper.collect()
 

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gpupack.args import non_negative_seconds, positive_number, positive_seconds
+from gpupack.runtime.args import non_negative_seconds, positive_number, positive_seconds
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,25 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
-from gpupack.api import ApiError
-from gpupack.args import positive_seconds
 from gpupack.kube import JSON
-from scheduler.kube import Kube
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.args import positive_seconds
 
 log = logging.getLogger(__name__)
+
+
+class LeaseClient(Protocol):
+    """The verbs on coordination.k8s.io/v1 Leases an elector needs (get, create, update
+    in its namespace: the RBAC of every leader-elected binary)."""
+
+    def get(self, path: str) -> JSON: ...
+
+    def create(self, path: str, body: JSON) -> JSON: ...
+
+    def update(self, path: str, body: JSON) -> JSON: ...
+
 
 LEASE_API: Final = "/apis/coordination.k8s.io/v1"
 
@@ -80,7 +91,7 @@ def _micro_time() -> str:
 class Elector:
     def __init__(
         self,
-        kube: Kube,
+        kube: LeaseClient,
         namespace: str,
         name: str,
         identity: str,

@@ -20,7 +20,7 @@ from gpupack.kube import JSON, Pod, annotations_of, workload_of
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import Recommendation, object_name, recommendation_object
-from scheduler.recommender.recommend import History, Running, Target
+from recommender.recommend import History, Running, Target
 
 LIVE_PHASES: Final = frozenset({"Pending", "Running"})
 

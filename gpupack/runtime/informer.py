@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from gpupack.api import ApiError, Backoff, ListWatch, WatchStream
 from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError, Backoff, ListWatch, WatchStream
 
 log = logging.getLogger(__name__)
 

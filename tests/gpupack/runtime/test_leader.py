@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpupack.api import ApiError, WatchStream
-from scheduler.leader import Elector, Timing
+from gpupack.runtime.api import ApiError, WatchStream
+from gpupack.runtime.leader import Elector, Timing
 
 JSON = dict[str, Any]
 PATH = "/apis/coordination.k8s.io/v1/namespaces/gpupack-system/leases/gpupack-scheduler"

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from gpupack.policy import Policy
 from gpupack.quantity import format_compute, format_memory
-from scheduler.recommender.histogram import COMPUTE_BUCKETS, MEMORY_BUCKETS, DecayingHistogram
+from recommender.histogram import COMPUTE_BUCKETS, MEMORY_BUCKETS, DecayingHistogram
 
 MiB: Final = 2**20
 GiB: Final = 2**30

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.recommender.histogram import (
+from recommender.histogram import (
     COMPUTE_BUCKETS,
     MEMORY_BUCKETS,
     DecayingHistogram,

@@ -11,19 +11,16 @@ over the pod's containers and GPUs (`PodUsage`), with one error per target that 
   `namespace` and `pod` labels (`honor_labels: true` in a Kubernetes scrape config that
   adds its own `pod` label), or the queries find nothing.
 
-The parsing (`parse_exporter_metrics`, `parse_prometheus_vector`) is pure; the rest is
-urllib, HTTP(S) only, without redirects or proxies from the environment: exporters are
-reached by pod IP and Prometheus by its in-cluster address.
+The parsing (`parse_exporter_metrics`, `parse_prometheus_vector`) is pure; the fetching
+is `gpupack.runtime.http` (HTTP(S) only, without redirects or proxies from the
+environment): exporters are reached by pod IP and Prometheus by its in-cluster address.
+The metric names are the contract's (`gpupack.metrics`), the ones the exporter writes.
 """
 
-import http.client
 import ipaddress
 import json
 import math
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,13 +29,9 @@ from typing import Any, Final, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupack.kube import JSON, Pod
-
-COMPUTE_METRIC: Final = "gpupack_pod_gpu_compute_ratio"
-MEMORY_METRIC: Final = "gpupack_pod_gpu_memory_used_bytes"
-MAX_BODY: Final = 64 << 20  # bytes; a node's exporter serves well under 1 MiB
-_CHUNK: Final = 1 << 16
-# What a failed fetch raises: unreachable, timed out, a bad HTTP answer, a bad body.
-_FAILURES: Final = (OSError, http.client.HTTPException, ValueError)
+from gpupack.metrics import POD_COMPUTE as COMPUTE_METRIC
+from gpupack.metrics import POD_MEMORY_USED as MEMORY_METRIC
+from gpupack.runtime import http
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,57 +133,6 @@ def exporter_targets(pods: Iterable[Pod | JSON], port: int) -> list[str]:
     return sorted(urls)
 
 
-def _http_opener() -> urllib.request.OpenerDirector:
-    """HTTP(S) only: no proxies from the environment, no redirects, no file: URLs."""
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.UnknownHandler(),  # any other scheme: URLError("unknown url type")
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPErrorProcessor(),
-    ):
-        opener.add_handler(handler)
-    return opener
-
-
-def _fetch(
-    opener: urllib.request.OpenerDirector, request: urllib.request.Request, timeout: float
-) -> bytes:
-    """The body, within `timeout` seconds in all (a server that trickles fails too)."""
-    deadline = time.monotonic() + timeout
-    with opener.open(request, timeout=timeout) as response:
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := response.read1(_CHUNK):
-            size += len(chunk)
-            if size > MAX_BODY:
-                raise ValueError(f"response larger than {MAX_BODY} bytes")
-            if time.monotonic() > deadline:
-                raise TimeoutError
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-def _reason(error: BaseException, timeout: float) -> str:
-    """A short cause: `connection refused`, `HTTP 500 Internal Server Error`."""
-    if isinstance(error, urllib.error.HTTPError):
-        return f"HTTP {error.code} {error.reason}"
-    if isinstance(error, urllib.error.URLError):
-        if not isinstance(error.reason, BaseException):
-            return str(error.reason)
-        error = error.reason
-    if isinstance(error, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(error, TimeoutError):
-        return f"timed out after {timeout:g}s"
-    if isinstance(error, http.client.HTTPException | ConnectionResetError):
-        return f"bad HTTP response: {str(error) or type(error).__name__}"
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    return str(error) or type(error).__name__
-
-
 class ExporterScraper(UsageSource):
     """Scrapes every exporter `targets()` names, `workers` at a time; each scrape gets
     `timeout` seconds. `close()` stops the worker threads."""
@@ -201,7 +143,7 @@ class ExporterScraper(UsageSource):
         *,
         timeout: float = 5.0,
         workers: int = 8,
-        opener: urllib.request.OpenerDirector | None = None,
+        max_body: int = http.MAX_BODY,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"scrape timeout {timeout!r}: expected seconds above 0")
@@ -209,12 +151,12 @@ class ExporterScraper(UsageSource):
             raise ValueError(f"scrape workers {workers!r}: expected at least 1")
         self._targets = targets
         self._timeout = timeout
-        self._opener = opener or _http_opener()
+        self._max_body = max_body
+        self._opener = http.opener()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="usage-scrape")
 
     def _scrape(self, url: str) -> list[PodUsage]:
-        request = urllib.request.Request(url)  # noqa: S310 (the opener is HTTP(S) only)
-        body = _fetch(self._opener, request, self._timeout)
+        body = http.get(self._opener, url, timeout=self._timeout, max_body=self._max_body)
         try:
             text = body.decode()
         except UnicodeDecodeError:
@@ -229,12 +171,8 @@ class ExporterScraper(UsageSource):
         for url, future in futures:
             try:
                 found = future.result()
-            except urllib.error.HTTPError as error:
-                error.close()
-                errors.append(f"{url}: {_reason(error, self._timeout)}")
-                continue
-            except _FAILURES as error:
-                errors.append(f"{url}: {_reason(error, self._timeout)}")
+            except (http.FetchError, ValueError) as error:
+                errors.append(f"{url}: {http.reason(error, self._timeout)}")
                 continue
             for use in found:  # a pod in two targets (it should not be) keeps the sum
                 sums.setdefault((use.namespace, use.pod), _Sum()).add(use.compute, use.memory)
@@ -355,7 +293,6 @@ class PrometheusSource(UsageSource):
         window_seconds: int,
         timeout: float = 10.0,
         bearer_token_file: str | None = None,
-        opener: urllib.request.OpenerDirector | None = None,
     ) -> None:
         self._url = _validate_url(url)
         if isinstance(window_seconds, bool) or window_seconds < 1:
@@ -364,7 +301,7 @@ class PrometheusSource(UsageSource):
             raise ValueError(f"Prometheus timeout {timeout!r}: expected seconds above 0")
         self._timeout = timeout
         self._token_file = bearer_token_file
-        self._opener = opener or _http_opener()
+        self._opener = http.opener()
         window = f"[{window_seconds}s]"
         self.queries: Final = {
             "compute": f"sum by (namespace, pod) (avg_over_time({COMPUTE_METRIC}{window}))",
@@ -373,15 +310,15 @@ class PrometheusSource(UsageSource):
 
     def _query(self, query: str, token: str | None) -> dict[tuple[str, str], float]:
         params = urllib.parse.urlencode({"query": query, "timeout": f"{self._timeout:g}s"})
-        request = urllib.request.Request(f"{self._url}/api/v1/query?{params}")  # noqa: S310
-        request.add_header("Accept", "application/json")
+        headers = {"Accept": "application/json"}
         if token:
-            request.add_header("Authorization", f"Bearer {token}")
+            headers["Authorization"] = f"Bearer {token}"
+        url = f"{self._url}/api/v1/query?{params}"
         try:
-            body = _fetch(self._opener, request, self._timeout)
-        except urllib.error.HTTPError as error:
-            with error:  # Prometheus explains 4xx and 503 in JSON; a proxy in between may not
-                explained = _prometheus_error(error.read(_CHUNK))
+            body = http.get(self._opener, url, timeout=self._timeout, headers=headers)
+        except http.FetchError as error:
+            # Prometheus explains 4xx and 503 in JSON; a proxy in between may not.
+            explained = _prometheus_error(error.body) if error.status else None
             if explained is None:
                 raise
             raise ValueError(explained) from None
@@ -412,8 +349,8 @@ class PrometheusSource(UsageSource):
         for name, query in self.queries.items():
             try:
                 vectors[name] = self._query(query, token)
-            except _FAILURES as error:
-                failed.append(f"{name} query: {_reason(error, self._timeout)}")
+            except (http.FetchError, ValueError) as error:
+                failed.append(f"{name} query: {http.reason(error, self._timeout)}")
                 vectors[name] = {}
         errors = (f"{self.describe()}: {'; '.join(failed)}",) if failed else ()
         usage = merge_vectors(vectors["compute"], vectors["memory"])

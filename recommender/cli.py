@@ -12,39 +12,30 @@ synced, 2 for bad arguments or no cluster to talk to.
 
 import argparse
 import logging
-import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Final
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from gpupack import keys
-from gpupack.args import positive_number, positive_seconds
-from gpupack.informer import Informer
-from gpupack.logs import configure_logging
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.recommendation import list_path
-from scheduler import leader
-from scheduler.kube import connect
-from scheduler.leader import Elector
-from scheduler.recommender.controller import Recommender, Settings
-from scheduler.recommender.metrics import RecommenderMetrics
-from scheduler.recommender.usage import (
+from gpupack.runtime import leader, shell
+from gpupack.runtime.args import positive_number, positive_seconds
+from gpupack.runtime.informer import Informer
+from recommender.controller import Recommender, Settings
+from recommender.metrics import RecommenderMetrics
+from recommender.usage import (
     ExporterScraper,
     PrometheusSource,
     UsageSource,
     exporter_targets,
 )
 
-log = logging.getLogger("scheduler.recommender.cli")
+log = logging.getLogger("recommender.cli")
 
-EXIT_LOST: Final = 1
-EXIT_CONFIG: Final = 2
-SYNC_TIMEOUT: Final = 120.0
 DEFAULT_EXPORTER_SELECTOR: Final = (
     "app.kubernetes.io/name=gpupack,app.kubernetes.io/component=exporter"
 )
@@ -58,7 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
         "applies to the workload's new pods.",
     )
     add = parser.add_argument
-    add("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     add(
         "--namespace",
         default=keys.SYSTEM_NAMESPACE,
@@ -138,11 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=9092,
         help="Prometheus metrics port, 0 to disable (default: %(default)s)",
     )
-    add(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default=os.environ.get("GPUPACK_LOG_LEVEL", "info"),
-    )
+    shell.add_arguments(parser)
     return parser
 
 
@@ -164,42 +150,29 @@ def make_source(args: argparse.Namespace, exporters: Informer | None) -> UsageSo
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
-    try:
-        timing = leader.timing_of(args)
-        kube = connect(args.kubeconfig)
-        exporters = None
-        if not args.prometheus_url and not args.exporter_url:
-            exporters = Informer(
-                kube,
-                f"/api/v1/namespaces/{args.namespace}/pods",
-                {"labelSelector": args.exporter_selector},
-                name="exporters",
-            )
-        source = make_source(args, exporters)
-    except ValueError as error:
-        parser.print_usage(sys.stderr)
-        print(f"gpupack-recommender: error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-
-    pods = Informer(
+def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
+    kube = process.connect(args.kubeconfig, "gpupack-recommender")
+    election = process.election(args, kube, args.namespace)
+    exporters = None
+    if not args.prometheus_url and not args.exporter_url:
+        exporters = process.informer(
+            kube,
+            f"/api/v1/namespaces/{args.namespace}/pods",
+            {"labelSelector": args.exporter_selector},
+            name="exporters",
+        )
+    source = make_source(args, exporters)
+    process.defer(source.close)
+    pods = process.informer(
         kube,
         "/api/v1/pods",
         {"fieldSelector": f"spec.schedulerName={keys.SCHEDULER_NAME}"},
         name="pods",
     )
-    policies = Informer(
+    policies = process.informer(
         kube, f"/apis/{POLICY_API}/namespaces/{args.namespace}/{POLICY_PLURAL}", name="policies"
     )
-    recommendations = Informer(kube, list_path(), name="recommendations")
-    informers = [i for i in (pods, policies, recommendations, exporters) if i is not None]
+    recommendations = process.informer(kube, list_path(), name="recommendations")
     settings = Settings(
         namespace=args.namespace,
         interval=args.interval,
@@ -220,39 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             start_http_server(args.metrics_port, args.metrics_address, registry)
         except OSError as error:
-            log.error("cannot serve metrics on port %d: %s", args.metrics_port, error)
-            return EXIT_CONFIG
+            raise OSError(f"cannot serve metrics on port {args.metrics_port}: {error}") from None
     log.info("collecting usage from %s", source.describe())
-    for informer in informers:
-        informer.start()
-    try:
-        for informer in informers:
-            if not informer.wait_synced(SYNC_TIMEOUT):
-                log.error(
-                    "the %s cache did not sync in %.0fs: %s",
-                    informer.name,
-                    SYNC_TIMEOUT,
-                    informer.error or "no answer",
-                )
-                return EXIT_LOST
-        log.info("caches synced", extra={"identity": args.identity})
-        if not args.leader_elect:
-            lost = threading.Event()
-            worker = threading.Thread(target=recommender.run, args=(lost,), daemon=True)
-            worker.start()
-            while not stop.wait(1.0):
-                pass
-            lost.set()
-            worker.join(timeout=30)
-            return 0
-        elector = Elector(kube, args.namespace, args.lease_name, args.identity, timing)
-        clean = elector.run(recommender.run, stop)
-        return 0 if clean else EXIT_LOST
-    finally:
-        for informer in informers:
-            informer.stop()
-        source.close()
-        kube.close()
+    return shell.Service(work=recommender.run, election=election)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return shell.run(build_parser(), argv, start)
 
 
 if __name__ == "__main__":

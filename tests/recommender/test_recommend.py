@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpupack.policy import BUILTIN, DAY, Policy
-from scheduler.recommender.recommend import (
+from recommender.recommend import (
     History,
     Running,
     Target,

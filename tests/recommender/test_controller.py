@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from gpupack.api import ApiError
 from gpupack.policy import BUILTIN, policy_spec
-from scheduler.recommender.controller import JSON_PATCH, Recommender, Settings
-from scheduler.recommender.usage import Collected, PodUsage
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.transport import JSON_PATCH
+from recommender.controller import Recommender, Settings
+from recommender.usage import Collected, PodUsage
 
 JSON = dict[str, Any]
 GiB = 1 << 30

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from gpupack.api import ApiError
-from gpupack.informer import Informer, object_key
 from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.informer import Informer, object_key
 from tests.fakes import FakeKube
 
 WAIT = 10.0  # a deadline for the informer's thread, never a measured duration

@@ -23,16 +23,17 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from gpupack import keys
-from gpupack.api import ApiError
 from gpupack.kube import JSON
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import DEFAULT_POLICY, Policy, PolicySet, UpdateMode, effective_policies
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import list_path
-from scheduler.recommender.metrics import RecommenderMetrics
-from scheduler.recommender.recommend import History, drift, recommend
-from scheduler.recommender.state import (
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.transport import JSON_PATCH, MERGE_PATCH, Body
+from recommender.metrics import RecommenderMetrics
+from recommender.recommend import History, drift, recommend
+from recommender.state import (
     Workload,
     WorkloadKey,
     key_of,
@@ -44,18 +45,16 @@ from scheduler.recommender.state import (
     rfc3339,
     running_of,
 )
-from scheduler.recommender.usage import UsageSource
+from recommender.usage import UsageSource
 
 log = logging.getLogger(__name__)
 
-JSON_PATCH: Final = "application/json-patch+json"
-MERGE_PATCH: Final = "application/merge-patch+json"
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "gpupack-recommender")
 ROLLABLE: Final = {"Deployment": "deployments", "StatefulSet": "statefulsets"}
 
 
 class Store(Protocol):
-    """The reads the loop makes of a cache (`gpupack.informer.Informer`)."""
+    """The reads the loop makes of a cache (`gpupack.runtime.informer.Informer`)."""
 
     def get(self, key: str) -> JSON | None: ...
 
@@ -63,9 +62,12 @@ class Store(Protocol):
 
 
 class Kube(Protocol):
+    """The writes the recommender makes (its RBAC: GPURecommendations, GPUPolicy status,
+    and with rollouts on, Deployments and StatefulSets). The reads are its informers."""
+
     def create(self, path: str, body: JSON) -> JSON: ...
 
-    def patch(self, path: str, body: JSON, content_type: str = MERGE_PATCH) -> JSON: ...
+    def patch(self, path: str, body: Body, content_type: str = MERGE_PATCH) -> JSON: ...
 
     def delete(self, path: str, body: JSON | None = None) -> JSON: ...
 
@@ -288,7 +290,7 @@ class Recommender:
         ]
         try:
             try:
-                self._kube.patch(self._path(key), ops, JSON_PATCH)  # type: ignore[arg-type]
+                self._kube.patch(self._path(key), ops, JSON_PATCH)
             except ApiError as exc:
                 if exc.status != 404:
                     raise

@@ -1,0 +1,212 @@
+"""The process shell of every long-running gpupack binary (scheduler, recommender,
+exporter): parse, log, connect, wire, start the caches, wait for them, lead or serve,
+stop cleanly. Each binary writes only its wiring (`start`); the sequence, the signals
+and the exit codes live here once, so the binaries cannot drift apart.
+
+    def main(argv=None) -> int:
+        return shell.run(build_parser(), argv, start)
+
+    def start(args, process: shell.Process) -> shell.Service:
+        kube = process.connect(args.kubeconfig, "gpupack-scheduler")
+        pods = process.informer(kube, "/api/v1/pods", name="pods")
+        ...
+        return shell.Service(work=loop.run, election=process.election(args, kube, namespace))
+
+Exit codes, the same for every binary:
+- 0 after SIGTERM or SIGINT (the work is told to stop, and a leader releases its Lease);
+- 1 when leadership was lost, a cache never synced, or the work failed (the pod restarts);
+- 2 for bad arguments, no usable cluster configuration, or a port that cannot be opened
+  (`start` raised ValueError or OSError): one line naming what was wrong, no traceback.
+"""
+
+import argparse
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from gpupack.runtime import config, leader
+from gpupack.runtime.informer import Indexer, Informer
+from gpupack.runtime.logs import configure_logging
+from gpupack.runtime.transport import Transport, connect
+
+log = logging.getLogger(__name__)
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+SYNC_TIMEOUT: Final = 120.0
+STOP_TIMEOUT: Final = 30.0
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+Work = Callable[[threading.Event], None]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--kubeconfig` and `--log-level`, as every binary spells them."""
+    parser.add_argument(
+        "--kubeconfig", metavar="PATH", help=f"kubeconfig file (order: {config.ORDER})"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        type=str.lower,
+        default=os.environ.get("GPUPACK_LOG_LEVEL", "info").lower(),
+        help="level of the JSON logs on stderr (default: $GPUPACK_LOG_LEVEL or info)",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """What a binary runs once its caches are synced: `work(stop)` until `stop` is set,
+    under leader election when `election` is given (`work` then runs only while this
+    replica leads, and `stop` is set when it stops leading). No work: just serve until
+    a signal (the exporter's threads were started by `start`)."""
+
+    work: Work | None = None
+    election: leader.Elector | None = None
+
+
+class Process:
+    """What `start` wires into: the connection, the caches, and what to undo at exit."""
+
+    def __init__(self, prog: str, sync_timeout: float = SYNC_TIMEOUT) -> None:
+        self.prog = prog
+        self.stop = threading.Event()
+        self._sync_timeout = sync_timeout
+        self._informers: list[tuple[Informer, bool]] = []
+        self._cleanups: list[Callable[[], object]] = []
+
+    def connect(self, kubeconfig: str | None, user_agent: str) -> Transport:
+        """The transport (closed at exit). ConfigError (a ValueError) when there is none."""
+        kube = connect(kubeconfig, user_agent=user_agent)
+        self.defer(kube.close)
+        return kube
+
+    def informer(
+        self,
+        client: Transport,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        name: str,
+        indexers: Mapping[str, Indexer] | None = None,
+        on_change: Callable[[str], None] | None = None,
+        wait: bool = True,
+    ) -> Informer:
+        """A cache started after `start` returns and stopped at exit. With `wait`, the
+        service starts only once it has synced (exit 1 if it does not in time)."""
+        informer = Informer(client, path, params, name=name, indexers=indexers, on_change=on_change)
+        return self.add(informer, wait=wait)
+
+    def add(self, informer: Informer, *, wait: bool = True) -> Informer:
+        """An informer built elsewhere, started and stopped like those of `informer`."""
+        self._informers.append((informer, wait))
+        return informer
+
+    def election(
+        self, args: argparse.Namespace, client: leader.LeaseClient, namespace: str
+    ) -> leader.Elector | None:
+        """The Elector `leader.add_arguments`' options ask for, None with
+        --no-leader-elect. ValueError when the timings are inconsistent."""
+        timing = leader.timing_of(args)
+        if not args.leader_elect:
+            return None
+        return leader.Elector(client, namespace, args.lease_name, args.identity, timing)
+
+    def defer(self, cleanup: Callable[[], object]) -> None:
+        """Call `cleanup` at exit (last deferred, first called)."""
+        self._cleanups.append(cleanup)
+
+    def start_informers(self) -> bool:
+        """Start every cache; False when one that is waited for did not sync in time."""
+        for informer, _ in self._informers:
+            informer.start()
+        self.defer(self._stop_informers)
+        for informer, wait in self._informers:
+            if wait and not informer.wait_synced(self._sync_timeout):
+                log.error(
+                    "the %s cache did not sync in %.0fs: %s",
+                    informer.name,
+                    self._sync_timeout,
+                    informer.error or "no answer",
+                )
+                return False
+        return True
+
+    def _stop_informers(self) -> None:
+        for informer, _ in self._informers:
+            informer.stop()
+
+    def close(self) -> None:
+        while self._cleanups:
+            cleanup = self._cleanups.pop()
+            try:
+                cleanup()
+            except Exception:
+                log.exception("%s: cleanup failed", self.prog)
+
+
+def _idle(stop: threading.Event) -> None:
+    stop.wait()
+
+
+def _serve(work: Work | None, stop: threading.Event) -> bool:
+    """`work(stopping)` in a thread until `stop`; False when the work failed."""
+    failed = threading.Event()
+    stopping = threading.Event()
+
+    def guarded() -> None:
+        try:
+            if work is not None:
+                work(stopping)
+        except Exception:
+            log.exception("the work failed")
+            failed.set()
+            stop.set()
+
+    worker = threading.Thread(target=guarded, name="work", daemon=True)
+    worker.start()
+    while not stop.wait(1.0):  # a timed wait keeps signal handlers running promptly
+        pass
+    stopping.set()
+    worker.join(timeout=STOP_TIMEOUT)
+    return not failed.is_set()
+
+
+def run(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    start: Callable[[argparse.Namespace, Process], Service],
+    *,
+    sync_timeout: float = SYNC_TIMEOUT,
+) -> int:
+    """Parse, configure logging, `start`, then run the service; the exit code."""
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    process = Process(parser.prog, sync_timeout)
+    try:
+        try:
+            service = start(args, process)
+        except (ValueError, OSError) as error:
+            parser.print_usage(sys.stderr)
+            print(f"{parser.prog}: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.signal(signum, lambda *_: process.stop.set())
+            process.defer(functools.partial(signal.signal, signum, previous))
+        if not process.start_informers():
+            return EXIT_FAILED
+        if service.election is None:
+            log.info("%s started", parser.prog)
+            return EXIT_OK if _serve(service.work, process.stop) else EXIT_FAILED
+        log.info("caches synced; campaigning", extra={"identity": service.election.identity})
+        clean = service.election.run(service.work or _idle, process.stop)
+        return EXIT_OK if clean else EXIT_FAILED
+    finally:
+        process.close()

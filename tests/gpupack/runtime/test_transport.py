@@ -1,0 +1,105 @@
+"""The one transport (`gpupack.runtime.transport`) against a local HTTP stub: the bearer
+token, the watch framing, closing a blocked watch, Status errors kept whole."""
+
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError
+from gpupack.runtime.transport import Transport, connect
+from tests.apistub import TOKEN, WAIT, ApiStub, write_kubeconfig
+
+
+@pytest.fixture
+def client(server: str, tmp_path: Path) -> Iterator[Transport]:
+    loaded = connect(str(write_kubeconfig(tmp_path / "config", server)), user_agent="t", environ={})
+    yield loaded
+    loaded.close()
+
+
+def test_list_returns_the_raw_json_with_the_bearer_token(client: Transport, stub: ApiStub) -> None:
+    listed = client.list("/api/v1/namespaces", {"labelSelector": "a=b"})
+
+    assert listed["metadata"]["resourceVersion"] == "7"
+    assert listed["items"] == stub.namespaces
+    method, path, authorization = stub.requests[-1]
+    assert (method, authorization) == ("GET", f"Bearer {TOKEN}")
+    assert "labelSelector=a%3Db" in path
+
+
+def test_watch_streams_one_event_per_line(client: Transport, stub: ApiStub) -> None:
+    stub.watch_events = [
+        {"type": "ADDED", "object": {"metadata": {"name": f"p{i}", "resourceVersion": str(i)}}}
+        for i in range(3)
+    ]
+    stub.release_watches.set()
+
+    events = list(client.watch("/api/v1/pods", {"timeoutSeconds": "5"}))
+
+    assert [e["object"]["metadata"]["name"] for e in events] == ["p0", "p1", "p2"]
+    assert "watch=true" in stub.requests[-1][1]
+
+
+def test_closing_a_watch_interrupts_a_blocked_read(client: Transport, stub: ApiStub) -> None:
+    stub.watch_events = [{"type": "ADDED", "object": {"metadata": {"name": "p0"}}}]
+    stream = client.watch("/api/v1/pods", {"timeoutSeconds": "60"})
+    seen: list[JSON] = []
+    first = threading.Event()
+
+    def consume() -> None:
+        for event in stream:
+            seen.append(event)
+            first.set()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    assert first.wait(WAIT)
+
+    stream.close()
+    reader.join(WAIT)
+
+    assert not reader.is_alive()
+    assert len(seen) == 1
+
+
+def test_create_and_already_exists(client: Transport, stub: ApiStub) -> None:
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {}}
+
+    created = client.create("/api/v1/namespaces/gpupack-system/pods", body)
+    with pytest.raises(ApiError) as again:
+        client.create("/api/v1/namespaces/gpupack-system/pods", body)
+
+    assert created["metadata"]["name"] == "x"
+    assert again.value.status == 409
+    assert again.value.already_exists
+    assert "already exists" in again.value.message
+
+
+def test_status_errors_keep_reason_and_message(client: Transport) -> None:
+    with pytest.raises(ApiError) as error:
+        client.list("/api/v1/forbidden", {})
+
+    assert (error.value.status, error.value.reason) == (403, "Forbidden")
+    assert error.value.message == "pods is forbidden"
+    assert not error.value.retryable
+
+
+def test_an_unreachable_server_is_a_connection_error(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    loaded = connect(
+        str(write_kubeconfig(tmp_path / "c", f"http://127.0.0.1:{port}")), user_agent="t"
+    )
+
+    with pytest.raises(ApiError) as error:
+        loaded.list("/api/v1/pods", {})
+    loaded.close()
+
+    assert error.value.status == 0
+    assert error.value.reason == "ConnectionError"
+    assert error.value.retryable
