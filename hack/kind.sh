@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kind path, for machines with Docker (it cannot run where Docker does not: our CI
-# machines use the local control plane of hack/localcluster.py instead).
+# machines use the local control plane of hack/localcluster/ instead).
 #
 #   hack/kind.sh up      create a kind cluster with 2 workers advertising fake GPUs,
 #                        build the image, load it, and helm install the chart

@@ -1,6 +1,6 @@
 """What the webhook adds to pod creation, measured through a real API server.
 
-One local cluster (hack/localcluster.py) with the webhook registered as the chart
+One local cluster (hack/localcluster/) with the webhook registered as the chart
 registers it. In one run: create N single-GPU pods in an opted-in namespace (each one
 admitted through gpupack: decision, patch, capacity planning, capacity pods created as
 the pool grows) and N in a namespace that is not opted in (the API server's selectors

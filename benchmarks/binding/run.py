@@ -1,6 +1,6 @@
 """Binding throughput: gpupack-scheduler versus kube-scheduler on one local cluster.
 
-In one run (hack/localcluster.py, webhook registered as the chart registers it):
+In one run (hack/localcluster/, webhook registered as the chart registers it):
 
 1. gpupack: with gpupack-scheduler stopped, create N single-GPU pods in an opted-in
    namespace (the webhook rewrites them to 50m shares and creates their capacity pods)

@@ -366,8 +366,8 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
 
 def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywhere() -> None:
     """Least privilege: GPURecommendations live in the workloads' namespaces, GPUPolicy
-    objects only in the release namespace; the local cluster's RBAC is the same."""
-    from hack.localcluster import webhook_rbac
+    objects only in the release namespace; the local cluster binds exactly these rules."""
+    from hack.localcluster import chart_rbac
 
     docs = render()
 
@@ -384,5 +384,12 @@ def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywh
         {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": read}
     ]
     assert {"apiGroups": ["gpupack.io"], "resources": ["gpupolicies"], "verbs": read} in namespaced
-    local = {obj["kind"]: obj["rules"] for obj in webhook_rbac() if "rules" in obj}
-    assert local == {"ClusterRole": cluster_wide, "Role": namespaced}
+    local = chart_rbac(Path(helm()), "templates/webhook.yaml", "gpupack-webhook")
+    assert {obj["kind"]: obj["rules"] for obj in local if "rules" in obj} == {
+        "ClusterRole": cluster_wide,
+        "Role": namespaced,
+    }
+    bindings = [obj for obj in local if obj["kind"].endswith("Binding")]
+    assert [b["subjects"] for b in bindings] == [
+        [{"kind": "User", "name": "gpupack-webhook", "apiGroup": "rbac.authorization.k8s.io"}]
+    ] * 2

@@ -1,6 +1,6 @@
 """The integration tier: a real control plane with simulated GPU nodes.
 
-By default the whole session shares one local cluster (hack/localcluster.py: etcd,
+By default the whole session shares one local cluster (hack/localcluster/: etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, kwok) with the webhook running
 as a local process. With GPUPACK_TEST_KUBECONFIG set, the same tests run against that
 cluster instead, which must already have gpupack installed (the kind path, docs/kind.md);

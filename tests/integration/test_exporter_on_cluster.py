@@ -5,7 +5,7 @@ the node's pods from a real API server.
 kwok nodes have no kubelet and no GPUs, so `SimulatedKubelet` plays the kubelet's
 device manager for one node: every Running capacity pod bound to the node gets the
 first free fake GPU, and `List` reports it, as the NVIDIA device plugin (UUID strategy)
-would. The simulated node agent (hack/localcluster.py) stays off that node, so the GPU
+would. The simulated node agent (hack/localcluster/) stays off that node, so the GPU
 annotations there come from the exporter alone. There is no NVML here: the binary runs
 with `gpupack_exporter_nvml_up 0`, which is itself one of the failure modes under test.
 """

@@ -1,0 +1,254 @@
+"""The harness's own small client for the Kubernetes API (HTTPS with a client
+certificate or a bearer token, keep-alive per thread, JSON in and out).
+
+Independent of the product's runtime (`gpupack.runtime`) on purpose: the integration
+tests check gpupack's components against a real API server, and if the harness reached
+that server through the same transport, a bug in the transport could hide in both the
+component and the check. This client is built on the standard library alone (`http.client`
+and `ssl`), reads kubeconfigs itself, and has its own error type.
+"""
+
+import base64
+import contextlib
+import http.client
+import json
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+JSON = dict[str, Any]
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not start; the message says which component and where its
+    log is."""
+
+
+# -- the API client ------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class Kube:
+    """A small JSON client for the Kubernetes API. Enough for tests and the demo; the
+    product's components use `gpupack.runtime.transport` (see the module docstring)."""
+
+    server: str
+    context: ssl.SSLContext
+    token: str | None = None
+    _local: threading.local = field(default_factory=threading.local, repr=False)
+
+    def _connection(
+        self, url: urllib.parse.SplitResult, timeout: float
+    ) -> http.client.HTTPSConnection:
+        """One keep-alive connection per thread."""
+        connection: http.client.HTTPSConnection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = http.client.HTTPSConnection(
+                url.hostname or "127.0.0.1", url.port or 443, context=self.context, timeout=timeout
+            )
+            self._local.connection = connection
+        connection.timeout = timeout
+        return connection
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> "Kube":
+        """The current context of a kubeconfig: client certificate or token, CA data or file."""
+        config = yaml.safe_load(path.read_text())
+        current = config.get("current-context")
+        ctx = next(c["context"] for c in config["contexts"] if c["name"] == current)
+        cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
+        context = ssl.create_default_context()
+        if "certificate-authority-data" in cluster:
+            context.load_verify_locations(
+                cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
+            )
+        elif "certificate-authority" in cluster:
+            context.load_verify_locations(cafile=cluster["certificate-authority"])
+        token = user.get("token")
+        if "client-certificate-data" in user:
+            with tempfile.TemporaryDirectory() as tmp:
+                cert, key = Path(tmp, "c.crt"), Path(tmp, "c.key")
+                cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+                key.write_bytes(base64.b64decode(user["client-key-data"]))
+                context.load_cert_chain(cert, key)
+        elif "client-certificate" in user:
+            context.load_cert_chain(user["client-certificate"], user["client-key"])
+        return cls(cluster["server"], context, token)
+
+    def text(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> str:
+        """The answer's body as text; ApiError for a status of 300 or more."""
+        url = urllib.parse.urlsplit(self.server)
+        if params:
+            path = f"{path}?{urllib.parse.urlencode(params)}"
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        payload = None if body is None else json.dumps(body).encode()
+        for attempt in (1, 2):  # a kept-alive connection the server closed: reconnect once
+            connection = self._connection(url, timeout)
+            try:
+                connection.request(method, path, body=payload, headers=headers)
+                response = connection.getresponse()
+                text = response.read().decode()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                # Never reuse a connection a request failed on: http.client would refuse it.
+                connection.close()
+                self._local.connection = None
+                stale = isinstance(
+                    exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                )
+                if attempt == 2 or not stale:
+                    raise
+        if response.status >= 300:
+            raise ApiError(response.status, text)
+        return text
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> Any:
+        """The decoded JSON answer; ApiError for a status of 300 or more."""
+        text = self.text(
+            method, path, body, params=params, content_type=content_type, timeout=timeout
+        )
+        return json.loads(text) if text else None
+
+    def close(self) -> None:
+        """Close the calling thread's kept-alive connection."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    def get(self, path: str, **params: str) -> Any:
+        return self.request("GET", path, params=params or None)
+
+    def create(self, path: str, body: JSON, *, dry_run: bool = False) -> Any:
+        return self.request("POST", path, body, params={"dryRun": "All"} if dry_run else None)
+
+    def delete(self, path: str) -> Any:
+        with contextlib.suppress(ApiError):
+            return self.request("DELETE", path, params={"gracePeriodSeconds": "0"})
+        return None
+
+    def merge_patch(self, path: str, body: JSON) -> Any:
+        return self.request("PATCH", path, body, content_type="application/merge-patch+json")
+
+    def apply(self, obj: JSON) -> Any:
+        """Create the object, or replace it when it exists (idempotent setup)."""
+        path = resource_path(obj)
+        try:
+            return self.create(path, obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        name = obj["metadata"]["name"]
+        current = self.get(f"{path}/{name}")
+        obj = {
+            **obj,
+            "metadata": {
+                **obj["metadata"],
+                "resourceVersion": current["metadata"]["resourceVersion"],
+            },
+        }
+        return self.request("PUT", f"{path}/{name}", obj)
+
+    def create_namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
+        """A new namespace `<prefix>-<random>`, once its default ServiceAccount exists
+        (pods created before it are refused)."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        metadata = {"name": name, "labels": labels or {}}
+        self.create(
+            "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+        )
+        self.wait_for(
+            f"the default ServiceAccount of {name}",
+            lambda: self.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        )
+        return name
+
+    def wait_for(
+        self, what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
+    ) -> Any:
+        """Poll `check` until it returns something truthy; ClusterError naming `what` after
+        `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                last = check()
+            except ApiError as exc:
+                last = exc
+            else:
+                if last:
+                    return last
+            time.sleep(interval)
+        raise ClusterError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+_PLURALS = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "Node": ("/api/v1", "nodes", False),
+    "Pod": ("/api/v1", "pods", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "StatefulSet": ("/apis/apps/v1", "statefulsets", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "MutatingWebhookConfiguration": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingwebhookconfigurations",
+        False,
+    ),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+    "GPUPolicy": ("/apis/gpupack.io/v1alpha1", "gpupolicies", True),
+    "GPURecommendation": ("/apis/gpupack.io/v1alpha1", "gpurecommendations", True),
+}
+
+
+def resource_path(obj: JSON) -> str:
+    """The collection path of an object of the kinds this harness creates."""
+    base, plural, namespaced = _PLURALS[obj["kind"]]
+    if namespaced:
+        return f"{base}/namespaces/{obj['metadata'].get('namespace', 'default')}/{plural}"
+    return f"{base}/{plural}"

@@ -1,0 +1,274 @@
+"""gpupack on the local control plane: the CRDs, and each component as a local process
+(`python -m <component>.cli`) with the RBAC the chart renders bound to a local user of
+the component's name, and a kubeconfig for that user. The webhook is registered with the
+MutatingWebhookConfiguration the chart renders, pointed at the local process."""
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import signal
+import ssl
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from certs import pem
+from hack.localcluster.chart import (
+    CHART_DIR,
+    EXPORTER_NAME,
+    RECOMMENDER_NAME,
+    SCHEDULER_NAME,
+    SYSTEM_NAMESPACE,
+    WEBHOOK_NAME,
+    chart_rbac,
+    chart_webhook_configuration,
+)
+from hack.localcluster.client import JSON
+from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
+from hack.localcluster.processes import Process, free_port
+
+
+@dataclass
+class LocalCluster(ControlPlane):
+    """The control plane, kwok's GPU nodes, and gpupack's components as local processes."""
+
+    _webhook_configuration: JSON | None = field(default=None, repr=False)
+
+    def start(self) -> "LocalCluster":
+        super().start()
+        return self
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def install_crds(self) -> None:
+        """The chart's CustomResourceDefinitions (`charts/gpupack/crds`), once established,
+        so the components' watches of GPUPolicy and GPURecommendation objects succeed."""
+        admin = self.kube()
+        crds = sorted((CHART_DIR / "crds").glob("*.yaml"))
+        names = []
+        for path in crds:
+            crd = yaml.safe_load(path.read_text())
+            admin.apply(crd)
+            names.append(crd["metadata"]["name"])
+
+        def established() -> bool:
+            for name in names:
+                crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if not any(
+                    c.get("type") == "Established" and c.get("status") == "True" for c in conditions
+                ):
+                    return False
+            return True
+
+        admin.wait_for("the gpupack CRDs to be established", established, timeout=READY_TIMEOUT)
+
+    def install_webhook(
+        self,
+        *,
+        extra_args: Sequence[str] = (),
+        configuration: JSON | None = None,
+    ) -> Process:
+        """Run `gpupack-webhook serve` as a local process with least-privilege RBAC, and
+        register it with `configuration`, by default the MutatingWebhookConfiguration the
+        chart renders, pointed at the local process."""
+        admin = self.kube()
+        self.install_crds()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(Path(self.binary("helm")), "templates/webhook.yaml", WEBHOOK_NAME):
+            admin.apply(obj)
+        serving = pem.issue(
+            self._ca,
+            f"{WEBHOOK_NAME}.{SYSTEM_NAMESPACE}.svc",
+            now=datetime.now(UTC),
+            names=["127.0.0.1", f"{WEBHOOK_NAME}.{SYSTEM_NAMESPACE}.svc"],
+            algorithm=pem.KeyAlgorithm.ECDSA_P256,
+        )
+        cert, key = self._write_pair("webhook", serving)
+        self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
+        self.audit_log = self.workdir / "logs" / "audit.log"
+        kubeconfig = self.user_kubeconfig(WEBHOOK_NAME)
+        process = self._launch(
+            WEBHOOK_NAME,
+            [
+                sys.executable,
+                "-m",
+                "webhook.cli",
+                "serve",
+                "--host=127.0.0.1",
+                f"--port={self.webhook_port}",
+                f"--metrics-port={self.webhook_metrics_port}",
+                f"--tls-cert-file={cert}",
+                f"--tls-private-key-file={key}",
+                f"--kubeconfig={kubeconfig}",
+                f"--audit-file={self.audit_log}",
+                *extra_args,
+            ],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self._wait_webhook_ready(process)
+        url = f"https://127.0.0.1:{self.webhook_port}/mutate"
+        ca_bundle = (self.pki / "ca.crt").read_bytes()
+        if configuration is None:
+            configuration = chart_webhook_configuration(Path(self.binary("helm")))
+        configuration = json.loads(json.dumps(configuration))
+        for entry in configuration["webhooks"]:
+            entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+        admin.apply(configuration)
+        self._webhook_configuration = configuration
+        self.write_state()
+        return process
+
+    def _wait_webhook_ready(self, process: Process) -> None:
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise self._failed(process, "exited during startup")
+            connection = http.client.HTTPSConnection(
+                "127.0.0.1", self.webhook_port, context=context, timeout=2
+            )
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                contextlib.closing(connection),
+            ):
+                connection.request("GET", "/readyz")
+                if connection.getresponse().status == 200:
+                    return
+            time.sleep(0.1)
+        raise self._failed(process, "did not become ready")
+
+    def reinstall_webhook(self) -> Process:
+        """Start the webhook again with the configuration it was registered with."""
+        return self.install_webhook(configuration=self._webhook_configuration)
+
+    def stop_webhook(self) -> None:
+        self._stop(WEBHOOK_NAME)
+
+    def _run_component(
+        self,
+        process_name: str,
+        user: str,
+        template: str,
+        module: str,
+        args: Sequence[str],
+        *,
+        sets: Sequence[str] = (),
+    ) -> Process:
+        """Run `python -m module` as the local user `user`, with the RBAC the chart's
+        `template` renders (and `sets`) bound to that user, and a kubeconfig for it."""
+        admin = self.kube()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart_rbac(Path(self.binary("helm")), template, user, sets=sets):
+            admin.apply(obj)
+        process = self._launch(
+            process_name,
+            [sys.executable, "-m", module, f"--kubeconfig={self.user_kubeconfig(user)}", *args],
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        self.write_state()
+        return process
+
+    def _stop(self, process_name: str) -> None:
+        process = self.processes.pop(process_name, None)
+        if process is not None:
+            process.stop()
+        self.write_state()
+
+    def install_scheduler(
+        self, *, name: str = SCHEDULER_NAME, extra_args: Sequence[str] = ()
+    ) -> Process:
+        """Run `gpupack-scheduler` as a local process (`name` tells replicas apart) with
+        the RBAC the chart renders, bound to the local user `gpupack-scheduler`."""
+        return self._run_component(
+            name,
+            SCHEDULER_NAME,
+            "templates/scheduler.yaml",
+            "scheduler.cli",
+            [
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--identity={name}",
+                f"--metrics-port={free_port()}",
+                "--metrics-address=127.0.0.1",
+                *extra_args,
+            ],
+        )
+
+    def stop_scheduler(self, name: str = SCHEDULER_NAME, *, kill: bool = False) -> None:
+        """Stop a scheduler replica: SIGTERM (it releases its Lease), or SIGKILL."""
+        process = self.processes.get(name)
+        if kill and process is not None and process.popen is not None:
+            os.killpg(process.popen.pid, signal.SIGKILL)
+            process.popen.wait(timeout=10)
+            process.popen = None
+        self._stop(name)
+
+    def install_exporter(
+        self,
+        node: str,
+        *,
+        pod_resources_socket: Path,
+        proc: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> tuple[Process, int]:
+        """Run `gpupack-exporter` for `node` as a local process with the RBAC the chart
+        renders (bound to the local user `gpupack-exporter`), talking to the kubelet
+        pod-resources socket the caller serves. Returns the process and its port. No NVML
+        here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
+        port = free_port()
+        process = self._run_component(
+            f"{EXPORTER_NAME}-{node}",
+            EXPORTER_NAME,
+            "templates/exporter.yaml",
+            "exporter.cli",
+            [
+                f"--node-name={node}",
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--pod-resources-socket={pod_resources_socket}",
+                f"--port={port}",
+                "--address=127.0.0.1",
+                *([f"--proc={proc}"] if proc else []),
+                *extra_args,
+            ],
+        )
+        return process, port
+
+    def stop_exporter(self, node: str) -> None:
+        self._stop(f"{EXPORTER_NAME}-{node}")
+
+    def install_recommender(
+        self, *, name: str = RECOMMENDER_NAME, extra_args: Sequence[str] = ()
+    ) -> Process:
+        """Run `gpupack-recommender` as a local process with the RBAC the chart renders
+        (rollouts granted), bound to the local user `gpupack-recommender`."""
+        self.install_crds()
+        return self._run_component(
+            name,
+            RECOMMENDER_NAME,
+            "templates/recommender.yaml",
+            "recommender.cli",
+            [
+                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--identity={name}",
+                f"--metrics-port={free_port()}",
+                "--metrics-address=127.0.0.1",
+                *extra_args,
+            ],
+            sets=("recommender.rollouts=true",),
+        )
+
+    def stop_recommender(self, name: str = RECOMMENDER_NAME) -> None:
+        """SIGTERM: the recommender checkpoints every history and releases its Lease."""
+        self._stop(name)

@@ -1,0 +1,370 @@
+"""A real Kubernetes control plane as local processes: etcd, kube-apiserver (certificates
+from `certs/`), kube-controller-manager, kube-scheduler and kwok, on loopback ports
+chosen at run time, from the binaries `hack/lib/binaries.sh` builds. `stop()` stops
+everything and releases every port: on normal exit, on a failing test, and (for attached
+clusters) when the parent process dies. gpupack's components are installed on top by
+`hack.localcluster.components`."""
+
+import contextlib
+import http.client
+import json
+import os
+import time
+import urllib.parse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from certs import pem
+from hack.localcluster.client import ApiError, ClusterError, Kube
+from hack.localcluster.nodes import (
+    DEFAULT_NODE_POOLS,
+    KWOK_ANNOTATION,
+    NodePool,
+    node_manifest,
+    schedulable,
+)
+from hack.localcluster.processes import Process, free_port, log, stop_pid
+
+SERVICE_CIDR: Final = "10.96.0.0/16"
+READY_TIMEOUT: Final = 120.0
+
+
+@dataclass
+class ControlPlane:
+    """The control plane and kwok nodes under `workdir` (certificates, data, logs)."""
+
+    workdir: Path
+    bin_dir: Path = field(default_factory=lambda: Path(os.environ.get("GPUPACK_BIN_DIR", "")))
+    node_pools: Sequence[NodePool] = DEFAULT_NODE_POOLS
+    gpu_taint: bool = False
+    detach: bool = False  # the demo leaves the cluster running after it exits
+    processes: dict[str, Process] = field(default_factory=dict)
+    api_port: int = 0
+    _admin: Kube | None = field(default=None, repr=False)
+
+    @property
+    def pki(self) -> Path:
+        return self.workdir / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def binary(self, name: str) -> str:
+        path = self.bin_dir / name
+        if not path.is_file():
+            raise ClusterError(
+                f"{path} is missing: run hack/test or hack/demo (they build the Kubernetes "
+                "binaries), or set GPUPACK_BIN_DIR"
+            )
+        return str(path)
+
+    # lifecycle
+
+    def start(self) -> "ControlPlane":
+        started = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        try:
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self._start_controllers()
+            self._create_nodes()
+        except BaseException:
+            self.stop()
+            raise
+        self.write_state()
+        log(f"local cluster ready in {time.monotonic() - started:.1f} s: {self.server}")
+        return self
+
+    def stop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+        for process in reversed(list(self.processes.values())):
+            process.stop()
+        self.processes.clear()
+        with contextlib.suppress(FileNotFoundError):
+            (self.workdir / "state.json").unlink()
+
+    def __enter__(self) -> "ControlPlane":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_state(self) -> None:
+        """Where a later `hack/demo stop` finds the processes to stop."""
+        state = {name: p.pid for name, p in self.processes.items()}
+        (self.workdir / "state.json").write_text(json.dumps(state))
+
+    @staticmethod
+    def stop_from_state(workdir: Path) -> list[str]:
+        """Stop the processes a detached cluster in `workdir` left running."""
+        state_file = workdir / "state.json"
+        if not state_file.exists():
+            return []
+        state = json.loads(state_file.read_text())
+        for pid in reversed(list(state.values())):
+            stop_pid(int(pid))
+        state_file.unlink()
+        return list(state)
+
+    def _launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
+        process = Process(name, args, self.workdir / "logs" / f"{name}.log")
+        process.start(env, detach=self.detach)
+        self.processes[name] = process
+        return process
+
+    def _failed(self, process: Process, what: str) -> ClusterError:
+        return ClusterError(f"{process.name} {what}; its log is {process.log}:\n{process.tail()}")
+
+    # certificates and kubeconfigs
+
+    def _write_pki(self) -> None:
+        self.pki.mkdir(exist_ok=True)
+        now = datetime.now(UTC)
+        algo = pem.KeyAlgorithm.ECDSA_P256
+        ca = pem.new_ca("gpupack-local-ca", now=now, algorithm=algo)
+        self._ca = ca
+        (self.pki / "ca.crt").write_bytes(ca.cert_pem)
+        serving = pem.issue(
+            ca,
+            "kube-apiserver",
+            now=now,
+            algorithm=algo,
+            names=[
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+                "10.96.0.1",
+            ],
+        )
+        self._write_pair("apiserver", serving)
+        private, public = pem.new_key_pair(pem.KeyAlgorithm.RSA2048)
+        (self.pki / "sa.key").write_bytes(private)
+        (self.pki / "sa.pub").write_bytes(public)
+
+    def _write_pair(self, name: str, pair: pem.KeyPair) -> tuple[Path, Path]:
+        cert, key = self.pki / f"{name}.crt", self.pki / f"{name}.key"
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        key.chmod(0o600)
+        return cert, key
+
+    def user_kubeconfig(
+        self, user: str, groups: Sequence[str] = (), name: str | None = None
+    ) -> Path:
+        """A kubeconfig authenticating as `user` (a client certificate) in `groups`."""
+        name = name or user.replace(":", "-")
+        pair = pem.issue(
+            self._ca,
+            user,
+            now=datetime.now(UTC),
+            usage=pem.Usage.CLIENT,
+            organization=",".join(groups) or None,
+            algorithm=pem.KeyAlgorithm.ECDSA_P256,
+        )
+        cert, key = self._write_pair(f"user-{name}", pair)
+        path = self.workdir / f"kubeconfig-{name}" if name != "admin" else self.kubeconfig
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpupack-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.pki / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [
+                {"name": name, "user": {"client-certificate": str(cert), "client-key": str(key)}}
+            ],
+            "contexts": [{"name": name, "context": {"cluster": "gpupack-local", "user": name}}],
+            "current-context": name,
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def kube(self, kubeconfig: Path | None = None) -> Kube:
+        """A client for `kubeconfig`; the admin client is shared and closed by `stop()`."""
+        if kubeconfig is not None:
+            return Kube.from_kubeconfig(kubeconfig)
+        if self._admin is None:
+            self._admin = Kube.from_kubeconfig(self.kubeconfig)
+        return self._admin
+
+    # the control plane
+
+    def _start_etcd(self) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        process = self._launch(
+            "etcd",
+            [
+                self.binary("etcd"),
+                "--name=gpupack-local",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=gpupack-local=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync=true",  # test data: speed over durability
+                "--quota-backend-bytes=2147483648",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(process, f"{self.etcd_url}/health", '"health":"true"')
+
+    def _wait_http(self, process: Process, url: str, expect: str) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise self._failed(process, "exited during startup")
+            parts = urllib.parse.urlsplit(url)
+            connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=2)
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                contextlib.closing(connection),
+            ):
+                connection.request("GET", parts.path)
+                if expect in connection.getresponse().read().decode():
+                    return
+            time.sleep(0.1)
+        raise self._failed(process, f"did not answer {url} within {READY_TIMEOUT:g} s")
+
+    def _start_apiserver(self) -> None:
+        self.api_port = free_port()
+        process = self._launch(
+            "kube-apiserver",
+            [
+                self.binary("kube-apiserver"),
+                f"--etcd-servers={self.etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--tls-cert-file={self.pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={self.pki / 'apiserver.key'}",
+                f"--client-ca-file={self.pki / 'ca.crt'}",
+                f"--service-account-key-file={self.pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={self.pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                # The default plugins (MutatingAdmissionWebhook, ServiceAccount, Priority,
+                # DefaultTolerationSeconds, ResourceQuota, PodSecurity, ...) plus:
+                "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",  # one API server on loopback: no endpoints
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self.user_kubeconfig("kubernetes-admin", ["system:masters"], name="admin")
+        admin = self.kube()
+
+        def ready() -> bool:
+            if not process.alive():
+                raise self._failed(process, "exited during startup")
+            try:
+                return admin.text("GET", "/readyz", content_type="text/plain").strip() == "ok"
+            except (OSError, ApiError, http.client.HTTPException):
+                return False
+
+        try:
+            admin.wait_for("kube-apiserver /readyz", ready, timeout=READY_TIMEOUT)
+        except ClusterError:
+            raise self._failed(process, "did not become ready") from None
+
+    def _start_controllers(self) -> None:
+        kcm = self.user_kubeconfig("system:kube-controller-manager")
+        self._launch(
+            "kube-controller-manager",
+            [
+                self.binary("kube-controller-manager"),
+                f"--kubeconfig={kcm}",
+                f"--authentication-kubeconfig={kcm}",
+                f"--authorization-kubeconfig={kcm}",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.pki / 'sa.key'}",
+                f"--root-ca-file={self.pki / 'ca.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--controllers=*,-nodeipam,-persistentvolume-binder,-attachdetach,-ttl",
+                "--v=1",
+            ],
+        )
+        scheduler = self.user_kubeconfig("system:kube-scheduler")
+        self._launch(
+            "kube-scheduler",
+            [
+                self.binary("kube-scheduler"),
+                f"--kubeconfig={scheduler}",
+                f"--authentication-kubeconfig={scheduler}",
+                f"--authorization-kubeconfig={scheduler}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--v=1",
+            ],
+        )
+        kwok = self.user_kubeconfig("kwok", ["system:masters"])
+        self._launch(
+            "kwok",
+            [
+                self.binary("kwok"),
+                f"--kubeconfig={kwok}",
+                f"--config={Path(__file__).parents[1] / 'kwok-stages.yaml'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                "--manage-nodes-with-label-selector=",
+                "--manage-single-node=",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+                "--node-lease-duration-seconds=40",
+                "--server-address=",
+            ],
+        )
+        admin = self.kube()
+        admin.wait_for(
+            "the default ServiceAccount (kube-controller-manager is working)",
+            lambda: admin.get("/api/v1/namespaces/default/serviceaccounts/default"),
+            timeout=READY_TIMEOUT,
+        )
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            if not self.processes[name].alive():
+                raise self._failed(self.processes[name], "exited during startup")
+
+    def _create_nodes(self) -> None:
+        admin = self.kube()
+        names = []
+        for pool in self.node_pools:
+            for index in range(pool.count):
+                node = admin.apply(node_manifest(pool, index, taint=self.gpu_taint))
+                names.append(node["metadata"]["name"])
+
+        def all_ready() -> bool:
+            nodes = admin.get("/api/v1/nodes", labelSelector="type=kwok")["items"]
+            ready = {n["metadata"]["name"] for n in nodes if schedulable(n)}
+            return set(names) <= ready
+
+        admin.wait_for(
+            f"{len(names)} kwok nodes to be Ready and schedulable", all_ready, timeout=READY_TIMEOUT
+        )

@@ -1,0 +1,89 @@
+"""The node agent's stand-in for kwok nodes, which have no kubelet and no GPUs."""
+
+import contextlib
+import threading
+import uuid
+
+from hack.localcluster.chart import SYSTEM_NAMESPACE
+from hack.localcluster.client import ApiError, Kube
+
+
+class SimulatedGpuAssigner:
+    """TEST INFRASTRUCTURE, not product code. On a real node the exporter asks the kubelet
+    (pod-resources API) which GPU it gave each capacity pod and writes `gpupack.io/gpu-uuid`
+    on it. kwok nodes have no kubelet and no GPUs, so this thread plays that part: every
+    Running capacity pod gets a fake but stable GPU UUID of a free device on its node, and
+    the node's GPU memory."""
+
+    def __init__(self, kube: Kube, interval: float = 0.3) -> None:
+        self._kube = kube
+        self._interval = interval
+        self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="simulated-gpu-assigner", daemon=True
+        )
+
+    def __enter__(self) -> "SimulatedGpuAssigner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._thread.join(timeout=5)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stopped(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for `stop()`; True once it was called."""
+        return self._stop.wait(timeout)
+
+    @staticmethod
+    def fake_uuid(node: str, index: int) -> str:
+        return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.gpupack.test"))
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self._interval):
+                with contextlib.suppress(ApiError, OSError):
+                    self.assign_once()
+        finally:
+            self._kube.close()
+
+    def assign_once(self) -> int:
+        pods = self._kube.get(
+            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector="gpupack.io/role=capacity"
+        )["items"]
+        used: dict[str, set[str]] = {}
+        for pod in pods:
+            uuid_ = (pod["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid")
+            if uuid_ and pod["spec"].get("nodeName"):
+                used.setdefault(pod["spec"]["nodeName"], set()).add(uuid_)
+        count = 0
+        for pod in pods:
+            node = pod["spec"].get("nodeName")
+            annotations = pod["metadata"].get("annotations") or {}
+            if (
+                not node
+                or node in self.skip_nodes
+                or pod.get("status", {}).get("phase") != "Running"
+                or "gpupack.io/gpu-uuid" in annotations
+            ):
+                continue
+            labels = self._kube.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]
+            gpus = int(labels.get("nvidia.com/gpu.count", "1"))
+            free = [i for i in range(gpus) if self.fake_uuid(node, i) not in used.get(node, set())]
+            if not free:
+                continue
+            chosen = self.fake_uuid(node, free[0])
+            used.setdefault(node, set()).add(chosen)
+            patch = {"gpupack.io/gpu-uuid": chosen}
+            if "nvidia.com/gpu.memory" in labels:
+                patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
+            self._kube.merge_patch(
+                f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{pod['metadata']['name']}",
+                {"metadata": {"annotations": patch}},
+            )
+            count += 1
+        return count

@@ -1,0 +1,88 @@
+"""The control plane's processes: started in their own process group, logged to a file,
+killed with their parent unless detached (the demo leaves its cluster running), stopped
+with SIGTERM then SIGKILL."""
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Process:
+    name: str
+    args: list[str]
+    log: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None, *, detach: bool = False) -> None:
+        with open(self.log, "ab") as log:
+            self.popen = subprocess.Popen(  # noqa: S603 (our own binaries, fixed arguments)
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=None if detach else _die_with_parent,  # noqa: PLW1509
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid if self.popen else 0
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.popen is None:
+            return
+        stop_pid(self.popen.pid, grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=1)
+        self.popen = None
+
+
+def stop_pid(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it is still there after `grace`."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+
+
+def log(message: str) -> None:
+    print(f"localcluster: {message}", file=sys.stderr, flush=True)
