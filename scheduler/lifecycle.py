@@ -10,11 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupack import keys
-from gpupack.capacity import Allocation, capacity_index, capacity_names, capacity_pod, plan
+from gpupack.capacity import Allocation, plan
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.pool import scheduling_metadata
 from gpupack.runtime.api import ApiError
+from gpupack.runtime.capacity import CapacityCreator
 from gpupack.shares import workload
 from scheduler import writer
 from scheduler.cache import Cache
@@ -40,7 +41,9 @@ class Lifecycle:
         self._settings = settings
         self._submit = submit
         self._metrics = metrics
-        self._creating: dict[str, set[str]] = {}  # pool -> capacity pods being created
+        self._creator = CapacityCreator(
+            kube, namespace=settings.namespace, image=settings.capacity_image
+        )
         self._empty_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._evicting: set[str] = set()
@@ -48,41 +51,24 @@ class Lifecycle:
     def request(self, pool: str, example: JSON, waiting: list[Allocation]) -> None:
         """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
         `example` is one of them (its scheduling metadata is the pool's)."""
-        creating = self._creating.setdefault(pool, set())
-        creating -= set(self.cache.capacity)  # the informer has seen those
+        creating = self._creator.in_flight(pool, seen=self.cache.capacity)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
-        coming += [PlanGpu(name) for name in sorted(creating)]
+        coming += [PlanGpu(name) for name in creating]
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
-        if missing <= 0:
-            return
-        used = [c.name for c in self.cache.capacity.values() if c.pool == pool] + sorted(creating)
-        names = capacity_names(pool, used, missing)
-        creating.update(names)
+        used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
+        names = self._creator.claim(pool, missing, used)
         spec = scheduling_metadata(example.get("spec") or {})
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
         for name in names:
-            index = capacity_index(pool, name)
-            assert index is not None
-            manifest = capacity_pod(
-                pool,
-                spec,
-                index=index,
-                created_for=owner,
-                image=self._settings.capacity_image,
-                namespace=self._settings.namespace,
-            )
-            self._submit(self._create_capacity, pool, name, manifest, example)
+            self._submit(self._create_capacity, pool, name, spec, owner, example)
 
-    def _create_capacity(self, pool: str, name: str, manifest: JSON, example: JSON) -> None:
-        try:
-            created = writer.create_capacity(self._kube, manifest)
-        except ApiError as error:
-            log.warning("could not create capacity pod %s: %s", name, error)
-            self._creating.get(pool, set()).discard(name)
+    def _create_capacity(self, pool: str, name: str, spec: JSON, owner: str, example: JSON) -> None:
+        made = self._creator.create(pool, (name,), spec, owner)
+        if made.failure is not None:
+            log.warning("could not create capacity pod %s: %s", name, made.failure)
             return
-        if created:
-            log.info("created capacity pod %s for pool %s", name, pool)
+        if made.created:
             if self._metrics is not None:
                 self._metrics.capacity_created.inc()
             writer.event(

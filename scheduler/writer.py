@@ -114,18 +114,6 @@ def event(
         log.warning("could not record event %s on %s: %s", reason, meta.get("name"), error)
 
 
-def create_capacity(kube: Kube, manifest: JSON) -> bool:
-    """Create a capacity pod; False when it already exists (another writer won)."""
-    namespace = manifest["metadata"]["namespace"]
-    try:
-        retry(lambda: kube.create(f"/api/v1/namespaces/{namespace}/pods", manifest))
-    except ApiError as error:
-        if error.already_exists:
-            return False
-        raise
-    return True
-
-
 def delete_capacity(kube: Kube, pod: JSON) -> bool:
     """Delete a capacity pod only if it is still the one we judged empty; False when it
     changed or is gone."""

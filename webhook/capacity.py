@@ -6,17 +6,17 @@ The pool view comes from two caches (informers): capacity pods (`gpupack-system`
 deleting pods do not count. A fractional pod annotated `gpupack.io/capacity-pod` sits on
 that GPU; one without it and without a node is waiting for a GPU.
 
-Two things the caches cannot know yet are remembered here, per pool, for `ttl` seconds:
-reservations (pods this replica admitted that the watch has not shown yet, keyed by
-decision id, dropped as soon as a pod with that `gpupack.io/decision` appears) and
-in-flight capacity pods (created, not yet seen). Admissions of one pool are serialized by
-a lock, so the nine pods a ReplicaSet creates at once count each other.
+Two things the caches cannot know yet are remembered for `ttl` seconds: reservations
+(pods this replica admitted that the watch has not shown yet, keyed by decision id,
+dropped as soon as a pod with that `gpupack.io/decision` appears), here per pool, and
+capacity pods claimed or created but not yet seen, in `gpupack.runtime.capacity` (which
+the scheduler creates capacity with too). Admissions of one pool are serialized by a
+lock, so the nine pods a ReplicaSet creates at once count each other.
 
 Nothing here raises into an admission: API failures and bugs become an "error" outcome,
 and the pod is admitted anyway (the scheduler creates capacity when nothing fits).
 """
 
-import functools
 import logging
 import threading
 import time
@@ -29,14 +29,12 @@ from gpupack.capacity import (
     DEFAULT_IMAGE,
     Allocation,
     Gpu,
-    capacity_index,
     capacity_names,
-    capacity_pod,
     plan,
 )
 from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
-from gpupack.runtime.api import ApiError, Backoff, retry
+from gpupack.runtime.capacity import CREATE_BUDGET, CapacityCreator, Created
 from gpupack.shares import gpu_memory, is_live, pod_allocation
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient
@@ -58,7 +56,6 @@ log = logging.getLogger(__name__)
 POOL_INDEX: Final = "pool"
 DECISION_INDEX: Final = "decision"
 RESERVATION_TTL: Final = 60.0
-CREATE_BUDGET: Final = 5.0  # seconds of retrying creates within one admission
 ALLOCATION_MEMO_SIZE: Final = 50_000
 
 
@@ -98,7 +95,6 @@ class _Reservation:
 class _PoolState:
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while planning only
     reservations: dict[str, _Reservation] = field(default_factory=dict)  # by decision id
-    in_flight: dict[str, float] = field(default_factory=dict)  # capacity pod name -> expiry
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +125,21 @@ class CapacityManager:
         create_budget: float = CREATE_BUDGET,
         on_created: Callable[[int], None] | None = None,
     ) -> None:
-        self._client = client
         self._capacity = capacity_pods
         self._fractional = fractional_pods
-        self._image = image
-        self._namespace = namespace
         self._ttl = ttl
         self._clock = clock
-        self._sleep = sleep
-        self._attempts = create_attempts
-        self._budget = create_budget
         self._on_created = on_created
+        self._creator = CapacityCreator(
+            client,
+            namespace=namespace,
+            image=image,
+            ttl=ttl,
+            clock=clock,
+            sleep=sleep,
+            attempts=create_attempts,
+            budget=create_budget,
+        )
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
         self._allocations: dict[tuple[str, str], Allocation | None] = {}
@@ -170,21 +170,24 @@ class CapacityManager:
     def create_claimed(self, demand: Demand, claimed: CapacityOutcome) -> CapacityOutcome:
         """Create the capacity pods `claim` answered "creating" for (blocking: API calls).
         Names that could not be created are released, so the next admission plans again."""
-        state = self._state(demand.pool)
         try:
-            return self._create(state, demand, claimed.created, self._clock(), claimed.extra)
+            made = self._creator.create(
+                demand.pool,
+                claimed.created,
+                demand.scheduling,
+                created_for=f"{demand.namespace}/{demand.workload}",
+            )
         except Exception as exc:  # a bug: release the claim, never raise
             log.exception("creating capacity for pool %s failed", demand.pool)
-            with state.lock:
-                for name in claimed.created:
-                    state.in_flight.pop(name, None)
+            self._creator.release(demand.pool, claimed.created)
             return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
+        return self._outcome(made, claimed.extra)
 
     def reservations(self, pool: str) -> dict[str, Allocation]:
         """The live reservations of a pool, by decision id (for tests and debugging)."""
         state = self._state(pool)
         with state.lock:
-            self._prune(state, pool, self._clock())
+            self._prune(state, self._clock())
             return {key: r.allocation for key, r in state.reservations.items()}
 
     def _state(self, pool: str) -> _PoolState:
@@ -199,7 +202,7 @@ class CapacityManager:
             return CapacityOutcome(
                 "not-synced", detail="the pod caches have not synced yet; created nothing"
             )
-        self._prune(state, demand.pool, now)
+        self._prune(state, now)
         view = self._view(state, demand)
         needed = plan(
             view.gpus,
@@ -213,13 +216,12 @@ class CapacityManager:
             if not dry_run:
                 self._reserve(state, demand, now)
             return CapacityOutcome("sufficient", extra=extra)
-        names = capacity_names(demand.pool, view.used_names, needed.missing)
         if dry_run:
+            names = capacity_names(demand.pool, view.used_names, needed.missing)
             detail = f"would create {len(names)} capacity pod(s): {', '.join(names)}"
             return CapacityOutcome("dry-run", detail=detail, extra=extra)
         self._reserve(state, demand, now)
-        for name in names:
-            state.in_flight[name] = now + self._ttl
+        names = self._creator.claim(demand.pool, needed.missing, view.used_names)
         return CapacityOutcome("creating", created=names, extra=extra)
 
     def _reserve(self, state: _PoolState, demand: Demand, now: float) -> None:
@@ -227,18 +229,16 @@ class CapacityManager:
             allocation_of(demand), now + self._ttl
         )
 
-    def _prune(self, state: _PoolState, pool: str, now: float) -> None:
-        """Forget reservations whose pod is visible or that expired; same for new GPUs."""
+    def _prune(self, state: _PoolState, now: float) -> None:
+        """Forget reservations whose pod is visible or that expired."""
         for decision, reservation in list(state.reservations.items()):
             if reservation.expires <= now or self._fractional.by_index(DECISION_INDEX, decision):
                 del state.reservations[decision]
-        seen = {pod["metadata"]["name"] for pod in self._capacity.by_index(POOL_INDEX, pool)}
-        for name, expires in list(state.in_flight.items()):
-            if expires <= now or name in seen:
-                del state.in_flight[name]
 
     def _view(self, state: _PoolState, demand: Demand) -> PoolView:
         capacity = self._capacity.by_index(POOL_INDEX, demand.pool)
+        seen = [pod["metadata"]["name"] for pod in capacity]
+        in_flight = self._creator.in_flight(demand.pool, seen)
         live = {pod["metadata"]["name"]: pod for pod in capacity if is_live(pod)}
         placed: dict[str, list[Allocation]] = {name: [] for name in live}
         unplaced: list[Allocation] = []
@@ -265,13 +265,12 @@ class CapacityManager:
             )
             for name, pod in live.items()
         ]
-        gpus.extend(Gpu(name=name) for name in state.in_flight if name not in live)
+        gpus.extend(Gpu(name=name) for name in in_flight)
         known = [memory for memory in memories.values() if memory is not None]
         return PoolView(
             gpus=tuple(gpus),
             unplaced=tuple(unplaced),
-            used_names=frozenset(pod["metadata"]["name"] for pod in capacity)
-            | frozenset(state.in_flight),
+            used_names=frozenset(seen) | frozenset(in_flight),
             new_gpu_memory=min(known) if known else None,
         )
 
@@ -288,59 +287,13 @@ class CapacityManager:
             self._allocations[key] = pod_allocation(pod)
         return self._allocations[key]
 
-    def _create(
-        self,
-        state: _PoolState,
-        demand: Demand,
-        names: tuple[str, ...],
-        now: float,
-        extra: JSON,
-    ) -> CapacityOutcome:
-        path = f"/api/v1/namespaces/{self._namespace}/pods"
-        created: list[str] = []
-        existing: list[str] = []
-        failure: str | None = None
-        deadline = now + self._budget
-        for name in names:
-            index = capacity_index(demand.pool, name)
-            assert index is not None
-            body = capacity_pod(
-                demand.pool,
-                demand.scheduling,
-                index=index,
-                created_for=f"{demand.namespace}/{demand.workload}",
-                image=self._image,
-                namespace=self._namespace,
-            )
-            try:
-                retry(
-                    functools.partial(self._client.create, path, body),
-                    attempts=self._attempts,
-                    backoff=Backoff(base=0.1, cap=1.0),
-                    sleep=self._sleep,
-                    retryable=lambda error: error.retryable and self._clock() < deadline,
-                )
-            except ApiError as error:
-                if not error.already_exists:
-                    failure = f"creating capacity pod {name} failed: {error}"
-                    log.warning("pool %s: %s", demand.pool, failure)
-                    with state.lock:  # release the names not created: plan again next time
-                        for unmade in names[names.index(name) :]:
-                            state.in_flight.pop(unmade, None)
-                    break
-                existing.append(name)  # another replica won the race: same GPU
-            else:
-                created.append(name)
-            with state.lock:
-                state.in_flight[name] = now + self._ttl
-        if created:
-            if self._on_created is not None:
-                self._on_created(len(created))
-            log.info("pool %s: created capacity pods %s", demand.pool, ", ".join(created))
-        extra = {**extra, "already_existed": existing} if existing else extra
-        if failure is not None:
-            return CapacityOutcome("error", created=tuple(created), detail=failure, extra=extra)
-        if not created:
-            detail = f"already created by another replica: {', '.join(existing)}"
+    def _outcome(self, made: Created, extra: JSON) -> CapacityOutcome:
+        if made.created and self._on_created is not None:
+            self._on_created(len(made.created))
+        extra = {**extra, "already_existed": list(made.existing)} if made.existing else extra
+        if made.failure is not None:
+            return CapacityOutcome("error", created=made.created, detail=made.failure, extra=extra)
+        if not made.created:
+            detail = f"already created by another replica: {', '.join(made.existing)}"
             return CapacityOutcome("sufficient", detail=detail, extra=extra)
-        return CapacityOutcome("created", created=tuple(created), extra=extra)
+        return CapacityOutcome("created", created=made.created, extra=extra)

@@ -1,0 +1,154 @@
+"""Creating capacity pods: the one way the webhook (at admission) and the scheduler (when a
+pod fits nowhere) turn "this pool lacks N GPUs" into pods on the API server.
+
+Both plan with the contract (`gpupack.capacity.plan`); this module owns what follows:
+
+- **claim**: names for the missing GPUs, the lowest free indices of the pool
+  (`capacity_names`), counting the names already in flight as used. Claimed names are
+  *in flight* (counted as GPUs on their way by the next plan) until the caller's
+  informer shows them or `ttl` seconds pass, so two admissions a few milliseconds apart
+  do not both create a GPU for the same pods.
+- **create**: each name's manifest (`capacity_pod`), created with the one retry helper
+  within a time budget. AlreadyExists is success: names are deterministic, so another
+  replica (or the scheduler) that won the race created the very same GPU. On any other
+  failure the names not created are released, and the next plan tries again.
+
+Thread-safe: the webhook claims on its event loop and creates on a thread pool; the
+scheduler claims on its loop thread and creates on its writers.
+"""
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from gpupack import keys
+from gpupack.capacity import DEFAULT_IMAGE, capacity_index, capacity_names, capacity_pod
+from gpupack.kube import JSON
+from gpupack.runtime.api import ApiError, Backoff, retry
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT_TTL: Final = 60.0  # seconds a claimed name counts before the informer shows it
+CREATE_BUDGET: Final = 5.0  # seconds of retrying the creates of one claim
+
+
+class PodCreator(Protocol):
+    """The one verb this needs: create pods in the capacity namespace."""
+
+    def create(self, path: str, body: JSON) -> JSON: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """What `create` did: names created, names another writer had created, and the
+    failure that stopped it (None when every name exists now)."""
+
+    created: tuple[str, ...] = ()
+    existing: tuple[str, ...] = ()
+    failure: str | None = None
+
+
+class CapacityCreator:
+    """Claims names for a pool's missing GPUs and creates their capacity pods."""
+
+    def __init__(
+        self,
+        client: PodCreator,
+        *,
+        namespace: str = keys.SYSTEM_NAMESPACE,
+        image: str = DEFAULT_IMAGE,
+        ttl: float = IN_FLIGHT_TTL,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        attempts: int = 3,
+        budget: float = CREATE_BUDGET,
+    ) -> None:
+        self._client = client
+        self.namespace = namespace
+        self._image = image
+        self._ttl = ttl
+        self._clock = clock
+        self._sleep = sleep
+        self._attempts = attempts
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, dict[str, float]] = {}  # pool -> name -> expiry
+
+    def in_flight(self, pool: str, seen: Iterable[str] = ()) -> tuple[str, ...]:
+        """The pool's claimed names that are not `seen` yet (by the caller's informer) and
+        have not expired; the others are forgotten."""
+        now, shown = self._clock(), set(seen)
+        with self._lock:
+            names = self._in_flight.get(pool, {})
+            for name, expires in list(names.items()):
+                if expires <= now or name in shown:
+                    del names[name]
+            return tuple(sorted(names))
+
+    def claim(self, pool: str, count: int, used: Iterable[str]) -> tuple[str, ...]:
+        """`count` names for new capacity pods of `pool`, not in `used` (the pool's
+        capacity pods the caller knows) nor in flight; they are in flight from now on."""
+        if count <= 0:
+            return ()
+        with self._lock:
+            names = self._in_flight.setdefault(pool, {})
+            claimed = capacity_names(pool, [*used, *names], count)
+            expires = self._clock() + self._ttl
+            names.update(dict.fromkeys(claimed, expires))
+        return claimed
+
+    def release(self, pool: str, names: Iterable[str]) -> None:
+        """Forget claimed names that will not be created (the next plan counts them out)."""
+        with self._lock:
+            in_flight = self._in_flight.get(pool, {})
+            for name in names:
+                in_flight.pop(name, None)
+
+    def create(
+        self, pool: str, names: Iterable[str], scheduling: JSON, created_for: str
+    ) -> Created:
+        """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
+        scheduling metadata, `created_for` the workload for the pod's annotation."""
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        todo = list(names)
+        created: list[str] = []
+        existing: list[str] = []
+        deadline = self._clock() + self._budget
+        for position, name in enumerate(todo):
+            index = capacity_index(pool, name)
+            if index is None:
+                raise ValueError(f"{name!r} is not a capacity pod name of pool {pool}")
+            body = capacity_pod(
+                pool,
+                scheduling,
+                index=index,
+                created_for=created_for,
+                image=self._image,
+                namespace=self.namespace,
+            )
+            try:
+                retry(
+                    functools.partial(self._client.create, path, body),
+                    attempts=self._attempts,
+                    backoff=Backoff(base=0.1, cap=1.0),
+                    sleep=self._sleep,
+                    retryable=lambda error: error.retryable and self._clock() < deadline,
+                )
+            except ApiError as error:
+                if not error.already_exists:
+                    failure = f"creating capacity pod {name} failed: {error}"
+                    log.warning("pool %s: %s", pool, failure)
+                    self.release(pool, todo[position:])
+                    return Created(tuple(created), tuple(existing), failure)
+                existing.append(name)  # another writer won the race: the same GPU
+            else:
+                created.append(name)
+            with self._lock:  # counted until the informer shows it
+                self._in_flight.setdefault(pool, {})[name] = self._clock() + self._ttl
+        if created:
+            log.info("pool %s: created capacity pods %s", pool, ", ".join(created))
+        return Created(tuple(created), tuple(existing))
