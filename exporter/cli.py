@@ -27,7 +27,6 @@ from exporter.nvml import PynvmlReader
 from exporter.podresources import PodResourcesClient, PodResourcesError
 from exporter.pods import PodMap, node_pods
 from exporter.sampler import Sampler
-from gpupack import keys
 from gpupack.runtime import shell
 from gpupack.runtime.args import positive_seconds
 
@@ -47,11 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--node-name",
         default=os.environ.get("NODE_NAME", ""),
         help="this node's name (default: $NODE_NAME, set from the downward API)",
-    )
-    add(
-        "--namespace",
-        default=keys.SYSTEM_NAMESPACE,
-        help="gpupack's namespace, where capacity pods live (default: %(default)s)",
     )
     add("--address", default="0.0.0.0", help="listen address")  # noqa: S104
     add(

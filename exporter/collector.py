@@ -26,6 +26,7 @@ from exporter.health import API, POD_RESOURCES, SOURCES, HealthSnapshot
 from exporter.pods import PodInfo
 from exporter.readings import GpuReading, Readings
 from gpupack import metrics
+from gpupack.metrics import Use
 
 PREFIX: Final = "gpupack_"
 POD_LABELS: Final = ("namespace", "pod", "container", "gpu")
@@ -49,18 +50,6 @@ class Scrape:
     health: HealthSnapshot = field(default_factory=lambda: HealthSnapshot({}, {}, {}))
 
 
-@dataclass(slots=True)
-class _Use:
-    compute: float | None = None
-    memory: int | None = None
-
-    def add(self, compute: float | None, memory: int | None) -> None:
-        if compute is not None:
-            self.compute = (self.compute or 0.0) + compute
-        if memory is not None:
-            self.memory = (self.memory or 0) + memory
-
-
 def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
@@ -70,20 +59,20 @@ _SOURCES: Final = {OwnerKind.HOST: Source.HOST, OwnerKind.MPS_SERVER: Source.MPS
 
 def _by_owner(
     gpu: GpuReading, owners: Mapping[int, ProcessOwner], pods: Mapping[str, PodInfo]
-) -> tuple[dict[tuple[str, str, str], _Use], dict[Source, _Use]]:
+) -> tuple[dict[tuple[str, str, str], Use], dict[Source, Use]]:
     """Sum a GPU's processes per (namespace, pod, container), and the rest per source."""
-    in_pods: dict[tuple[str, str, str], _Use] = {}
-    others: dict[Source, _Use] = {}
+    in_pods: dict[tuple[str, str, str], Use] = {}
+    others: dict[Source, Use] = {}
     for process in gpu.processes:
         owner = owners.get(process.pid, GONE)
         pod = pods.get(owner.pod_uid or "") if owner.kind is OwnerKind.POD else None
         if pod is None:
             source = _SOURCES.get(owner.kind, Source.UNKNOWN)
-            others.setdefault(source, _Use()).add(process.compute, process.memory)
+            others.setdefault(source, Use()).add(process.compute, process.memory)
             continue
         container = pod.containers.get(owner.container_id or "", "")
         key = (pod.namespace, pod.name, container)
-        in_pods.setdefault(key, _Use()).add(process.compute, process.memory)
+        in_pods.setdefault(key, Use()).add(process.compute, process.memory)
     return in_pods, others
 
 

@@ -7,6 +7,7 @@ Metrics that only their own component reads (the webhook's, the scheduler's) sta
 that component's metrics module.
 """
 
+from dataclasses import dataclass
 from typing import Final
 
 # Per pod and container, per GPU: labels namespace, pod, container, gpu (UUID).
@@ -28,3 +29,19 @@ GPU_UNATTRIBUTED_COMPUTE: Final = "gpupack_gpu_unattributed_compute_ratio"  # so
 # The exporter's per-pod use, as the recommender aggregates it: per-pod sums over the
 # pod's containers and GPUs.
 USAGE: Final = (POD_COMPUTE, POD_MEMORY_USED)
+
+
+@dataclass(slots=True)
+class Use:
+    """A running sum of GPU use, compute (ratio of one GPU) and memory (bytes), where
+    either may be unknown (None) until some reading says: the exporter sums a GPU's
+    processes per container, the recommender a pod's series over containers and GPUs."""
+
+    compute: float | None = None
+    memory: int | None = None
+
+    def add(self, compute: float | None, memory: int | None) -> None:
+        if compute is not None:
+            self.compute = (self.compute or 0.0) + compute
+        if memory is not None:
+            self.memory = (self.memory or 0) + memory

@@ -50,12 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add(
-        "--namespace",
-        default=keys.SYSTEM_NAMESPACE,
-        help="namespace of the GPUPolicy objects, the exporters and the Lease "
-        "(default: %(default)s)",
-    )
-    add(
         "--interval",
         type=positive_seconds,
         default=60.0,
@@ -121,14 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most one restart per workload per this long (default: %(default)s)",
     )
     leader.add_arguments(parser, "gpupack-recommender")
-    add("--metrics-address", default="0.0.0.0", help="metrics listen address")  # noqa: S104
-    add(
-        "--metrics-port",
-        type=int,
-        default=9092,
-        help="Prometheus metrics port, 0 to disable (default: %(default)s)",
-    )
-    shell.add_arguments(parser)
+    shell.add_arguments(parser, metrics_port=9092)
     return parser
 
 

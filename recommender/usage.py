@@ -31,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpupack.kube import JSON, Pod
 from gpupack.metrics import POD_COMPUTE as COMPUTE_METRIC
 from gpupack.metrics import POD_MEMORY_USED as MEMORY_METRIC
+from gpupack.metrics import Use
 from gpupack.runtime import http
 
 
@@ -68,19 +69,7 @@ class UsageSource(Protocol):
         ...
 
 
-@dataclass(slots=True)
-class _Sum:
-    compute: float | None = None
-    memory: int | None = None
-
-    def add(self, compute: float | None, memory: int | None) -> None:
-        if compute is not None:
-            self.compute = (self.compute or 0.0) + compute
-        if memory is not None:
-            self.memory = (self.memory or 0) + memory
-
-
-def _usage(sums: Mapping[tuple[str, str], _Sum]) -> list[PodUsage]:
+def _usage(sums: Mapping[tuple[str, str], Use]) -> list[PodUsage]:
     return [
         PodUsage(namespace, pod, use.compute, use.memory)
         for (namespace, pod), use in sorted(sums.items())
@@ -92,7 +81,7 @@ def parse_exporter_metrics(text: str) -> list[PodUsage]:
     (namespace, pod). Other families are ignored, and so are NaN and infinite samples. Raises
     ValueError when the text is not the Prometheus text format or a use series lacks
     its `namespace` or `pod` label."""
-    sums: dict[tuple[str, str], _Sum] = {}
+    sums: dict[tuple[str, str], Use] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -103,7 +92,7 @@ def parse_exporter_metrics(text: str) -> list[PodUsage]:
                     raise ValueError(f"{sample.name} sample without namespace and pod labels")
                 if not math.isfinite(sample.value):
                     continue
-                use = sums.setdefault((namespace, pod), _Sum())
+                use = sums.setdefault((namespace, pod), Use())
                 if sample.name == COMPUTE_METRIC:
                     use.add(float(sample.value), None)
                 else:
@@ -166,7 +155,7 @@ class ExporterScraper(UsageSource):
     def collect(self) -> Collected:
         urls = list(dict.fromkeys(self._targets()))
         futures = [(url, self._pool.submit(self._scrape, url)) for url in urls]
-        sums: dict[tuple[str, str], _Sum] = {}
+        sums: dict[tuple[str, str], Use] = {}
         errors: list[str] = []
         for url, future in futures:
             try:
@@ -175,7 +164,7 @@ class ExporterScraper(UsageSource):
                 errors.append(f"{url}: {http.reason(error, self._timeout)}")
                 continue
             for use in found:  # a pod in two targets (it should not be) keeps the sum
-                sums.setdefault((use.namespace, use.pod), _Sum()).add(use.compute, use.memory)
+                sums.setdefault((use.namespace, use.pod), Use()).add(use.compute, use.memory)
         return Collected(tuple(_usage(sums)), tuple(errors), len(urls))
 
     def describe(self) -> str:

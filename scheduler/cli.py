@@ -37,11 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--scheduler-name", default=keys.SCHEDULER_NAME, help="schedulerName to serve")
     add(
-        "--namespace",
-        default=keys.SYSTEM_NAMESPACE,
-        help="namespace of capacity pods and the Lease (default: %(default)s)",
-    )
-    add(
         "--grace-period",
         type=non_negative_seconds,
         default=300.0,
@@ -67,14 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--workers", type=int, default=8, help="threads for API writes (default: %(default)s)")
     leader.add_arguments(parser, "gpupack-scheduler")
-    add("--metrics-address", default="0.0.0.0", help="metrics listen address")  # noqa: S104
-    add(
-        "--metrics-port",
-        type=int,
-        default=9090,
-        help="Prometheus metrics port, 0 to disable (default: %(default)s)",
-    )
-    shell.add_arguments(parser)
+    shell.add_arguments(parser, metrics_port=9090)
     return parser
 
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, Protocol
 
@@ -114,69 +115,58 @@ def capacity_error(exc: BaseException) -> CapacityOutcome:
     return CapacityOutcome("error", detail=f"capacity check failed: {type(exc).__name__}: {exc}")
 
 
+@dataclass(kw_only=True)
 class Admissions:
     """The `POST /mutate` pipeline; one instance per app."""
 
-    def __init__(
-        self,
-        *,
-        audit: AuditLog,
-        metrics: WebhookMetrics,
-        cluster: ClusterPort | None,
-        policies: PolicySet,
-        decide: Decide,
-        clock: Callable[[], datetime],
-        timer: Callable[[], float],
-        capacity_timeout: float,
-    ) -> None:
-        self._audit = audit
-        self._metrics = metrics
-        self._cluster = cluster
-        self._policies = policies
-        self._decide = decide
-        self._clock = clock
-        self._timer = timer
-        self._capacity_timeout = capacity_timeout
-        self._background: set[asyncio.Task[CapacityOutcome]] = set()
+    audit: AuditLog
+    metrics: WebhookMetrics
+    cluster: ClusterPort | None
+    policies: PolicySet
+    decide: Decide
+    clock: Callable[[], datetime]
+    timer: Callable[[], float]
+    capacity_timeout: float
+    _background: set[asyncio.Task[CapacityOutcome]] = field(default_factory=set, init=False)
 
     async def mutate(self, request: Request) -> Response:
-        started = self._timer()
+        started = self.timer()
         try:
             review = parse_review(await read_body(request))
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening any more
         except ReviewError as exc:
             kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
-            self._metrics.error(kind)
+            self.metrics.error(kind)
             log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
             return json_response({"error": exc.message}, exc.status)
         decision = self._decision(review)
         capacity = None
         if decision.demand is not None:
             capacity = await self._ensure_capacity(decision.demand, review.dry_run)
-            self._metrics.capacity(capacity.action, len(capacity.created))
+            self.metrics.capacity(capacity.action, len(capacity.created))
             if capacity.action == "error":
-                self._metrics.error(ErrorKind.CAPACITY)
+                self.metrics.error(ErrorKind.CAPACITY)
         decision, response = self._respond(review, decision)
-        elapsed = self._timer() - started
+        elapsed = self.timer() - started
         self._write_audit(review, decision, capacity, elapsed)
-        self._metrics.admission(decision.outcome, decision.reason, elapsed)
+        self.metrics.admission(decision.outcome, decision.reason, elapsed)
         if decision.recommendation is not None and decision.outcome is Outcome.MUTATED:
-            self._metrics.recommendation_applied()
+            self.metrics.recommendation_applied()
         return response
 
     def _decision(self, review: AdmissionRequest) -> Decision:
         try:
-            cluster = self._cluster
+            cluster = self.cluster
             if cluster is None:
-                return self._decide(review, MutationContext(None, self._policies))
+                return self.decide(review, MutationContext(None, self.policies))
             context = MutationContext(
                 cluster.namespace(review.namespace), cluster.policies, cluster.recommendation
             )
-            return self._decide(review, context)
+            return self.decide(review, context)
         except Exception as exc:
             log.exception("decision failed; admitting the pod unchanged", extra={"uid": review.uid})
-            self._metrics.error(ErrorKind.INTERNAL)
+            self.metrics.error(ErrorKind.INTERNAL)
             return internal_error(exc)
 
     def _respond(self, review: AdmissionRequest, decision: Decision) -> tuple[Decision, Response]:
@@ -189,26 +179,26 @@ class Admissions:
             return decision, json_response(allow(review.uid, patch or None, warnings or None))
         except Exception as exc:
             log.exception("cannot encode the decision; admitting the pod unchanged")
-            self._metrics.error(ErrorKind.INTERNAL)
+            self.metrics.error(ErrorKind.INTERNAL)
             return internal_error(exc), json_response(allow(review.uid))
 
     async def _ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         """The cluster's capacity outcome, or an "error" outcome; never raises. On timeout
         the check goes on in the background (a cancelled create helps nobody)."""
-        if self._cluster is None:
+        if self.cluster is None:
             return NO_CLUSTER
         try:
-            task = asyncio.ensure_future(self._cluster.ensure_capacity(demand, dry_run))
+            task = asyncio.ensure_future(self.cluster.ensure_capacity(demand, dry_run))
         except Exception as exc:  # raised before it even started
             return capacity_error(exc)
         try:
-            return await asyncio.wait_for(asyncio.shield(task), self._capacity_timeout)
+            return await asyncio.wait_for(asyncio.shield(task), self.capacity_timeout)
         except TimeoutError as exc:
             if task.done():  # the check itself raised TimeoutError (an API call timed out)
                 return capacity_error(exc)
             self._background.add(task)
             task.add_done_callback(self._background_done)
-            detail = f"capacity check still running after {self._capacity_timeout:g} s"
+            detail = f"capacity check still running after {self.capacity_timeout:g} s"
             return CapacityOutcome("error", detail=detail)
         except Exception as exc:
             return capacity_error(exc)
@@ -223,7 +213,7 @@ class Admissions:
         elif task.result().action == "created":  # the admission counted the check as an
             # error already; count the pods it created. Names merely claimed ("creating")
             # are counted by the background creator once they exist.
-            self._metrics.capacity_pods_created(len(task.result().created))
+            self.metrics.capacity_pods_created(len(task.result().created))
 
     def _write_audit(
         self,
@@ -233,10 +223,10 @@ class Admissions:
         elapsed: float,
     ) -> None:
         try:
-            self._audit.write(audit_line(review, decision, capacity, elapsed, self._clock()))
+            self.audit.write(audit_line(review, decision, capacity, elapsed, self.clock()))
         except Exception:
             log.exception("cannot write the audit line", extra={"uid": review.uid})
-            self._metrics.error(ErrorKind.AUDIT)
+            self.metrics.error(ErrorKind.AUDIT)
 
 
 async def healthz(request: Request) -> Response:

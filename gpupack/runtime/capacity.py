@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from gpupack import keys
@@ -52,36 +52,27 @@ class Created:
     failure: str | None = None
 
 
+@dataclass
 class CapacityCreator:
     """Claims names for a pool's missing GPUs and creates their capacity pods."""
 
-    def __init__(
-        self,
-        client: PodCreator,
-        *,
-        namespace: str = keys.SYSTEM_NAMESPACE,
-        image: str = DEFAULT_IMAGE,
-        ttl: float = IN_FLIGHT_TTL,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        attempts: int = 3,
-        budget: float = CREATE_BUDGET,
-    ) -> None:
-        self._client = client
-        self.namespace = namespace
-        self._image = image
-        self._ttl = ttl
-        self._clock = clock
-        self._sleep = sleep
-        self._attempts = attempts
-        self._budget = budget
-        self._lock = threading.Lock()
-        self._in_flight: dict[str, dict[str, float]] = {}  # pool -> name -> expiry
+    client: PodCreator
+    namespace: str = keys.SYSTEM_NAMESPACE
+    image: str = DEFAULT_IMAGE
+    ttl: float = IN_FLIGHT_TTL
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    attempts: int = 3
+    budget: float = CREATE_BUDGET
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _in_flight: dict[str, dict[str, float]] = field(  # pool -> name -> expiry
+        default_factory=dict, init=False, repr=False
+    )
 
     def in_flight(self, pool: str, seen: Iterable[str] = ()) -> tuple[str, ...]:
         """The pool's claimed names that are not `seen` yet (by the caller's informer) and
         have not expired; the others are forgotten."""
-        now, shown = self._clock(), set(seen)
+        now, shown = self.clock(), set(seen)
         with self._lock:
             names = self._in_flight.get(pool, {})
             for name, expires in list(names.items()):
@@ -97,7 +88,7 @@ class CapacityCreator:
         with self._lock:
             names = self._in_flight.setdefault(pool, {})
             claimed = capacity_names(pool, [*used, *names], count)
-            expires = self._clock() + self._ttl
+            expires = self.clock() + self.ttl
             names.update(dict.fromkeys(claimed, expires))
         return claimed
 
@@ -117,7 +108,7 @@ class CapacityCreator:
         todo = list(names)
         created: list[str] = []
         existing: list[str] = []
-        deadline = self._clock() + self._budget
+        deadline = self.clock() + self.budget
         for position, name in enumerate(todo):
             index = capacity_index(pool, name)
             if index is None:
@@ -127,16 +118,16 @@ class CapacityCreator:
                 scheduling,
                 index=index,
                 created_for=created_for,
-                image=self._image,
+                image=self.image,
                 namespace=self.namespace,
             )
             try:
                 retry(
-                    functools.partial(self._client.create, path, body),
-                    attempts=self._attempts,
+                    functools.partial(self.client.create, path, body),
+                    attempts=self.attempts,
                     backoff=Backoff(base=0.1, cap=1.0),
-                    sleep=self._sleep,
-                    retryable=lambda error: error.retryable and self._clock() < deadline,
+                    sleep=self.sleep,
+                    retryable=lambda error: error.retryable and self.clock() < deadline,
                 )
             except ApiError as error:
                 if not error.already_exists:
@@ -148,7 +139,7 @@ class CapacityCreator:
             else:
                 created.append(name)
             with self._lock:  # counted until the informer shows it
-                self._in_flight.setdefault(pool, {})[name] = self._clock() + self._ttl
+                self._in_flight.setdefault(pool, {})[name] = self.clock() + self.ttl
         if created:
             log.info("pool %s: created capacity pods %s", pool, ", ".join(created))
         return Created(tuple(created), tuple(existing))

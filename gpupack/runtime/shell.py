@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gpupack import keys
 from gpupack.runtime import config, leader
 from gpupack.runtime.informer import Indexer, Informer
 from gpupack.runtime.logs import configure_logging
@@ -47,11 +48,30 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 Work = Callable[[threading.Event], None]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--kubeconfig` and `--log-level`, as every binary spells them."""
+def add_arguments(parser: argparse.ArgumentParser, *, metrics_port: int | None = None) -> None:
+    """`--kubeconfig`, `--namespace` and `--log-level`, and with a `metrics_port`,
+    `--metrics-address` and `--metrics-port`: as every binary spells them."""
     parser.add_argument(
         "--kubeconfig", metavar="PATH", help=f"kubeconfig file (order: {config.ORDER})"
     )
+    parser.add_argument(
+        "--namespace",
+        default=keys.SYSTEM_NAMESPACE,
+        help="gpupack's namespace, the chart's release namespace: capacity pods, Leases, "
+        "GPUPolicy objects and exporters live there (default: %(default)s)",
+    )
+    if metrics_port is not None:
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",  # noqa: S104 - a pod listens on its own IP, whatever it is
+            help="Prometheus metrics listen address (default: %(default)s)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=metrics_port,
+            help="Prometheus metrics port, 0 to disable (default: %(default)s)",
+        )
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,

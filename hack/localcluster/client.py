@@ -130,20 +130,9 @@ class Kube:
             raise ApiError(response.status, text)
         return text
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        params: dict[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float = 30.0,
-    ) -> Any:
-        """The decoded JSON answer; ApiError for a status of 300 or more."""
-        text = self.text(
-            method, path, body, params=params, content_type=content_type, timeout=timeout
-        )
+    def request(self, method: str, path: str, body: Any = None, **options: Any) -> Any:
+        """The decoded JSON answer (`text`'s options); ApiError for a status of 300 or more."""
+        text = self.text(method, path, body, **options)
         return json.loads(text) if text else None
 
     def close(self) -> None:

@@ -20,16 +20,8 @@ from pathlib import Path
 import yaml
 
 from certs import pem
-from hack.localcluster.chart import (
-    CHART_DIR,
-    EXPORTER_NAME,
-    RECOMMENDER_NAME,
-    SCHEDULER_NAME,
-    SYSTEM_NAMESPACE,
-    WEBHOOK_NAME,
-    chart_rbac,
-    chart_webhook_configuration,
-)
+from hack.localcluster import chart
+from hack.localcluster.chart import SYSTEM_NAMESPACE, WEBHOOK_NAME
 from hack.localcluster.client import JSON
 from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
 from hack.localcluster.processes import Process, free_port
@@ -52,7 +44,7 @@ class LocalCluster(ControlPlane):
         """The chart's CustomResourceDefinitions (`charts/gpupack/crds`), once established,
         so the components' watches of GPUPolicy and GPURecommendation objects succeed."""
         admin = self.kube()
-        crds = sorted((CHART_DIR / "crds").glob("*.yaml"))
+        crds = sorted((chart.CHART_DIR / "crds").glob("*.yaml"))
         names = []
         for path in crds:
             crd = yaml.safe_load(path.read_text())
@@ -85,7 +77,9 @@ class LocalCluster(ControlPlane):
         admin.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
         )
-        for obj in chart_rbac(Path(self.binary("helm")), "templates/webhook.yaml", WEBHOOK_NAME):
+        for obj in chart.chart_rbac(
+            Path(self.binary("helm")), "templates/webhook.yaml", WEBHOOK_NAME
+        ):
             admin.apply(obj)
         serving = pem.issue(
             self._ca,
@@ -120,7 +114,7 @@ class LocalCluster(ControlPlane):
         url = f"https://127.0.0.1:{self.webhook_port}/mutate"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
-            configuration = chart_webhook_configuration(Path(self.binary("helm")))
+            configuration = chart.chart_webhook_configuration(Path(self.binary("helm")))
         configuration = json.loads(json.dumps(configuration))
         for entry in configuration["webhooks"]:
             entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
@@ -171,7 +165,7 @@ class LocalCluster(ControlPlane):
         admin.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
         )
-        for obj in chart_rbac(Path(self.binary("helm")), template, user, sets=sets):
+        for obj in chart.chart_rbac(Path(self.binary("helm")), template, user, sets=sets):
             admin.apply(obj)
         process = self._launch(
             process_name,
@@ -188,13 +182,13 @@ class LocalCluster(ControlPlane):
         self.write_state()
 
     def install_scheduler(
-        self, *, name: str = SCHEDULER_NAME, extra_args: Sequence[str] = ()
+        self, *, name: str = chart.SCHEDULER_NAME, extra_args: Sequence[str] = ()
     ) -> Process:
         """Run `gpupack-scheduler` as a local process (`name` tells replicas apart) with
         the RBAC the chart renders, bound to the local user `gpupack-scheduler`."""
         return self._run_component(
             name,
-            SCHEDULER_NAME,
+            chart.SCHEDULER_NAME,
             "templates/scheduler.yaml",
             "scheduler.cli",
             [
@@ -206,7 +200,7 @@ class LocalCluster(ControlPlane):
             ],
         )
 
-    def stop_scheduler(self, name: str = SCHEDULER_NAME, *, kill: bool = False) -> None:
+    def stop_scheduler(self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False) -> None:
         """Stop a scheduler replica: SIGTERM (it releases its Lease), or SIGKILL."""
         process = self.processes.get(name)
         if kill and process is not None and process.popen is not None:
@@ -229,8 +223,8 @@ class LocalCluster(ControlPlane):
         here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
         port = free_port()
         process = self._run_component(
-            f"{EXPORTER_NAME}-{node}",
-            EXPORTER_NAME,
+            f"{chart.EXPORTER_NAME}-{node}",
+            chart.EXPORTER_NAME,
             "templates/exporter.yaml",
             "exporter.cli",
             [
@@ -246,17 +240,17 @@ class LocalCluster(ControlPlane):
         return process, port
 
     def stop_exporter(self, node: str) -> None:
-        self._stop(f"{EXPORTER_NAME}-{node}")
+        self._stop(f"{chart.EXPORTER_NAME}-{node}")
 
     def install_recommender(
-        self, *, name: str = RECOMMENDER_NAME, extra_args: Sequence[str] = ()
+        self, *, name: str = chart.RECOMMENDER_NAME, extra_args: Sequence[str] = ()
     ) -> Process:
         """Run `gpupack-recommender` as a local process with the RBAC the chart renders
         (rollouts granted), bound to the local user `gpupack-recommender`."""
         self.install_crds()
         return self._run_component(
             name,
-            RECOMMENDER_NAME,
+            chart.RECOMMENDER_NAME,
             "templates/recommender.yaml",
             "recommender.cli",
             [
@@ -269,6 +263,6 @@ class LocalCluster(ControlPlane):
             sets=("recommender.rollouts=true",),
         )
 
-    def stop_recommender(self, name: str = RECOMMENDER_NAME) -> None:
+    def stop_recommender(self, name: str = chart.RECOMMENDER_NAME) -> None:
         """SIGTERM: the recommender checkpoints every history and releases its Lease."""
         self._stop(name)

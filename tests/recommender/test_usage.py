@@ -31,18 +31,19 @@ from recommender.usage import (
     parse_exporter_metrics,
     parse_prometheus_vector,
 )
-from tests.exporter.test_collector import CONTAINER_A, CONTAINER_B, GIB, GPU0, GPU1, pod, reading
+from tests.exporter.test_collector import (
+    CONTAINER_A,
+    CONTAINER_B,
+    GIB,
+    GPU0,
+    GPU1,
+    TRAINER,
+    pod,
+    reading,
+)
 
 Row = tuple[str, str, float | None, int | None]
 
-TRAINER = pod(
-    "uid-trainer",
-    "trainer-0",
-    containers={CONTAINER_A: "main", CONTAINER_B: "sidecar"},
-    compute=300,
-    memory=12 * GIB,
-    gpu=GPU0,
-)
 WORKER = pod("uid-worker", "worker-1", namespace="nlp", containers={CONTAINER_A: "app"})
 TWIN = pod("uid-twin", "trainer-0", namespace="nlp", containers={CONTAINER_A: "main"})
 BUILDER = pod("uid-builder", "notebook-0", namespace="lab", containers={CONTAINER_B: "lab"})
