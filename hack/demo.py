@@ -27,7 +27,7 @@ from hack.localcluster import (
     Process,
     log,
 )
-from webhook.decisions import parse_lines, table
+from webhook.audit_reader import parse_lines, table
 
 REPO = Path(__file__).resolve().parents[1]
 WORKDIR = REPO / ".cache" / "demo"

@@ -4,7 +4,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from webhook import decisions, explain, serve
+from webhook import audit_reader, explain, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Needs no cluster.",
         )
     )
-    decisions.add_arguments(
+    audit_reader.add_arguments(
         commands.add_parser(
             "decisions",
             help="read audit lines and print the decisions",

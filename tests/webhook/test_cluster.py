@@ -20,10 +20,10 @@ from gpupack.recommendation import Recommendation, list_path, recommendation_obj
 from gpupack.runtime.api import ApiError, Backoff, retry
 from tests.apistub import ApiStub, write_kubeconfig
 from tests.fakes import FakeKube, FakeWatch
+from webhook.app import ClusterPort
 from webhook.cluster import Cluster, connect, policies_path
 from webhook.decision import Demand
 from webhook.policies import BUILTIN_POLICIES
-from webhook.server import ClusterPort
 
 WAIT = 10.0  # a deadline for background threads, never a measured duration
 SPEC: JSON = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}

@@ -18,9 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
+from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.metrics import WebhookMetrics
-from webhook.server import create_app
 from webhook.tls import MINIMUM_VERSION, CertificateError, CertificateReloader
 
 from .conftest import CertificateAuthority, CertPair, RunningServer, ServingFiles, run_server

@@ -30,6 +30,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
+from webhook.app import ClusterPort, Decide, create_app
 from webhook.audit import AUDIT_MARKER, AuditLog
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import WebhookMetrics, start_metrics_server
@@ -37,7 +38,6 @@ from webhook.mutate import MutationContext
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest
 from webhook.serve import build_uvicorn_config, serve
-from webhook.server import ClusterPort, Decide, create_app
 from webhook.tls import CertificateReloader
 
 from .builders import namespace, review, vllm_pod
@@ -589,8 +589,8 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
 def test_content_length_is_checked_before_reading(declared: str, status: int) -> None:
     from starlette.requests import Request
 
+    from webhook.app import read_body
     from webhook.review import ReviewError
-    from webhook.server import read_body
 
     scope = {
         "type": "http",

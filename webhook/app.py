@@ -41,7 +41,7 @@ NO_CLUSTER: Final = CapacityOutcome(
 DEFAULT_CAPACITY_TIMEOUT: Final = 2.0
 JSON_TYPE: Final = "application/json"
 
-log = logging.getLogger("webhook.server")
+log = logging.getLogger("webhook.app")
 
 Decide = Callable[[AdmissionRequest, MutationContext], Decision]
 
