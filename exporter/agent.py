@@ -9,7 +9,7 @@ is down; `Health` records the state and logs each change once.
 
 import logging
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Final, Protocol
 
 from exporter.cgroup import ProcessOwner
@@ -17,11 +17,28 @@ from exporter.collector import Scrape
 from exporter.discovery import RESOURCE, plan
 from exporter.health import API, POD_RESOURCES, Health
 from exporter.kube import Kube
-from exporter.pods import PodMap
+from exporter.pods import UID_INDEX, PodMap, uid_index
 from exporter.readings import Device, Readings
-from gpupack.runtime.api import ApiError
+from gpupack.runtime.api import ApiError, ListWatch
+from gpupack.runtime.informer import Informer
 
 log = logging.getLogger(__name__)
+
+
+def node_pods(
+    client: ListWatch, node: str, on_change: Callable[[str], None] | None = None
+) -> Informer:
+    """An informer over the pods bound to `node` (the only ones the exporter can see),
+    indexed as `PodMap` reads it."""
+    return Informer(
+        client,
+        "/api/v1/pods",
+        {"fieldSelector": f"spec.nodeName={node}"},
+        name="node pods",
+        indexers={UID_INDEX: uid_index},
+        on_change=on_change,
+    )
+
 
 DISCOVERY_INTERVAL: Final = 10.0
 

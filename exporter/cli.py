@@ -19,13 +19,13 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from exporter import server
-from exporter.agent import Agent
+from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector
 from exporter.health import Health
 from exporter.nvml import PynvmlReader
 from exporter.podresources import PodResourcesClient, PodResourcesError
-from exporter.pods import PodMap, node_pods
+from exporter.pods import PodMap
 from exporter.sampler import Sampler
 from gpupack.runtime import shell
 from gpupack.runtime.args import positive_seconds

@@ -8,16 +8,14 @@ reported under its own name, and only the allocation series are missing.
 """
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final
+from typing import Final, Protocol
 
 from gpupack import codec, keys
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, annotations_of, labels_of
-from gpupack.runtime.api import ListWatch
-from gpupack.runtime.informer import Informer
 from gpupack.shares import gpu_memory, pod_allocation
 
 UID_INDEX: Final = "uid"
@@ -81,29 +79,31 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
     )
 
 
-def _uid(pod: JSON) -> Iterable[str]:
+def uid_index(pod: JSON) -> Iterable[str]:
+    """The indexer `PodMap` looks pods up by (`UID_INDEX`)."""
     uid = (pod.get("metadata") or {}).get("uid")
     return (str(uid),) if uid else ()
 
 
-def node_pods(
-    client: ListWatch, node: str, on_change: Callable[[str], None] | None = None
-) -> Informer:
-    """An informer over the pods bound to `node` (the only ones the exporter can see)."""
-    return Informer(
-        client,
-        "/api/v1/pods",
-        {"fieldSelector": f"spec.nodeName={node}"},
-        name="node pods",
-        indexers={UID_INDEX: _uid},
-        on_change=on_change,
-    )
+class PodStore(Protocol):
+    """The reads `PodMap` makes of the node's pod cache: an informer indexed by UID
+    under `UID_INDEX` with `uid_index` (`exporter.agent.node_pods` builds it)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    @property
+    def error(self) -> str: ...
+
+    def by_index(self, index: str, value: str) -> list[JSON]: ...
+
+    def items(self) -> list[JSON]: ...
 
 
 class PodMap:
     """Parsed views of an informer's pods, cached per resourceVersion."""
 
-    def __init__(self, informer: Informer, system_namespace: str = keys.SYSTEM_NAMESPACE) -> None:
+    def __init__(self, informer: PodStore, system_namespace: str = keys.SYSTEM_NAMESPACE) -> None:
         self._informer = informer
         self._namespace = system_namespace
         self._lock = threading.Lock()

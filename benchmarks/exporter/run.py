@@ -9,7 +9,7 @@ with the real code under the agent:
   with `--processes` compute processes, a tenth of them idle;
 - a `ProcessTable` over a fake /proc in a temporary directory: `stat` and `cgroup` for
   every process, cgroup v2, systemd driver, containerd;
-- a `PodMap` over the `Informer` that `exporter.pods.node_pods` builds. Its list returns
+- a `PodMap` over the `Informer` that `exporter.agent.node_pods` builds. Its list returns
   the node's pods. Its watch stays open and sends nothing.
 
 The node: every GPU process is its own container. Pods of `--containers` containers
@@ -68,12 +68,12 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from exporter.agent import Agent, Allocation
+from exporter.agent import Agent, Allocation, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector, Scrape
 from exporter.exposition import text as exposition_text
 from exporter.health import API, POD_RESOURCES, Health
-from exporter.pods import PodMap, node_pods
+from exporter.pods import PodMap
 from exporter.sampler import Sampler
 from gpupack import keys
 from gpupack.kube import JSON

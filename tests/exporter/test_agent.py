@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from exporter.agent import Agent
+from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.health import API, POD_RESOURCES, Health
 from exporter.podresources import (
@@ -18,7 +18,7 @@ from exporter.podresources import (
     PodResources,
     PodResourcesUnavailable,
 )
-from exporter.pods import PodMap, node_pods
+from exporter.pods import PodMap
 from exporter.sampler import Sampler
 from gpupack.quantity import format_memory
 from gpupack.runtime.api import ApiError

@@ -265,11 +265,11 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     files name the real pods' UIDs and container IDs."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from exporter.agent import Agent
+    from exporter.agent import Agent, node_pods
     from exporter.cgroup import ProcessTable
     from exporter.collector import ExporterCollector
     from exporter.health import Health
-    from exporter.pods import PodMap, node_pods
+    from exporter.pods import PodMap
     from exporter.readings import Device
     from exporter.sampler import Sampler
     from gpupack.runtime.transport import connect

@@ -19,11 +19,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from exporter import server
-from exporter.agent import Agent
+from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector
 from exporter.health import Health
-from exporter.pods import PodMap, node_pods
+from exporter.pods import PodMap
 from exporter.readings import Device
 from exporter.sampler import Sampler
 from gpupack import keys
