@@ -32,6 +32,7 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.runtime import config, leader
+from gpupack.runtime.api import ListWatch
 from gpupack.runtime.informer import Indexer, Informer
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.transport import Transport, connect
@@ -110,7 +111,7 @@ class Process:
 
     def informer(
         self,
-        client: Transport,
+        client: ListWatch,
         path: str,
         params: Mapping[str, str] | None = None,
         *,
@@ -176,27 +177,30 @@ def _idle(stop: threading.Event) -> None:
     stop.wait()
 
 
-def _serve(work: Work | None, stop: threading.Event) -> bool:
-    """`work(stopping)` in a thread until `stop`; False when the work failed."""
-    failed = threading.Event()
-    stopping = threading.Event()
+def _guarded(work: Work | None, stop: threading.Event, failed: threading.Event) -> Work:
+    """`work` that, when it raises, logs why, marks the run failed and stops the process
+    (a leader must not go on renewing its Lease with nothing running)."""
 
-    def guarded() -> None:
+    def run(stopping: threading.Event) -> None:
         try:
-            if work is not None:
-                work(stopping)
+            (work or _idle)(stopping)
         except Exception:
             log.exception("the work failed")
             failed.set()
             stop.set()
 
-    worker = threading.Thread(target=guarded, name="work", daemon=True)
+    return run
+
+
+def _serve(work: Work, stop: threading.Event) -> None:
+    """`work(stopping)` in a thread until `stop`, then tell it to stop and wait for it."""
+    stopping = threading.Event()
+    worker = threading.Thread(target=work, args=(stopping,), name="work", daemon=True)
     worker.start()
     while not stop.wait(1.0):  # a timed wait keeps signal handlers running promptly
         pass
     stopping.set()
     worker.join(timeout=STOP_TIMEOUT)
-    return not failed.is_set()
 
 
 def run(
@@ -222,11 +226,14 @@ def run(
             process.defer(functools.partial(signal.signal, signum, previous))
         if not process.start_informers():
             return EXIT_FAILED
+        failed = threading.Event()
+        work = _guarded(service.work, process.stop, failed)
         if service.election is None:
             log.info("%s started", parser.prog)
-            return EXIT_OK if _serve(service.work, process.stop) else EXIT_FAILED
+            _serve(work, process.stop)
+            return EXIT_FAILED if failed.is_set() else EXIT_OK
         log.info("caches synced; campaigning", extra={"identity": service.election.identity})
-        clean = service.election.run(service.work or _idle, process.stop)
-        return EXIT_OK if clean else EXIT_FAILED
+        clean = service.election.run(work, process.stop)
+        return EXIT_OK if clean and not failed.is_set() else EXIT_FAILED
     finally:
         process.close()

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from gpupack.kube import JSON
-from gpupack.runtime import shell
+from gpupack.runtime import leader, shell
 from gpupack.runtime.api import ApiError, WatchStream
 from gpupack.runtime.informer import Informer
 
@@ -123,3 +123,44 @@ def test_a_stop_tells_the_work_to_stop_and_exits_0() -> None:
 
     assert shell.run(parser(), ["--log-level=DEBUG"], start) == shell.EXIT_OK
     assert seen == ["synced=True", "stopped"]
+
+
+class _Leases:
+    """A Lease API in memory: get, create, update with resourceVersions."""
+
+    def __init__(self) -> None:
+        self.lease: JSON | None = None
+        self.version = 0
+
+    def get(self, path: str) -> JSON:
+        if self.lease is None:
+            raise ApiError(404, "NotFound", "no lease")
+        return self.lease
+
+    def create(self, path: str, body: JSON) -> JSON:
+        return self.update(path, body)
+
+    def update(self, path: str, body: JSON) -> JSON:
+        self.version += 1
+        self.lease = {
+            **body,
+            "metadata": {**body["metadata"], "resourceVersion": str(self.version)},
+        }
+        return self.lease
+
+
+def test_a_leader_whose_work_fails_exits_1_and_gives_the_lease_up() -> None:
+    leases = _Leases()
+
+    def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
+        def work(stop: threading.Event) -> None:
+            raise RuntimeError("bug")
+
+        return shell.Service(work=work, election=process.election(args, leases, "gpupack-system"))
+
+    built = parser()
+    leader.add_arguments(built, "gpupack-test")
+
+    assert shell.run(built, ["--retry-period=0.1"], start) == shell.EXIT_FAILED
+    assert leases.lease is not None
+    assert leases.lease["spec"]["holderIdentity"] == ""  # released, not left to expire
