@@ -145,10 +145,8 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         snapshot = health.snapshot()
         return sampler.alive, {"up": dict(snapshot.up), "problems": dict(snapshot.messages)}
 
-    try:
+    with shell.listening("/metrics and /healthz", args.port):
         http = server.make_server(args.address, args.port, registry, healthy)
-    except OSError as error:
-        raise OSError(f"cannot listen on port {args.port}: {error}") from None
     sampler.start()
     process.defer(sampler.stop)
     discovery = threading.Thread(

@@ -177,10 +177,8 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     recommender = Recommender(kube, pods, policies, recommendations, source, settings, metrics)
     holder.append(recommender)
     if args.metrics_port:
-        try:
+        with shell.listening("metrics", args.metrics_port):
             start_http_server(args.metrics_port, args.metrics_address, registry)
-        except OSError as error:
-            raise OSError(f"cannot serve metrics on port {args.metrics_port}: {error}") from None
     log.info("collecting usage from %s", source.describe())
     return shell.Service(work=recommender.run, election=election)
 

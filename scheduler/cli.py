@@ -94,7 +94,8 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     scheduler = Scheduler(kube, cache, make_scorer(args.scorer), settings, metrics)
     holder.append(scheduler)
     if args.metrics_port:
-        start_http_server(args.metrics_port, args.metrics_address, registry)
+        with shell.listening("metrics", args.metrics_port):
+            start_http_server(args.metrics_port, args.metrics_address, registry)
     return shell.Service(work=scheduler.run, election=election)
 
 

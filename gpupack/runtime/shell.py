@@ -20,13 +20,14 @@ Exit codes, the same for every binary:
 """
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -47,6 +48,16 @@ STOP_TIMEOUT: Final = 30.0
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 Work = Callable[[threading.Event], None]
+
+
+@contextlib.contextmanager
+def listening(what: str, port: int) -> Iterator[None]:
+    """Open a listener inside: an OSError (a busy port, a bad address) becomes one naming
+    `what` and the port, which `run` reports as a usage error (exit 2)."""
+    try:
+        yield
+    except OSError as error:
+        raise OSError(f"cannot serve {what} on port {port}: {error}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, metrics_port: int | None = None) -> None:

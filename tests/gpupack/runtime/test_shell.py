@@ -1,6 +1,7 @@
 """The process shell's sequence and exit codes, the same for every long-running binary."""
 
 import argparse
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -164,3 +165,18 @@ def test_a_leader_whose_work_fails_exits_1_and_gives_the_lease_up() -> None:
     assert shell.run(built, ["--retry-period=0.1"], start) == shell.EXIT_FAILED
     assert leases.lease is not None
     assert leases.lease["spec"]["holderIdentity"] == ""  # released, not left to expire
+
+
+def test_a_busy_port_exits_2_naming_what_and_the_port(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+
+        def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
+            with shell.listening("metrics", port), socket.socket() as again:
+                again.bind(("127.0.0.1", port))
+            return shell.Service()
+
+        assert shell.run(parser(), [], start) == shell.EXIT_USAGE
+    assert f"gpupack-test: error: cannot serve metrics on port {port}: " in capsys.readouterr().err
