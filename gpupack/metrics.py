@@ -26,10 +26,6 @@ GPU_HEALTHY: Final = "gpupack_gpu_healthy"
 GPU_CAPACITY_POD: Final = "gpupack_gpu_capacity_pod"  # namespace, pod of the holder
 GPU_UNATTRIBUTED_COMPUTE: Final = "gpupack_gpu_unattributed_compute_ratio"  # source
 
-# The exporter's per-pod use, as the recommender aggregates it: per-pod sums over the
-# pod's containers and GPUs.
-USAGE: Final = (POD_COMPUTE, POD_MEMORY_USED)
-
 
 @dataclass(slots=True)
 class Use:

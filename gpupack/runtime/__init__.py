@@ -7,6 +7,8 @@
 - `leader`: leader election through a coordination.k8s.io Lease;
 - `shell`: the process shell (signals, wait for sync, lead or serve, exit codes);
 - `logs`, `args`: JSON logs and the shared argument types;
+- `capacity`: creating capacity pods (claim names, count them in flight, create), for
+  the webhook and the scheduler alike;
 - `http`: plain GETs to in-cluster endpoints that are not the API server (scrapes).
 
 It may import the contract (`gpupack.*`), `kubernetes` (configuration loading only) and

@@ -73,8 +73,7 @@ def load(
     listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
     named = kubeconfig or (os.pathsep.join(listed) if listed else None)
     if named:
-        missing = [p for p in named.split(os.pathsep) if not Path(p).is_file()]
-        if missing and len(missing) == len(named.split(os.pathsep)):
+        if not any(Path(p).is_file() for p in named.split(os.pathsep)):
             where = "--kubeconfig" if kubeconfig else "$KUBECONFIG"
             raise ConfigError(f"kubeconfig {named} (from {where}): no such file")
         _load_file(named, configuration)

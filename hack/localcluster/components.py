@@ -33,13 +33,6 @@ class LocalCluster(ControlPlane):
 
     _webhook_configuration: JSON | None = field(default=None, repr=False)
 
-    def start(self) -> "LocalCluster":
-        super().start()
-        return self
-
-    def __enter__(self) -> "LocalCluster":
-        return self.start()
-
     def install_crds(self) -> None:
         """The chart's CustomResourceDefinitions (`charts/gpupack/crds`), once established,
         so the components' watches of GPUPolicy and GPURecommendation objects succeed."""

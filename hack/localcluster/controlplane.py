@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, Self
 
 import yaml
 
@@ -70,7 +70,7 @@ class ControlPlane:
 
     # lifecycle
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> Self:
         started = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
@@ -97,7 +97,7 @@ class ControlPlane:
         with contextlib.suppress(FileNotFoundError):
             (self.workdir / "state.json").unlink()
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
