@@ -1,7 +1,5 @@
 """`gpupack-exporter`'s command line: help, and clear errors with exit code 2."""
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,15 +7,7 @@ import pytest
 from exporter.cli import build_parser, main
 from gpupack.runtime.shell import EXIT_USAGE
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the root logger; leave it as the other tests expect it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def test_help_names_every_option(capsys: pytest.CaptureFixture[str]) -> None:

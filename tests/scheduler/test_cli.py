@@ -1,8 +1,6 @@
 """`gpupack-scheduler`'s command line: clear errors with exit code 2, before any API call."""
 
-import logging
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,15 +9,7 @@ from gpupack.runtime.shell import EXIT_USAGE
 from scheduler.cli import main
 from tests.apistub import write_kubeconfig
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """main() configures the root logger; leave it as the other tests expect it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def test_a_busy_metrics_port_is_a_usage_error_naming_the_port(

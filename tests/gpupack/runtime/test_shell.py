@@ -12,6 +12,8 @@ from gpupack.runtime import leader, shell
 from gpupack.runtime.api import ApiError, WatchStream
 from gpupack.runtime.informer import Informer
 
+pytestmark = pytest.mark.usefixtures("restore_logging")  # shell.run configures logging
+
 
 class _NoServer:
     """A ListWatch whose server never answers."""
