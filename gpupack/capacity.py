@@ -34,6 +34,7 @@ CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked 
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 COMPONENT: Final = "app.kubernetes.io/component"
 PAUSE_USER: Final = 65535  # the pause image's nobody user
+HOSTNAME: Final = "kubernetes.io/hostname"
 INHERITED: Final = (
     "nodeSelector",
     "affinity",
@@ -227,6 +228,31 @@ def capacity_names(pool: str, used: Iterable[str], count: int) -> tuple[str, ...
     return tuple(names)
 
 
+STEER_WEIGHT: Final = 100  # towards a node the waiting pod may go to
+PACK_WEIGHT: Final = 50  # towards a node that already holds capacity pods
+MAX_STEER: Final = 1000  # node names in one preference; more is a huge pod, not a better one
+
+
+def _prefer(spec: JSON, steer: Sequence[str]) -> None:
+    """Add the steering preferences to a capacity pod's spec (see `capacity_pod`)."""
+    affinity = spec.setdefault("affinity", {})
+    if steer and len(steer) <= MAX_STEER:
+        node = affinity.setdefault("nodeAffinity", {})
+        preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+        term = {"key": HOSTNAME, "operator": "In", "values": sorted(steer)}
+        preferred.append({"weight": STEER_WEIGHT, "preference": {"matchExpressions": [term]}})
+    pod = affinity.setdefault("podAffinity", {})
+    pod.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+        {
+            "weight": PACK_WEIGHT,
+            "podAffinityTerm": {
+                "labelSelector": {"matchLabels": {keys.ROLE: keys.ROLE_CAPACITY}},
+                "topologyKey": HOSTNAME,
+            },
+        }
+    )
+
+
 def capacity_pod(
     pool: str,
     scheduling: JSON,
@@ -235,12 +261,19 @@ def capacity_pod(
     created_for: str,
     image: str = DEFAULT_IMAGE,
     namespace: str = keys.SYSTEM_NAMESPACE,
+    steer: Sequence[str] = (),
 ) -> JSON:
     """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else.
 
     It inherits the workload's scheduling metadata (nodeSelector, node affinity,
     tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
-    where the workload may run. No owner reference: owners cannot cross namespaces.
+    where the workload may run. Preferences steer it further: towards `steer`, the nodes
+    the waiting pod may go to (its own rules, such as anti-affinity, spread or volumes,
+    exclude the others: a GPU there would be wasted), and towards nodes already holding
+    capacity pods, so GPU nodes fill up before new ones are used and the autoscaler can
+    remove idle ones. Preferences, not requirements: when none of those nodes has a GPU
+    free, the pod stays schedulable where the autoscaler can add one.
+    No owner reference: owners cannot cross namespaces.
     """
     one_gpu = {keys.NVIDIA_GPU: "1"}
     container: JSON = {
@@ -268,6 +301,7 @@ def capacity_pod(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         **{k: copy.deepcopy(v) for k, v in scheduling.items() if k in INHERITED},
     }
+    _prefer(spec, steer)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -28,6 +28,9 @@ ENFORCEMENT: Final = f"{DOMAIN}/enforcement"  # how the shares are enforced: acc
 GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
 CAPACITY_POD: Final = f"{DOMAIN}/capacity-pod"
 SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
+# On a capacity pod, by the exporter: why its GPU is unhealthy (lost, a critical XID);
+# absent while it is healthy. The scheduler places no new pod on such a GPU.
+GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
 
 # On a Deployment's or StatefulSet's pod template: set by the recommender (updateMode
 # Auto) to roll the workload's pods onto a new recommendation, as `kubectl rollout

@@ -104,7 +104,7 @@ class Cache:
         self._pods = pods
         self._scheduler_name = scheduler_name
         self.dirty = dirty
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(check_hosts=False)
         self.pending: dict[str, Pending] = {}  # unbound pods addressed to us
         self.capacity: dict[str, Capacity] = {}  # by capacity pod name
         self.assumed: set[str] = set()
@@ -128,7 +128,7 @@ class Cache:
         assumed = {
             k: self.snapshot.bookings[k] for k in self.assumed if k in self.snapshot.bookings
         }
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(check_hosts=False)
         self.pending.clear()
         self.capacity.clear()
         self._on_node.clear()
@@ -241,11 +241,7 @@ class Cache:
 
 
 def _gpu_changed(old: Gpu, new: Gpu) -> bool:
-    return (old.node, old.memory, old.model, old.pool, old.holder, old.coming) != (
-        new.node,
-        new.memory,
-        new.model,
-        new.pool,
-        new.holder,
-        new.coming,
-    )
+    def seen(g: Gpu) -> tuple[object, ...]:
+        return (g.node, g.memory, g.model, g.pool, g.holder, g.coming, g.healthy)
+
+    return seen(old) != seen(new)

@@ -1,14 +1,18 @@
-"""`gpupack-scheduler`: the companion scheduler binary.
+"""`gpupack-scheduler`: the extender beside the gpupack kube-scheduler.
 
-Starts the informers (nodes, and every pod that has not finished), waits for them to
-sync, campaigns for the Lease, and schedules while it leads. A standby keeps its caches
-warm, so it schedules within one retry period of taking over. Exit codes: 0 after
-SIGTERM/SIGINT, 1 when leadership was lost or the caches never synced, 2 for bad
-arguments or no cluster to talk to (`gpupack.runtime.shell`).
+kube-scheduler (its own instance, profile `gpupack-scheduler`, the configuration the
+chart renders) decides where a pod may go and calls this process on loopback to choose
+the GPU (`/filter`) and write the assignment (`/bind`). Starts the informers (nodes,
+and every pod that has not finished), waits for them to sync, then serves; housekeeping
+runs while the kube-scheduler beside it holds its Lease. Exit codes: 0 after
+SIGTERM/SIGINT, 1 when the caches never synced or the work failed, 2 for bad arguments,
+no cluster to talk to, or a port that cannot be opened (`gpupack.runtime.shell`).
 """
 
 import argparse
+import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Final
 
@@ -16,32 +20,43 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from gpupack import keys
 from gpupack.capacity import DEFAULT_IMAGE
-from gpupack.runtime import leader, shell
-from gpupack.runtime.args import non_negative_seconds
+from gpupack.runtime import shell
+from gpupack.runtime.args import non_negative_seconds, positive_seconds
 from scheduler.cache import Cache, Dirty
-from scheduler.loop import Scheduler
+from scheduler.extender import Extender
+from scheduler.leadership import Follower
 from scheduler.metrics import Metrics
 from scheduler.placement import Scorer
 from scheduler.score import FragmentationScorer, PackingScorer
+from scheduler.server import make_server
 from scheduler.settings import Settings
 
 LIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
+DEFAULT_PORT: Final = 8888
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupack-scheduler",
-        description="Place pods admitted by the gpupack webhook on GPUs held by capacity "
-        "pods, create capacity when none fits, and release empty capacity.",
+        description="The gpupack extender of kube-scheduler: choose the GPU for each pod "
+        "kube-scheduler found nodes for, hold it until bind, write the assignment; create "
+        "capacity when no GPU has room and release what nothing uses.",
     )
     add = parser.add_argument
+    add("--address", default="127.0.0.1", help="address of the verbs (default: loopback)")
+    add(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help="port of /filter, /bind, /healthz and /readyz (default: %(default)s)",
+    )
     add("--scheduler-name", default=keys.SCHEDULER_NAME, help="schedulerName to serve")
     add(
         "--grace-period",
         type=non_negative_seconds,
         default=300.0,
         metavar="SECONDS",
-        help="how long a capacity pod may hold an empty GPU before it is deleted "
+        help="how long a capacity pod may hold a GPU nothing uses before it is deleted "
         "(default: %(default)s)",
     )
     add(
@@ -52,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a pod may sit on a GPU whose capacity pod is gone before it is "
         "evicted (default: %(default)s)",
     )
+    add(
+        "--reservation-timeout",
+        type=positive_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a GPU share chosen at filter is held for kube-scheduler's bind "
+        "(default: %(default)s)",
+    )
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
         "--scorer",
@@ -60,8 +83,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="how GPUs are ranked: best fit in compute, or fragmentation-aware with the "
         "cluster's own pod mix (default: %(default)s; see docs/scheduler.md)",
     )
-    add("--workers", type=int, default=8, help="threads for API writes (default: %(default)s)")
-    leader.add_arguments(parser, "gpupack-scheduler")
+    add("--workers", type=int, default=8, help="threads for capacity writes (default: %(default)s)")
+    election = parser.add_argument_group(
+        "leadership (kube-scheduler's: housekeeping runs while it leads)"
+    )
+    election.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="follow kube-scheduler's Lease; off: this replica always does housekeeping",
+    )
+    election.add_argument(
+        "--lease-name", default=keys.SCHEDULER_NAME, help="kube-scheduler's Lease"
+    )
+    election.add_argument(
+        "--identity",
+        default=socket.gethostname(),
+        help="the hostname of the kube-scheduler beside this process, which prefixes its "
+        "name in the Lease (default: this hostname, the pod's name in a pod)",
+    )
+    election.add_argument(
+        "--retry-period",
+        type=positive_seconds,
+        default=2.0,
+        metavar="SECONDS",
+        help="how often the Lease is read (default: %(default)s)",
+    )
     shell.add_arguments(parser, metrics_port=9090)
     return parser
 
@@ -71,8 +118,9 @@ def make_scorer(name: str) -> Scorer:
 
 
 def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port: {args.port} is not a port number (1-65535)")
     kube = process.connect(args.kubeconfig, "gpupack-scheduler")
-    election = process.election(args, kube, args.namespace)
     dirty = Dirty()
     nodes = process.informer(kube, "/api/v1/nodes", name="nodes", on_change=dirty.node)
     pods = process.informer(
@@ -87,16 +135,46 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         orphan_grace=args.orphan_grace,
         capacity_image=args.capacity_image,
         workers=max(1, args.workers),
+        reservation_timeout=args.reservation_timeout,
     )
     registry = CollectorRegistry()
-    holder: list[Scheduler] = []
+    holder: list[Extender] = []
     metrics = Metrics(registry, lambda: holder[0].usage)
-    scheduler = Scheduler(kube, cache, make_scorer(args.scorer), settings, metrics)
-    holder.append(scheduler)
+    extender = Extender(kube, cache, make_scorer(args.scorer), settings, metrics)
+    holder.append(extender)
+    synced = threading.Event()
+    with shell.listening("the extender", args.port):
+        server = make_server(args.address, args.port, extender, synced.is_set)
+    process.defer(server.server_close)
     if args.metrics_port:
         with shell.listening("metrics", args.metrics_port):
             start_http_server(args.metrics_port, args.metrics_address, registry)
-    return shell.Service(work=scheduler.run, election=election)
+    follower = (
+        Follower(kube, args.namespace, args.lease_name, args.identity)
+        if args.leader_elect
+        else None
+    )
+
+    def work(stop: threading.Event) -> None:
+        """Caches synced: serve the verbs, follow the Lease, keep house."""
+        extender.tick()  # fold the synced caches in before the first verb
+        synced.set()
+        threading.Thread(target=server.serve_forever, name="extender", daemon=True).start()
+        if follower is None:
+            extender.leading = True
+        else:
+            threading.Thread(
+                target=follower.run,
+                args=(lambda leads: setattr(extender, "leading", leads), stop, args.retry_period),
+                name="lease",
+                daemon=True,
+            ).start()
+        try:
+            extender.run(stop)
+        finally:
+            server.shutdown()
+
+    return shell.Service(work=work)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Pure translation, no I/O. The GPU ledger is rebuilt from these alone: a Running capacity
 pod with `gpupack.io/gpu-uuid` is a GPU (its memory from the exporter's annotation,
-else the node's GFD memory label); a fractional pod bound to a node with
+else the node's GFD memory label; unhealthy while the exporter says so with
+`gpupack.io/gpu-unhealthy`); a fractional pod bound to a node with
 `gpupack.io/gpu-uuid` holds its share there; every other pod on a node holds its CPU,
 memory and a pod slot. So a restarted scheduler books exactly what the annotations say.
 """
@@ -17,7 +18,6 @@ from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
 from gpupack.shares import gpu_memory, is_live, pod_allocation
-from scheduler.constraints import constraints_of, taints_of
 from scheduler.snapshot import Gpu, Node, Request
 
 MiB: Final = 2**20
@@ -48,7 +48,6 @@ def node_of(obj: JSON) -> Node:
         memory=memory,
         max_pods=pods,
         labels=dict(meta.get("labels") or {}),
-        taints=taints_of(obj),
         ready=conditions.get("Ready") == "True",
         schedulable=not spec.get("unschedulable"),
     )
@@ -92,12 +91,17 @@ def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
         pool=labels_of(pod).get(keys.POOL, ""),
         holder=str(meta.get("name", "")),
         coming=not running,
+        healthy=not annotations.get(keys.GPU_UNHEALTHY),
     )
 
 
 def host_requests(spec: JSON) -> tuple[int, int]:
-    """(millicores, bytes) the pod requests of its node: the larger of the containers'
-    sum and any init container, plus the pod overhead (kube-scheduler's rule)."""
+    """(millicores, bytes) the pod requests of its node, counted as kube-scheduler counts
+    them (component-helpers' PodRequests): the containers' sum plus every native sidecar
+    (an init container with `restartPolicy: Always` runs beside them), or, if larger, the
+    peak of the init phase (each ordinary init container plus the sidecars started before
+    it); pod-level requests (`spec.resources`) replace the containers' where set; plus
+    the pod overhead."""
 
     def requests(container: JSON) -> tuple[int, int]:
         wanted = (container.get("resources") or {}).get("requests") or {}
@@ -110,9 +114,23 @@ def host_requests(spec: JSON) -> tuple[int, int]:
             return 0, 0
 
     containers = [requests(c) for c in cast(list[JSON], spec.get("containers") or [])]
-    inits = [requests(c) for c in cast(list[JSON], spec.get("initContainers") or [])]
-    cpu = max(sum(c for c, _ in containers), max((c for c, _ in inits), default=0))
-    memory = max(sum(m for _, m in containers), max((m for _, m in inits), default=0))
+    cpu, memory = sum(c for c, _ in containers), sum(m for _, m in containers)
+    sidecar_cpu = sidecar_memory = init_cpu = init_memory = 0
+    for init in cast(list[JSON], spec.get("initContainers") or []):
+        c, m = requests(init)
+        if init.get("restartPolicy") == "Always":
+            cpu, memory = cpu + c, memory + m
+            sidecar_cpu, sidecar_memory = sidecar_cpu + c, sidecar_memory + m
+            c, m = sidecar_cpu, sidecar_memory
+        else:
+            c, m = c + sidecar_cpu, m + sidecar_memory
+        init_cpu, init_memory = max(init_cpu, c), max(init_memory, m)
+    cpu, memory = max(cpu, init_cpu), max(memory, init_memory)
+    pod_level = (spec.get("resources") or {}).get("requests") or {}
+    if pod_level:
+        level_cpu, level_memory = requests({"resources": {"requests": pod_level}})
+        cpu = level_cpu if "cpu" in pod_level else cpu
+        memory = level_memory if "memory" in pod_level else memory
     overhead_cpu, overhead_memory = requests({"resources": {"requests": spec.get("overhead")}})
     return cpu + overhead_cpu, memory + overhead_memory
 
@@ -157,7 +175,6 @@ def request_of(pod: JSON) -> Request | NotOurs:
         pool=pool_key(spec),
         owner=allocation.owner,
         exclusive=allocation.exclusive,
-        constraints=constraints_of(cast(JSON, spec)),
     )
 
 

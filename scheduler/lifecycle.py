@@ -1,12 +1,28 @@
-"""The capacity lifecycle: scale up when pods fit nowhere, scale down what stays empty,
-mark what hosts pods for the autoscalers, evict pods whose GPU nobody holds.
+"""The capacity lifecycle: scale up when pods fit nowhere, scale down what nothing can
+use, mark what hosts pods for the autoscalers, evict pods whose GPU nobody holds.
 
-Run by the scheduling loop's thread (it reads the loop's cache); API writes go to the
-loop's thread pool through `submit`. See `scheduler.loop` for the rules.
+Called by the extender under its lock (it reads the extender's cache); API writes go to
+the extender's thread pool through `submit`.
+
+- **Scale up:** the first-fit plan of the pool's waiting pods over its coming GPUs says
+  how many capacity pods are missing; they are created under deterministic names (a
+  retry or a racing webhook collides), preferring the nodes kube-scheduler found
+  feasible for the pod and nodes that already hold GPUs (`gpupack.capacity`).
+- **Scale down:** a capacity pod with nothing booked on its GPU for `grace_period`
+  seconds is deleted (uid and resourceVersion preconditions), unless a waiting pod of
+  its pool could use it: its GPU is not on a node yet, or on a node the pod may go to.
+  So a capacity pod that landed where its pool's pods cannot go (their anti-affinity,
+  spread or volumes exclude the node) does not hold a GPU for long.
+- **Autoscalers:** one hosting pods carries the do-not-evict annotations.
+- **Orphans:** a pod bound to a GPU that no capacity pod holds any more (someone
+  deleted it, its node went away) gets a Warning Event and is evicted through the
+  Eviction API after `orphan_grace` seconds: its controller recreates it and the new pod
+  is placed on a GPU that is held. Nothing keeps running on a GPU nobody accounts for.
 """
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
@@ -22,9 +38,19 @@ from scheduler.cache import Cache
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.snapshot import Request
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A pod that fit on no GPU at its last filter."""
+
+    pool: str
+    allocation: Allocation
+    nodes: frozenset[str]  # where kube-scheduler would let it go
+    pod: JSON
+    since: float
 
 
 class Lifecycle:
@@ -48,9 +74,12 @@ class Lifecycle:
         self._orphan_since: dict[str, float] = {}
         self._evicting: set[str] = set()
 
-    def request(self, pool: str, example: JSON, waiting: list[Allocation]) -> None:
+    def request(
+        self, pool: str, example: JSON, waiting: list[Allocation], steer: Sequence[str] = ()
+    ) -> None:
         """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
-        `example` is one of them (its scheduling metadata is the pool's)."""
+        `example` is one of them (its scheduling metadata is the pool's), `steer` the
+        nodes it may go to (the new GPU should land on one of them)."""
         creating = self._creator.in_flight(pool, seen=self.cache.capacity)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
         coming += [PlanGpu(name) for name in creating]
@@ -61,10 +90,12 @@ class Lifecycle:
         spec = scheduling_metadata(example.get("spec") or {})
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
         for name in names:
-            self._submit(self._create_capacity, pool, name, spec, owner, example)
+            self._submit(self._create_capacity, pool, name, spec, owner, example, tuple(steer))
 
-    def _create_capacity(self, pool: str, name: str, spec: JSON, owner: str, example: JSON) -> None:
-        made = self._creator.create(pool, (name,), spec, owner)
+    def _create_capacity(
+        self, pool: str, name: str, spec: JSON, owner: str, example: JSON, steer: Sequence[str]
+    ) -> None:
+        made = self._creator.create(pool, (name,), spec, owner, steer=steer)
         if made.failure is not None:
             log.warning("could not create capacity pod %s: %s", name, made.failure)
             return
@@ -81,19 +112,21 @@ class Lifecycle:
 
     # Housekeeping.
 
-    def housekeeping(self, now: float) -> None:
-        """Scale down, autoscaler annotations, orphans."""
+    def housekeeping(self, now: float, waiting: Mapping[str, Waiting]) -> None:
+        """Scale down, autoscaler annotations, orphans. `waiting`: the pods that fit on no
+        GPU at their last filter."""
         snapshot = self.cache.snapshot
-        waiting_pools = set()
-        for entry in self.cache.pending.values():
-            if isinstance(entry.request, Request):
-                waiting_pools.add(entry.request.pool)
+        wanted: dict[str, set[str]] = {}  # pool -> nodes its waiting pods may go to
+        for entry in waiting.values():
+            wanted.setdefault(entry.pool, set()).update(entry.nodes)
         for name, capacity in list(self.cache.capacity.items()):
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
             pods = gpu.pods if gpu is not None else 0
             if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
                 self._submit(self._mark, capacity.pod, pods > 0)
-            if pods > 0 or capacity.pool in waiting_pools:
+            nodes = wanted.get(capacity.pool)
+            usable = nodes is not None and (gpu is None or gpu.coming or gpu.node in nodes)
+            if pods > 0 or usable:
                 self._empty_since.pop(name, None)
                 continue
             since = self._empty_since.setdefault(name, now)

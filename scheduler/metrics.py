@@ -23,6 +23,8 @@ class Usage:
     compute_allocated: int  # millis booked on held GPUs
     pending_pods: int
     leader: bool
+    reservations: int = 0  # GPU shares held between filter and bind
+    unhealthy: int = 0  # held GPUs the exporter reports unhealthy
 
 
 class _UsageCollector(Collector):
@@ -54,22 +56,46 @@ class _UsageCollector(Collector):
             "gpupack_scheduler_pending_pods", "Pods waiting for a GPU", usage.pending_pods
         )
         yield GaugeMetricFamily(
-            "gpupack_scheduler_leader", "1 on the replica that schedules", float(usage.leader)
+            "gpupack_scheduler_leader",
+            "1 where the kube-scheduler beside this extender leads",
+            float(usage.leader),
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_reservations",
+            "GPU shares held for pods between filter and bind",
+            usage.reservations,
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_unhealthy_gpus",
+            "Held GPUs the exporter reports unhealthy (they receive no new pods)",
+            usage.unhealthy,
         )
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry, usage: Callable[[], Usage]) -> None:
+        self.filters = Counter(
+            "gpupack_scheduler_filters",
+            "Filter calls from kube-scheduler by result (placed: a GPU reserved; "
+            "unschedulable: no GPU with room; refused: the pod is not gpupack's to place)",
+            ["result"],
+            registry=registry,
+        )
         self.attempts = Counter(
             "gpupack_scheduler_attempts",
-            "Scheduling attempts by result (scheduled, unschedulable, error)",
+            "Bind calls from kube-scheduler by result (scheduled, error)",
             ["result"],
             registry=registry,
         )
         self.latency = Histogram(
             "gpupack_scheduler_scheduling_duration_seconds",
-            "From the pod being seen unbound to its Binding being written",
+            "From the GPU reserved at filter to the Binding written",
             buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.reservations_expired = Counter(
+            "gpupack_scheduler_reservations_expired",
+            "GPU shares released because no bind came within the reservation timeout",
             registry=registry,
         )
         self.capacity_created = Counter(

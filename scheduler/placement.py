@@ -1,13 +1,17 @@
 """One scheduling decision: snapshot + pod -> a placement, or why it fits nowhere.
 
-Pure, and the same code the cluster runs and the trace benchmark replays. Filter, then
-score (kube-scheduler's framework in miniature):
+Pure, and the same code the extender runs and the trace benchmark replays. Filter, then
+score:
 
-- **Filter** a node: ready and schedulable, the pod's node constraints (cached per
-  topology in `Snapshot.eligible`), CPU, memory and pod count counting every pod on the
-  node; then each GPU: the pod's pool, running (not coming), allowed model, compute and
-  memory fit, and `real-time-mps` exclusivity (an MPS workload's GPU takes only its own
-  pods; an MPS pod takes only a GPU nobody else uses).
+- **Filter** a node. In the cluster, kube-scheduler has already filtered the nodes with
+  every rule a pod can carry (affinity, spread, taints, ports, volumes, resources) and
+  passes the feasible ones (`nodes`); the snapshot does not check the node again
+  (`Snapshot.check_hosts` is off). The trace replay has no kube-scheduler, so there the
+  node is checked here: ready, schedulable, CPU, memory and pod count. Then each GPU of
+  a node holding GPUs of the pod's pool (`Snapshot.eligible`): running (not coming),
+  healthy, allowed model, compute and memory fit, and `real-time-mps` exclusivity (an
+  MPS workload's GPU takes only its own pods; an MPS pod takes only a GPU nobody else
+  uses).
 - **Score** with a `Scorer`: it sees a node that passed and the GPUs that fit, and
   returns the best GPUs there with a cost (lower is better). The lowest cost wins; ties
   go to the node met first, so a decision is deterministic for a given snapshot.
@@ -35,7 +39,7 @@ lookup, not a scoring:
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -92,6 +96,8 @@ def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
         return "GPU model not allowed"
     if gpu.coming:
         return "GPU not running yet"
+    if not gpu.healthy:
+        return "GPU unhealthy"
     if gpu.free_compute < request.compute:
         return "insufficient GPU compute"
     free_memory = gpu.free_memory
@@ -122,11 +128,16 @@ def node_rejects(node: Node, request: Request) -> str | None:
 
 
 def _evaluate(
-    node: Node, request: Request, scorer: Scorer, refused: dict[int, str] | None = None
+    node: Node,
+    request: Request,
+    scorer: Scorer,
+    refused: dict[int, str] | None = None,
+    hosts: bool = True,
 ) -> tuple[float, tuple[Gpu, ...]] | str:
     """The node's answer: its cost and GPUs, or why it does not fit. `refused`
-    (`Snapshot.refusals`) remembers, per node state, why its GPUs do not fit."""
-    why = node_rejects(node, request)
+    (`Snapshot.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
+    says whether the node itself is checked (`Snapshot.check_hosts`)."""
+    why = node_rejects(node, request) if hosts else None
     if why is not None:
         return why
     if refused is not None:
@@ -150,25 +161,57 @@ def _evaluate(
     return chosen if chosen is not None else "no GPU combination the scorer accepts"
 
 
-def place(snapshot: Snapshot, request: Request, scorer: Scorer) -> Placement | Unfit:
-    """Where `request` should go. Does not book it: the caller `assume`s the result."""
+def place(
+    snapshot: Snapshot,
+    request: Request,
+    scorer: Scorer,
+    nodes: Collection[str] | None = None,
+) -> Placement | Unfit:
+    """Where `request` should go. Does not book it: the caller `assume`s the result.
+    `nodes`: the only nodes it may go to (those kube-scheduler found feasible); None:
+    every node of the snapshot (the trace replay, which has no kube-scheduler)."""
     shape = snapshot.shape_of(request)
     epoch = snapshot.scorer_epoch(scorer, scorer.generation)
+    hosts = snapshot.check_hosts
     candidates = snapshot.eligible(request)
+    if nodes is not None:
+        allowed = nodes if isinstance(nodes, (set, frozenset, dict)) else frozenset(nodes)
+        candidates = [n for n in candidates if n.name in allowed]
     shared: dict[int, object] | None = None
     if getattr(scorer, "by_state", False) and not request.exclusive:
         shared = snapshot.answers(shape)
         best_node = _best_shared(snapshot, request, scorer, shape, shared, candidates)
     else:
-        best_node = _best_own(request, scorer, shape, epoch, candidates)
+        best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
     if best_node is not None:
-        answer = _own(best_node, request, scorer, shape, epoch)
+        answer = _own(best_node, request, scorer, shape, epoch, hosts)
         if type(answer) is tuple:
             return Placement(best_node.name, tuple(g.uuid for g in answer[1]), answer[0])
     return _unfit(snapshot, request, candidates, shape, shared)
 
 
-def _own(node: Node, request: Request, scorer: Scorer, shape: int, epoch: int) -> object:
+def refusal(snapshot: Snapshot, request: Request, name: str) -> str:
+    """Why the node `name` cannot take `request` (after `place` found no room): the
+    same checks, read for a person. Not memoised: it runs only when a pod fits nowhere."""
+    node = snapshot.nodes.get(name)
+    if node is None:
+        return "node not known to gpupack yet"
+    if snapshot.check_hosts:
+        why = node_rejects(node, request)
+        if why is not None:
+            return why
+    if not any(g.pool == request.pool for g in node.gpus):
+        return "no GPU of the pod's pool on the node"
+    reasons: Counter[str] = Counter()
+    for gpu in node.gpus:
+        if gpu.pool == request.pool:
+            reasons[gpu_rejects(gpu, request) or "fits, but another node was chosen"] += 1
+    return reasons.most_common(1)[0][0]
+
+
+def _own(
+    node: Node, request: Request, scorer: Scorer, shape: int, epoch: int, hosts: bool
+) -> object:
     """The node's answer for the shape, memoised on the node."""
     memo = node.memo
     if node.memo_generation != epoch:
@@ -176,18 +219,23 @@ def _own(node: Node, request: Request, scorer: Scorer, shape: int, epoch: int) -
         node.memo_generation = epoch
     answer = memo.get(shape)
     if answer is None:
-        answer = memo[shape] = _evaluate(node, request, scorer)
+        answer = memo[shape] = _evaluate(node, request, scorer, None, hosts)
     return answer
 
 
 def _best_own(
-    request: Request, scorer: Scorer, shape: int, epoch: int, candidates: list[Node]
+    request: Request,
+    scorer: Scorer,
+    shape: int,
+    epoch: int,
+    candidates: list[Node],
+    hosts: bool,
 ) -> Node | None:
     """The first node with the lowest cost, every node scored on its own (memoised)."""
     best: float | None = None
     best_node: Node | None = None
     for node in candidates:
-        answer = _own(node, request, scorer, shape, epoch)
+        answer = _own(node, request, scorer, shape, epoch, hosts)
         if type(answer) is tuple and (best is None or answer[0] < best):
             best, best_node = answer[0], node
     return best_node
@@ -217,7 +265,7 @@ def _best_shared(
             state = state_of(node)
         answer = get(state)
         if answer is None:
-            found = _evaluate(node, request, scorer)
+            found = _evaluate(node, request, scorer, None, snapshot.check_hosts)
             answer = answers[state] = found if type(found) is str else found[0]
         if type(answer) is not str and (best is None or answer < best):  # type: ignore[operator]
             best, best_node = answer, node  # type: ignore[assignment]
@@ -283,14 +331,15 @@ def _best_bounded(
                 order.append((low, index, state, node))
     order.sort()  # by bound, then position (distinct per state: nodes never compared)
     refused = snapshot.refusals(request)
+    hosts = snapshot.check_hosts
     for low, index, state, node in order:
         if best is not None and (low > best or (low == best and index > best_at)):
             break
-        refusal = refused.get(state)  # its GPUs are known not to fit
+        known = refused.get(state)  # its GPUs are known not to fit
         found = (
-            _evaluate(node, request, scorer, refused)
-            if refusal is None
-            else node_rejects(node, request) or refusal
+            _evaluate(node, request, scorer, refused, hosts)
+            if known is None
+            else (node_rejects(node, request) if hosts else None) or known
         )
         answer = answers[state] = found if type(found) is str else found[0]
         bounds.pop(state, None)
@@ -322,7 +371,7 @@ def _unfit(
                 reasons[answer] += 1
     excluded = sum(1 for n in snapshot.nodes.values() if n.gpus) - len(candidates)
     if excluded > 0:
-        reasons["excluded by node selector, affinity, taints or pool"] += excluded
+        reasons["no GPU of the pod's pool"] += excluded
     coming = any(
         gpu.pool == request.pool
         and gpu.compute >= request.compute

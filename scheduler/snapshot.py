@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Final
 
-from scheduler.constraints import NONE, Constraints, Taint
-
 FULL_GPU: Final = 1000
 STATE_LIMIT: Final = 100_000  # numbered node states kept before the table starts over
 SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
@@ -46,7 +44,6 @@ class Request:
     pool: str = ""
     owner: str = ""  # namespace/Kind/name of the workload
     exclusive: bool = False  # real-time-mps: share a GPU only with the same owner
-    constraints: Constraints = NONE
     models: frozenset[str] | None = None  # allowed GPU models; None: any
 
     @property
@@ -61,7 +58,6 @@ class Request:
             self.pool,
             self.owner if self.exclusive else "",
             self.exclusive,
-            self.constraints,
             self.models,
         )
 
@@ -80,6 +76,7 @@ class Gpu:
     used_memory: int = 0
     owners: dict[str, int] = field(default_factory=dict)  # workload -> pods on this GPU
     exclusive_owner: str = ""  # set while an MPS workload holds the GPU
+    healthy: bool = True  # False when the exporter reports the GPU unhealthy: no new pods
 
     @property
     def free_compute(self) -> int:
@@ -101,7 +98,6 @@ class Node:
     memory: int  # allocatable bytes
     max_pods: int = 110
     labels: dict[str, str] = field(default_factory=dict)
-    taints: tuple[Taint, ...] = ()
     ready: bool = True
     schedulable: bool = True
     used_cpu: int = 0
@@ -139,11 +135,15 @@ class Booking:
 class Snapshot:
     """Nodes, GPUs and bookings. Not thread-safe: one scheduling loop owns it."""
 
-    def __init__(self, nodes: Iterable[Node] = ()) -> None:
+    def __init__(self, nodes: Iterable[Node] = (), *, check_hosts: bool = True) -> None:
+        # Whether placement checks the node itself (ready, schedulable, CPU, memory, pod
+        # count). The extender turns it off: kube-scheduler already filtered the nodes,
+        # with every rule and its own accounting, and is the one authority on them.
+        self.check_hosts = check_hosts
         self.nodes: dict[str, Node] = {}
         self.gpus: dict[str, Gpu] = {}
         self.bookings: dict[str, Booking] = {}
-        self.topology = 0  # bumps when nodes, labels, taints or GPUs change
+        self.topology = 0  # bumps when nodes, labels or GPUs change
         self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
         self._states: dict[tuple[object, ...], int] = {}
@@ -210,18 +210,13 @@ class Snapshot:
             self.topology += 1
 
     def eligible(self, request: Request) -> list[Node]:
-        """Nodes that pass the pod's node constraints and hold GPUs of its pool (cached
-        until the topology changes)."""
-        key = (request.constraints, request.models, request.pool)
+        """Nodes that hold GPUs of the pod's pool (cached until the topology changes).
+        Which of them the pod may go to is kube-scheduler's to say (`place`'s `nodes`)."""
+        key = (request.models, request.pool)
         cached = self._eligible.get(key)
         if cached is not None and cached[0] == self.topology:
             return cached[1]
-        nodes = [
-            n
-            for n in self.nodes.values()
-            if any(g.pool == request.pool for g in n.gpus)
-            and request.constraints.reject(n.name, n.labels, n.taints) is None
-        ]
+        nodes = [n for n in self.nodes.values() if any(g.pool == request.pool for g in n.gpus)]
         self._eligible[key] = (self.topology, nodes)
         return nodes
 
@@ -387,6 +382,7 @@ def state_key(node: Node) -> tuple[object, ...] | None:
                 g.memory,
                 g.used_memory,
                 hosts_pods,
+                g.healthy,
             )
         )
     return (

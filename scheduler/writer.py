@@ -2,8 +2,7 @@
 
 - `bind`: the assignment annotations first, with the pod's resourceVersion as a
   precondition (a pod changed since we read it is a Conflict, never a wrong booking),
-  then the Binding. Both succeed or the caller forgets the assumption.
-- `unschedulable`: the PodScheduled=False condition a person reads in `kubectl describe`.
+  then the Binding. Both succeed or the caller releases the reservation.
 - `event`: an events.k8s.io/v1 Event on any object.
 - capacity pods: create (deterministic names, so AlreadyExists means someone else did),
   delete with uid and resourceVersion preconditions, and the autoscaler annotations.
@@ -18,7 +17,9 @@ from typing import Final
 from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError, retry
-from scheduler.kube import STRATEGIC_PATCH, Kube
+from scheduler.kube import Kube
+from scheduler.ledger import request_of
+from scheduler.snapshot import Request
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +35,38 @@ def _pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
 
-def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str) -> None:
-    """Write the assignment, then bind. Raises ApiError (409 Conflict when the pod
-    changed since it was read)."""
+class Changed(Exception):
+    """The pod changed between filter and bind in a way that voids the reservation."""
+
+
+def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str, request: Request) -> None:
+    """Write the assignment, then bind. The assignment carries the resourceVersion the
+    pod was filtered at; on a Conflict the pod is read again, and the write is repeated
+    at its new version only if it is the same pod, still unbound, asking for what was
+    reserved (kube-scheduler and kubelet touch pending pods; a changed share must not be
+    booked as the old one). Raises ApiError, or Changed."""
     meta = pod["metadata"]
     path = _pod_path(meta["namespace"], meta["name"])
-    patch = {
-        "metadata": {
-            "resourceVersion": meta["resourceVersion"],
-            "annotations": {keys.GPU_UUID: uuid, keys.CAPACITY_POD: holder},
-        }
-    }
-    retry(lambda: kube.patch(path, patch))
+    annotations = {keys.GPU_UUID: uuid, keys.CAPACITY_POD: holder}
+
+    def assign(version: str) -> None:
+        patch = {"metadata": {"resourceVersion": version, "annotations": annotations}}
+        retry(lambda: kube.patch(path, patch))
+
+    try:
+        assign(meta["resourceVersion"])
+    except ApiError as error:
+        if error.status != 409:
+            raise
+        fresh = retry(lambda: kube.get(path))
+        fresh_meta = fresh.get("metadata") or {}
+        if fresh_meta.get("uid") != meta.get("uid"):
+            raise Changed(f"{meta['name']} was deleted and created again") from None
+        if (fresh.get("spec") or {}).get("nodeName"):
+            raise Changed(f"{meta['name']} is already bound") from None
+        if request_of(fresh) != request:
+            raise Changed(f"{meta['name']}'s GPU share changed since it was placed") from None
+        assign(str(fresh_meta.get("resourceVersion", "")))
     binding = {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -53,22 +74,6 @@ def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str) -> None:
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     retry(lambda: kube.create(path + "/binding", binding))
-
-
-def unschedulable(kube: Kube, pod: JSON, reason: str, message: str) -> None:
-    meta = pod["metadata"]
-    condition = {
-        "type": "PodScheduled",
-        "status": "False",
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": _now()[:19] + "Z",
-    }
-    kube.patch(
-        _pod_path(meta["namespace"], meta["name"]) + "/status",
-        {"status": {"conditions": [condition]}},
-        STRATEGIC_PATCH,
-    )
 
 
 def event(

@@ -21,7 +21,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -100,10 +100,17 @@ class CapacityCreator:
                 in_flight.pop(name, None)
 
     def create(
-        self, pool: str, names: Iterable[str], scheduling: JSON, created_for: str
+        self,
+        pool: str,
+        names: Iterable[str],
+        scheduling: JSON,
+        created_for: str,
+        *,
+        steer: Sequence[str] = (),
     ) -> Created:
         """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
-        scheduling metadata, `created_for` the workload for the pod's annotation."""
+        scheduling metadata, `created_for` the workload for the pod's annotation, `steer`
+        the nodes the waiting pod may go to (`gpupack.capacity.capacity_pod`)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         todo = list(names)
         created: list[str] = []
@@ -120,6 +127,7 @@ class CapacityCreator:
                 created_for=created_for,
                 image=self.image,
                 namespace=self.namespace,
+                steer=steer,
             )
             try:
                 retry(

@@ -12,7 +12,7 @@ One concept a module:
   the PKI and the kubeconfigs;
 - `nodes`: the simulated GPU nodes kwok plays;
 - `chart`: what `helm template` renders: every component's RBAC, the webhook's
-  registration;
+  registration, the gpupack kube-scheduler's configuration;
 - `components`: `LocalCluster`, the control plane plus gpupack's CRDs and components as
   local processes;
 - `gpus`: the node agent's stand-in that gives capacity pods fake GPU UUIDs;
@@ -28,6 +28,7 @@ from hack.localcluster.chart import (
     SYSTEM_NAMESPACE,
     WEBHOOK_NAME,
     chart_rbac,
+    chart_scheduler_config,
     chart_webhook_configuration,
     render_chart,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "Process",
     "SimulatedGpuAssigner",
     "chart_rbac",
+    "chart_scheduler_config",
     "chart_webhook_configuration",
     "free_port",
     "log",

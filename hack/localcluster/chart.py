@@ -68,3 +68,15 @@ def chart_rbac(
         elif doc and doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
             out.append({**doc, "subjects": subject})
     return out
+
+
+def chart_scheduler_config(
+    helm: Path, namespace: str = SYSTEM_NAMESPACE, sets: Sequence[str] = ()
+) -> JSON:
+    """The KubeSchedulerConfiguration the chart gives the gpupack kube-scheduler (the
+    `config.yaml` of its ConfigMap), so the local kube-scheduler runs exactly that."""
+    for doc in yaml.safe_load_all(render_chart(helm, "templates/scheduler.yaml", namespace, sets)):
+        if doc and doc["kind"] == "ConfigMap" and "config.yaml" in (doc.get("data") or {}):
+            config: JSON = yaml.safe_load(doc["data"]["config.yaml"])
+            return config
+    raise LookupError("templates/scheduler.yaml renders no kube-scheduler ConfigMap")

@@ -175,32 +175,90 @@ class LocalCluster(ControlPlane):
         self.write_state()
 
     def install_scheduler(
-        self, *, name: str = chart.SCHEDULER_NAME, extra_args: Sequence[str] = ()
+        self,
+        *,
+        name: str = chart.SCHEDULER_NAME,
+        extra_args: Sequence[str] = (),
+        sets: Sequence[str] = (),
     ) -> Process:
-        """Run `gpupack-scheduler` as a local process (`name` tells replicas apart) with
-        the RBAC the chart renders, bound to the local user `gpupack-scheduler`."""
-        return self._run_component(
+        """Run the gpupack scheduler as the chart does (`name` tells replicas apart): the
+        extender (`python -m scheduler.cli`, with `extra_args`) and the pinned
+        kube-scheduler with exactly the KubeSchedulerConfiguration the chart renders
+        (with `sets`), pointed at this extender's port, plus a local kubeconfig. Both run
+        as the local user `gpupack-scheduler` with the RBAC the chart renders. Returns
+        the extender; the kube-scheduler is the process `<name>-kube-scheduler`.
+
+        The extender follows the Lease of the kube-scheduler beside it by hostname, as
+        in a pod; here every replica shares this machine's hostname, so each replica's
+        extender believes it leads (harmless with one replica; with two, both keep
+        house)."""
+        port = free_port()
+        sets = (*sets, f"scheduler.extenderPort={port}")
+        extender = self._run_component(
             name,
             chart.SCHEDULER_NAME,
             "templates/scheduler.yaml",
             "scheduler.cli",
             [
                 f"--namespace={SYSTEM_NAMESPACE}",
-                f"--identity={name}",
+                f"--port={port}",
                 f"--metrics-port={free_port()}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,
             ],
+            sets=sets,
         )
+        config = chart.chart_scheduler_config(Path(self.binary("helm")), sets=sets)
+        config.setdefault("clientConnection", {})["kubeconfig"] = str(
+            self.user_kubeconfig(chart.SCHEDULER_NAME)
+        )
+        path = self.workdir / f"{name}-kube-scheduler.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self._wait_extender_ready(extender, port)
+        self._launch(
+            f"{name}-kube-scheduler",
+            [self.binary("kube-scheduler"), f"--config={path}", "--secure-port=0", "--v=1"],
+        )
+        self.write_state()
+        return extender
 
-    def stop_scheduler(self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False) -> None:
-        """Stop a scheduler replica: SIGTERM (it releases its Lease), or SIGKILL."""
-        process = self.processes.get(name)
-        if kill and process is not None and process.popen is not None:
-            os.killpg(process.popen.pid, signal.SIGKILL)
-            process.popen.wait(timeout=10)
-            process.popen = None
-        self._stop(name)
+    def _wait_extender_ready(self, process: Process, port: int) -> None:
+        """Until the extender's caches have synced (its /readyz), so the first pods a test
+        creates meet a ready extender (in a pod, a pod tried earlier fails once with a
+        SchedulerError and kube-scheduler retries it)."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if not process.alive():
+                raise self._failed(process, "exited during startup")
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            with (
+                contextlib.suppress(OSError, http.client.HTTPException),
+                contextlib.closing(connection),
+            ):
+                connection.request("GET", "/readyz")
+                if connection.getresponse().status == 200:
+                    return
+            time.sleep(0.1)
+        raise self._failed(process, "did not become ready")
+
+    def stop_scheduler(
+        self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False, extender_only: bool = False
+    ) -> None:
+        """Stop a scheduler replica, kube-scheduler and extender: SIGTERM (kube-scheduler
+        releases its Lease), or SIGKILL. `extender_only`: stop the extender alone, as when
+        its container crashes (`processes[name].start()` brings it back)."""
+        names = [name] if extender_only else [name, f"{name}-kube-scheduler"]
+        for process_name in names:
+            process = self.processes.get(process_name)
+            if kill and process is not None and process.popen is not None:
+                os.killpg(process.popen.pid, signal.SIGKILL)
+                process.popen.wait(timeout=10)
+                process.popen = None
+            if extender_only and process is not None:
+                process.stop()
+            else:
+                self._stop(process_name)
+        self.write_state()
 
     def install_exporter(
         self,

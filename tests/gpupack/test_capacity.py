@@ -257,7 +257,9 @@ def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> No
     assert meta["annotations"] == {CREATED_FOR: "ml/Deployment/llm"}
     assert "ownerReferences" not in meta
     for field, value in SCHEDULING.items():
-        assert spec[field] == value
+        if field != "affinity":
+            assert spec[field] == value
+    assert spec["affinity"]["nodeAffinity"] == SCHEDULING["affinity"]["nodeAffinity"]
     (container,) = spec["containers"]
     assert container["image"] == "registry.k8s.io/pause:3.10"
     assert container["resources"]["limits"] == {keys.NVIDIA_GPU: "1"}
@@ -268,6 +270,27 @@ def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> No
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
+
+
+def test_capacity_pod_prefers_where_the_pod_may_go_and_nodes_already_holding_gpus() -> None:
+    pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p", steer=["n2", "n1"])
+
+    kubernetes_validate.validate(pod, "1.34", strict=True)
+    affinity = pod["spec"]["affinity"]
+    preferred = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[-1]["preference"]["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}
+    ]
+    (together,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert together["podAffinityTerm"]["labelSelector"] == {
+        "matchLabels": {keys.ROLE: keys.ROLE_CAPACITY}
+    }
+    inherited = SCHEDULING["affinity"]["nodeAffinity"]
+    assert (
+        affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        == (inherited["requiredDuringSchedulingIgnoredDuringExecution"])
+    )
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in inherited  # not aliased
 
 
 def test_capacity_pod_takes_only_scheduling_fields_and_does_not_alias_them() -> None:

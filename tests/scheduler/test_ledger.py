@@ -1,5 +1,7 @@
 """Kubernetes objects as placement values: what the ledger is rebuilt from."""
 
+from typing import Any
+
 import pytest
 
 from gpupack import keys
@@ -38,7 +40,6 @@ def test_a_node_becomes_a_placement_node() -> None:
     assert (node.name, node.cpu, node.memory, node.max_pods) == ("n1", 96_000, 1024 * GiB, 110)
     assert node.ready
     assert node.schedulable
-    assert node.taints[0].key == "nvidia.com/gpu"
 
 
 def test_a_node_that_is_not_ready_or_cordoned_says_so() -> None:
@@ -108,7 +109,6 @@ def test_an_admitted_pod_becomes_a_request_of_its_pool_and_workload() -> None:
         8 * GiB,
     )
     assert request.owner == "ml/Pod/p"
-    assert request.constraints.node_selector == (("a", "b"),)
     assert request.pool
     assert not request.exclusive
 
@@ -192,3 +192,69 @@ def test_the_assignment_is_read_only_when_complete_and_well_formed() -> None:
         )
         is None
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "cpu"),
+    [
+        pytest.param({"containers": [{"r": 100}, {"r": 200}]}, 300, id="containers-add-up"),
+        pytest.param(
+            {"containers": [{"r": 100}], "initContainers": [{"r": 500}]}, 500, id="init-peak"
+        ),
+        pytest.param(
+            {"containers": [{"r": 100}], "initContainers": [{"r": 50, "always": True}]},
+            150,
+            id="native-sidecar-runs-beside-the-containers",
+        ),
+        pytest.param(
+            {
+                "containers": [{"r": 100}],
+                "initContainers": [{"r": 200, "always": True}, {"r": 400}],
+            },
+            600,
+            id="init-after-a-sidecar-runs-beside-it",
+        ),
+        pytest.param(
+            {"containers": [{"r": 100}], "resources": {"requests": {"cpu": "2"}}},
+            2000,
+            id="pod-level-requests-win",
+        ),
+        pytest.param(
+            {"containers": [{"r": 100}], "overhead": {"cpu": "250m"}}, 350, id="overhead-adds"
+        ),
+    ],
+)
+def test_host_requests_are_counted_as_kube_scheduler_counts_them(
+    spec: dict[str, Any], cpu: int
+) -> None:
+    def container(c: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"resources": {"requests": {"cpu": f"{c['r']}m"}}}
+        if c.get("always"):
+            out["restartPolicy"] = "Always"
+        return out
+
+    built = dict(spec)
+    for field in ("containers", "initContainers"):
+        if field in spec:
+            built[field] = [container(c) for c in spec[field]]
+
+    assert host_requests(built)[0] == cpu
+
+
+def test_a_capacity_pod_the_exporter_marks_unhealthy_is_an_unhealthy_gpu() -> None:
+    pod = {
+        "metadata": {
+            "name": "cap",
+            "namespace": keys.SYSTEM_NAMESPACE,
+            "labels": {keys.ROLE: keys.ROLE_CAPACITY},
+            "annotations": {keys.GPU_UUID: UUID, keys.GPU_UNHEALTHY: "critical XID 79"},
+        },
+        "spec": {"nodeName": "n1"},
+        "status": {"phase": "Running"},
+    }
+
+    gpu = capacity_gpu(pod, node_of(node_json()))
+
+    assert gpu is not None
+    assert not gpu.healthy
+    assert not gpu.coming

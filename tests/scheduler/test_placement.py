@@ -2,8 +2,7 @@
 
 import pytest
 
-from scheduler.constraints import Constraints, Taint, Toleration, constraints_of
-from scheduler.placement import Placement, Unfit, place
+from scheduler.placement import Placement, Unfit, place, refusal
 from scheduler.score import PackingScorer
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
@@ -120,95 +119,56 @@ def test_pools_do_not_mix() -> None:
     assert isinstance(place(snap, pod("ns/p", pool="pool-a"), PackingScorer()), Placement)
 
 
+def test_only_the_nodes_kube_scheduler_found_feasible_are_considered() -> None:
+    snap = Snapshot([node("a", 1), node("b", 1)])
+    fill(snap, pod("ns/first", 500))
+    partly_used = next(iter(snap.bookings.values())).node
+    other = "b" if partly_used == "a" else "a"
+
+    result = place(snap, pod("ns/p", 400), PackingScorer(), nodes=[other])
+
+    assert isinstance(result, Placement)
+    assert result.node == other
+
+
+def test_no_feasible_node_is_unfit_even_with_free_gpus() -> None:
+    snap = Snapshot([node("a", 1)])
+
+    assert isinstance(place(snap, pod("ns/p"), PackingScorer(), nodes=[]), Unfit)
+
+
+def test_without_host_checks_the_gpu_alone_decides() -> None:
+    """kube-scheduler has already checked CPU, memory and the node itself."""
+    full = node("a", 1, cpu=50, ready=False)
+    snap = Snapshot([full], check_hosts=False)
+
+    assert isinstance(place(snap, pod("ns/p"), PackingScorer(), nodes=["a"]), Placement)
+    assert isinstance(place(Snapshot([node("a", 1, cpu=50)]), pod("ns/p"), PackingScorer()), Unfit)
+
+
+def test_an_unhealthy_gpu_receives_no_new_pods() -> None:
+    n = node("a", 2)
+    n.gpus[0].healthy = False
+    snap = Snapshot([n])
+
+    placements = fill(snap, pod("ns/p1", 500), pod("ns/p2", 500))
+
+    assert {p.gpus[0] for p in placements} == {"a-gpu1"}
+    assert refusal(snap, pod("ns/p3", 500), "a") in ("GPU unhealthy", "insufficient GPU compute")
+
+
 @pytest.mark.parametrize(
-    ("spec", "labels", "taints", "fits"),
+    ("build", "expected"),
     [
-        pytest.param(
-            {"nodeSelector": {"gpu": "a100"}}, {"gpu": "a100"}, (), True, id="selector-match"
-        ),
-        pytest.param(
-            {"nodeSelector": {"gpu": "a100"}}, {"gpu": "l4"}, (), False, id="selector-mismatch"
-        ),
-        pytest.param(
-            {
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {"key": "zone", "operator": "In", "values": ["x"]}
-                                    ]
-                                },
-                                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
-                            ]
-                        }
-                    }
-                }
-            },
-            {"gpu": "l4"},
-            (),
-            True,
-            id="affinity-terms-are-ored",
-        ),
-        pytest.param(
-            {
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {"key": "mem", "operator": "Gt", "values": ["40000"]},
-                                        {"key": "gpu", "operator": "NotIn", "values": ["l4"]},
-                                    ]
-                                }
-                            ]
-                        }
-                    }
-                }
-            },
-            {"gpu": "a100", "mem": "81920"},
-            (),
-            True,
-            id="affinity-gt-and-notin",
-        ),
-        pytest.param(
-            {}, {}, (Taint("nvidia.com/gpu", "", "NoSchedule"),), False, id="untolerated-taint"
-        ),
-        pytest.param(
-            {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]},
-            {},
-            (Taint("nvidia.com/gpu", "", "NoSchedule"),),
-            True,
-            id="tolerated-taint",
-        ),
-        pytest.param(
-            {},
-            {},
-            (Taint("x", "", "PreferNoSchedule"),),
-            True,
-            id="prefer-no-schedule-is-not-a-filter",
-        ),
+        pytest.param(lambda: node("a", 0), "no GPU of the pod's pool on the node", id="no-gpus"),
+        pytest.param(lambda: node("a", 1, cpu=50), "insufficient cpu", id="host-checked"),
     ],
 )
-def test_node_constraints(
-    spec: dict[str, object], labels: dict[str, str], taints: tuple[Taint, ...], fits: bool
-) -> None:
-    snap = Snapshot([node("a", 1, labels=labels, taints=taints)])
+def test_refusal_reads_like_the_reason_a_person_needs(build: object, expected: str) -> None:
+    snap = Snapshot([build()])  # type: ignore[operator]
 
-    result = place(snap, pod("ns/p", constraints=constraints_of(spec)), PackingScorer())
-
-    assert isinstance(result, Placement) is fits
-
-
-def test_toleration_with_empty_key_and_exists_tolerates_everything() -> None:
-    assert (
-        Constraints(tolerations=(Toleration(operator="Exists"),)).reject(
-            "n", {}, (Taint("k", "v", "NoExecute"),)
-        )
-        is None
-    )
+    assert refusal(snap, pod("ns/p"), "a") == expected
+    assert refusal(snap, pod("ns/p"), "unknown") == "node not known to gpupack yet"
 
 
 def test_multi_gpu_request_takes_distinct_whole_gpus() -> None:

@@ -1,0 +1,296 @@
+"""The extender: kube-scheduler finds where a pod may go; this picks the GPU, holds it
+from filter to bind, and writes the assignment.
+
+kube-scheduler owns every placement rule (affinity, spread, taints, ports, volumes, CPU
+and memory, preemption) and its queue; it calls `filter` with the nodes a pod passed
+them on, and `bind` once it has chosen. Both run under one lock over the cache, so no
+two decisions ever see the same free share.
+
+- **filter**: the placement core picks the best GPU among the nodes given and *reserves*
+  it (the share is booked in the snapshot, as kube-scheduler's cache assumes a pod), and
+  the answer is that node alone. When no GPU has room, every node fails with its reason
+  (unresolvable: evicting pods does not make room on a GPU), and capacity is asked for,
+  steered towards the nodes the pod may go to.
+- **reservations** hold the share until bind, or until they are clearly abandoned: the
+  pod deleted or bound elsewhere (the informer says so), filtered again (kube-scheduler
+  retries it), or `reservation_timeout` seconds without a bind. kube-scheduler filters
+  the next pod before the previous one is bound, so without them a GPU would be booked
+  twice.
+- **bind** writes the assignment annotations with the pod's resourceVersion as a
+  precondition, then the Binding (`writer.bind`). A bind with no reservation (expired,
+  or this process restarted in between) places the pod again on that node, or fails:
+  kube-scheduler then retries the pod from the start. A restarted extender rebuilds its
+  ledger from the annotations alone.
+- **housekeeping** (`tick`), only while the kube-scheduler beside it leads: expire
+  reservations, scale capacity down, mark hosting capacity for the autoscalers, evict
+  pods whose capacity vanished (`scheduler.lifecycle`).
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from gpupack.capacity import Allocation
+from gpupack.kube import JSON
+from gpupack.quantity import format_compute, format_memory
+from gpupack.runtime.api import ApiError
+from scheduler import wire, writer
+from scheduler.cache import Cache
+from scheduler.fragmentation import task_mix
+from scheduler.kube import Kube
+from scheduler.ledger import NotOurs, pod_key, request_of
+from scheduler.lifecycle import Lifecycle, Waiting
+from scheduler.metrics import Metrics, Usage
+from scheduler.placement import Placement, Scorer, place, refusal
+from scheduler.score import FragmentationScorer
+from scheduler.settings import Settings
+from scheduler.snapshot import Request
+
+log = logging.getLogger(__name__)
+
+WAITING_FORGET: float = 60.0  # seconds a waiting pod the informer never showed is kept
+
+
+@dataclass(slots=True)
+class Reservation:
+    """A GPU share held for a pod between filter and bind."""
+
+    uid: str
+    node: str
+    gpu: str
+    holder: str  # the capacity pod holding the GPU
+    request: Request
+    pod: JSON  # as filtered: its resourceVersion is the bind's precondition
+    since: float
+    binding: bool = False  # the writes are running: never expired meanwhile
+
+
+class Extender:
+    def __init__(
+        self,
+        kube: Kube,
+        cache: Cache,
+        scorer: Scorer,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube = kube
+        self.cache = cache
+        self._scorer = scorer
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="api-write")
+        self._lifecycle = Lifecycle(kube, cache, settings, self._pool.submit, metrics)
+        self.reservations: dict[str, Reservation] = {}
+        self.waiting: dict[str, Waiting] = {}
+        self.leading = False  # whether the kube-scheduler beside us leads (`leadership`)
+        self.usage = Usage(0, 0, 0, 0, 0, leader=False)
+
+    # The verbs.
+
+    def filter(self, args: wire.FilterArgs) -> wire.FilterResult:
+        pod, nodes = args.pod, args.nodes
+        key = pod_key(pod)
+        with self._lock:
+            now = self._sync()
+            self._release(key, "filtered again")
+            request = request_of(pod)
+            if isinstance(request, NotOurs):
+                self._count("refused")
+                return wire.every(nodes, f"gpupack: {request.message}")
+            if not nodes:
+                return wire.refused({})
+            result = place(self.cache.snapshot, request, self._scorer, nodes)
+            if isinstance(result, Placement):
+                self._reserve(key, pod, request, result, now)
+                self.waiting.pop(key, None)
+                self._count("placed")
+                return wire.chosen(result.node)
+            self._count("unschedulable")
+            snapshot = self.cache.snapshot
+            asks = f"(asks {format_compute(request.compute)}, {format_memory(request.gpu_memory)})"
+            reasons = {n: f"gpupack: {refusal(snapshot, request, n)} {asks}" for n in nodes}
+            allocation = Allocation(
+                key, request.compute, request.gpu_memory, request.owner, request.exclusive
+            )
+            self.waiting[key] = Waiting(request.pool, allocation, frozenset(nodes), pod, now)
+            self._lifecycle.request(
+                request.pool, pod, self._unplaced(request.pool), steer=sorted(nodes)
+            )
+            return wire.refused(reasons)
+
+    def bind(self, args: wire.BindArgs) -> wire.BindResult:
+        key = args.key
+        with self._lock:
+            now = self._sync()
+            held = self.reservations.get(key)
+            if held is None or held.uid != args.uid or held.node != args.node:
+                self._release(key, "bound to another node than reserved")
+                why = self._reserve_again(args, now)
+                if why is not None:
+                    self._count_bind("error")
+                    return wire.bind_failed(why)
+                held = self.reservations[key]
+            held.binding = True
+        try:
+            writer.bind(self._kube, held.pod, held.node, held.gpu, held.holder, held.request)
+        except (ApiError, writer.Changed) as error:
+            with self._lock:
+                if self.reservations.get(key) is held:
+                    self._release(key, f"bind failed: {error}")
+            log.warning("binding %s to %s failed: %s", key, args.node, error)
+            self._count_bind("error")
+            return wire.bind_failed(f"gpupack could not bind {key} to {args.node}: {error}")
+        with self._lock:
+            if self.reservations.get(key) is held:
+                del self.reservations[key]  # booked; the informer's copy takes over
+            latency = self._clock() - held.since
+        if self._metrics is not None:
+            self._metrics.latency.observe(latency)
+        self._count_bind("scheduled")
+        log.debug(
+            "bound",
+            extra={"pod": key, "node": held.node, "gpu": held.gpu, "capacity_pod": held.holder},
+        )
+        return wire.bound()
+
+    # Housekeeping.
+
+    def tick(self) -> None:
+        """Fold changes in, expire reservations; while leading, the capacity lifecycle."""
+        with self._lock:
+            now = self._sync()
+            if self.leading:
+                self._lifecycle.housekeeping(now, self.waiting)
+            self._refresh_mix()
+            self.usage = self._measure()
+
+    def run(self, stop: threading.Event) -> None:
+        """`tick` every housekeeping interval until `stop`."""
+        try:
+            while not stop.wait(self._settings.housekeeping_interval):
+                self.tick()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=False)
+
+    # Reservations.
+
+    def _sync(self) -> float:
+        """Fold informer changes in; drop what they show abandoned. The time now."""
+        now = self._clock()
+        self.cache.refresh()
+        expired = False
+        for key, held in list(self.reservations.items()):
+            if key not in self.cache.assumed:  # deleted, or bound (the cache books it)
+                del self.reservations[key]
+            elif not held.binding and now - held.since > self._settings.reservation_timeout:
+                self._release(key, "never bound")
+                expired = True
+                if self._metrics is not None:
+                    self._metrics.reservations_expired.inc()
+        if expired:
+            self.cache.refresh()  # the released pods are pending again
+        for key, waiting in list(self.waiting.items()):
+            pod = self.cache.pod(key)
+            if pod is None and now - waiting.since < WAITING_FORGET:
+                continue  # the informer has not seen it yet
+            if pod is None or (pod.get("spec") or {}).get("nodeName") or key in self.cache.assumed:
+                del self.waiting[key]
+        return now
+
+    def _reserve(
+        self, key: str, pod: JSON, request: Request, placement: Placement, now: float
+    ) -> None:
+        snapshot = self.cache.snapshot
+        snapshot.assume(request, placement.node, placement.gpus)
+        self.cache.assumed.add(key)
+        self.cache.pending.pop(key, None)
+        uuid = placement.gpus[0]
+        self.reservations[key] = Reservation(
+            uid=str(pod["metadata"].get("uid", "")),
+            node=placement.node,
+            gpu=uuid,
+            holder=snapshot.gpus[uuid].holder,
+            request=request,
+            pod=pod,
+            since=now,
+        )
+
+    def _release(self, key: str, why: str) -> None:
+        held = self.reservations.pop(key, None)
+        if held is None or key not in self.cache.assumed:
+            return
+        log.debug("released reservation", extra={"pod": key, "gpu": held.gpu, "why": why})
+        self.cache.assumed.discard(key)
+        self.cache.snapshot.forget(key)
+        self.cache.dirty.pod(key)  # back to pending from the informer's copy
+
+    def _reserve_again(self, args: wire.BindArgs, now: float) -> str | None:
+        """Place a pod kube-scheduler binds without our reservation on the node it chose;
+        why not, or None."""
+        pod = self.cache.pod(args.key)
+        if pod is None or str(pod["metadata"].get("uid", "")) != args.uid:
+            return f"gpupack holds no GPU for {args.key} (uid {args.uid}) and does not see it yet"
+        if (pod.get("spec") or {}).get("nodeName"):
+            return f"{args.key} is already bound"
+        request = request_of(pod)
+        if isinstance(request, NotOurs):
+            return request.message
+        if args.key in self.cache.assumed:  # booked from the informer, not by us
+            return f"{args.key} is already booked"
+        result = place(self.cache.snapshot, request, self._scorer, (args.node,))
+        if not isinstance(result, Placement):
+            why = refusal(self.cache.snapshot, request, args.node)
+            return f"the GPU reserved for {args.key} was released and {args.node} has {why}"
+        self._reserve(args.key, pod, request, result, now)
+        return None
+
+    # Capacity planning and the scorer's mix.
+
+    def _unplaced(self, pool: str) -> list[Allocation]:
+        """The pool's pods that fit nowhere at their last filter, as the planner sees them."""
+        return [w.allocation for w in self.waiting.values() if w.pool == pool]
+
+    def _refresh_mix(self) -> None:
+        """Keep a fragmentation scorer's task mix to the pods this cluster runs: the
+        fractional pods booked and waiting. Replaced only when it changes, since a new
+        mix invalidates every memoised answer."""
+        if not isinstance(self._scorer, FragmentationScorer):
+            return
+        requests = [b.request for b in self.cache.snapshot.bookings.values() if b.gpus]
+        for entry in self.cache.pending.values():
+            if isinstance(entry.request, Request):
+                requests.append(entry.request)
+        mix = task_mix(requests)
+        if mix != self._scorer.mix:
+            self._scorer.set_mix(mix)
+
+    # Metrics.
+
+    def _count(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.filters.labels(result=result).inc()
+
+    def _count_bind(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.attempts.labels(result=result).inc()
+
+    def _measure(self) -> Usage:
+        gpus = list(self.cache.snapshot.gpus.values())
+        held = [g for g in gpus if not g.coming]
+        return Usage(
+            gpus_held=len(held),
+            gpus_coming=len(self.cache.capacity) - len(held),
+            gpus_in_use=sum(1 for g in held if g.owners),
+            compute_allocated=sum(g.used_compute for g in held),
+            pending_pods=len(self.cache.pending),
+            leader=self.leading,
+            reservations=len(self.reservations),
+            unhealthy=sum(1 for g in held if not g.healthy),
+        )

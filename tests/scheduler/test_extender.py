@@ -1,0 +1,266 @@
+"""The extender's verbs against an in-memory API: filter reserves, bind writes, nothing
+is ever booked twice whatever kube-scheduler interleaves."""
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from gpupack.quantity import parse_compute
+from gpupack.runtime.api import ApiError
+from scheduler import wire
+from scheduler.cache import Cache, Dirty
+from scheduler.extender import Extender
+from scheduler.score import PackingScorer
+from scheduler.settings import Settings
+from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
+
+JSON = dict[str, Any]
+
+
+class Api:
+    """The verbs the extender writes with, over the same stores its informers read."""
+
+    def __init__(self, pods: Store) -> None:
+        self.pods = pods
+        self.created: list[tuple[str, JSON]] = []
+        self.conflict_once: set[str] = set()
+
+    def _key(self, path: str) -> str:
+        parts = path.split("/")
+        return f"{parts[4]}/{parts[6]}"
+
+    def get(self, path: str) -> JSON:
+        pod = self.pods.get(self._key(path))
+        if pod is None:
+            raise ApiError(404, "NotFound", "gone")
+        return pod
+
+    def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
+        key = self._key(path)
+        pod = self.get(path)
+        if key in self.conflict_once:
+            self.conflict_once.discard(key)
+            pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
+        if body["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"]:
+            raise ApiError(409, "Conflict", "the object has been modified")
+        pod["metadata"]["annotations"].update(body["metadata"]["annotations"])
+        return pod
+
+    def create(self, path: str, body: JSON) -> JSON:
+        self.created.append((path, body))
+        if path.endswith("/binding"):
+            self.get(path.removesuffix("/binding"))["spec"]["nodeName"] = body["target"]["name"]
+        return body
+
+    def list(self, path: str, params: Mapping[str, str]) -> JSON:
+        raise NotImplementedError
+
+    def watch(self, path: str, params: Mapping[str, str]) -> Any:
+        raise NotImplementedError
+
+    def update(self, path: str, body: JSON) -> JSON:
+        raise NotImplementedError
+
+    def delete(self, path: str, body: JSON | None = None) -> JSON:
+        raise NotImplementedError
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Clock]:
+    nodes, pods = Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    nodes.objects["n2"] = node("n2")
+    for index in gpus:
+        pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-{index}"] = capacity(index)
+    api, clock = Api(pods), Clock()
+    cache = Cache(nodes, pods, Dirty())
+    settings = Settings(reservation_timeout=timeout, workers=1)
+    extender = Extender(api, cache, PackingScorer(), settings, clock=clock)
+    return extender, pods, api, clock
+
+
+def pending(pods: Store, name: str, compute: str = "300m") -> JSON:
+    pod = fractional(name, compute)
+    pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
+    pods.objects[f"ml/{name}"] = pod
+    return pod
+
+
+def filter_(extender: Extender, pod: JSON, nodes: tuple[str, ...] = ("n1", "n2")) -> JSON:
+    return dict(extender.filter(wire.FilterArgs(pod, nodes)))
+
+
+def bind(extender: Extender, pod: JSON, node_name: str) -> JSON:
+    args = wire.BindArgs("ml", pod["metadata"]["name"], pod["metadata"]["uid"], node_name)
+    return dict(extender.bind(args))
+
+
+def test_filter_answers_the_node_of_the_gpu_it_reserves() -> None:
+    extender, pods, _, _ = setup(0)
+    pod = pending(pods, "a")
+
+    result = filter_(extender, pod)
+
+    assert result["NodeNames"] == ["n1"]
+    assert extender.reservations["ml/a"].gpu == UUIDS[0]
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 300
+
+
+def test_pods_filtered_before_any_bind_never_share_a_full_gpu() -> None:
+    extender, pods, _, _ = setup(0)
+    answers = [filter_(extender, pending(pods, f"p{i}")) for i in range(4)]
+
+    assert [a["NodeNames"] for a in answers[:3]] == [["n1"]] * 3
+    refused = answers[3]
+    assert refused["NodeNames"] == []
+    assert set(refused["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+    assert "insufficient GPU compute (asks 300m" in refused["FailedAndUnresolvableNodes"]["n1"]
+    assert "no GPU of the pod's pool" in refused["FailedAndUnresolvableNodes"]["n2"]
+    assert "ml/p3" in extender.waiting
+
+
+def test_a_pod_filtered_again_gives_back_what_it_held() -> None:
+    extender, pods, _, _ = setup(0)
+    pod = pending(pods, "a", "600m")
+    filter_(extender, pod)
+
+    filter_(extender, pod)
+
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+
+
+def test_a_reservation_never_bound_is_released_after_the_timeout() -> None:
+    extender, pods, _, clock = setup(0, timeout=30)
+    filter_(extender, pending(pods, "a", "600m"))
+    clock.now += 31
+
+    extender.tick()
+
+    assert extender.reservations == {}
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+    assert "ml/a" in extender.cache.pending
+
+
+def test_bind_writes_the_assignment_then_the_binding() -> None:
+    extender, pods, api, _ = setup(0)
+    pod = pending(pods, "a")
+    filter_(extender, pod)
+
+    assert bind(extender, pod, "n1") == {"Error": ""}
+
+    annotations = pods.objects["ml/a"]["metadata"]["annotations"]
+    assert (annotations[keys.GPU_UUID], annotations[keys.CAPACITY_POD]) == (UUIDS[0], "cap-0")
+    assert [path for path, _ in api.created] == ["/api/v1/namespaces/ml/pods/a/binding"]
+    assert extender.reservations == {}
+    assert "ml/a" in extender.cache.assumed  # booked until the informer shows it bound
+
+
+def test_a_pod_touched_since_filter_is_bound_at_its_new_version_if_its_share_is_unchanged() -> None:
+    extender, pods, api, _ = setup(0)
+    pod = pending(pods, "a")
+    filter_(extender, pod)
+    api.conflict_once.add("ml/a")  # kube-scheduler wrote a condition in between
+
+    assert bind(extender, pod, "n1") == {"Error": ""}
+    assert pods.objects["ml/a"]["spec"]["nodeName"] == "n1"
+
+
+def test_a_pod_whose_share_changed_since_filter_is_not_bound_and_its_gpu_is_released() -> None:
+    extender, pods, api, _ = setup(0)
+    pod = pending(pods, "a")
+    filter_(extender, pod)
+    api.conflict_once.add("ml/a")
+    pods.objects["ml/a"] = {
+        **pod,
+        "metadata": {
+            **pod["metadata"],
+            "annotations": {**pod["metadata"]["annotations"], keys.GPU_COMPUTE: "900m"},
+        },
+    }
+
+    result = bind(extender, pod, "n1")
+
+    assert "share changed" in result["Error"]
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+    assert not api.created
+
+
+def test_a_bind_without_a_reservation_places_the_pod_again_on_that_node() -> None:
+    extender, pods, _, clock = setup(0, timeout=5)
+    pod = pending(pods, "a")
+    filter_(extender, pod)
+    clock.now += 10
+    extender.tick()  # expired
+
+    assert bind(extender, pod, "n1") == {"Error": ""}
+    assert pods.objects["ml/a"]["metadata"]["annotations"][keys.GPU_UUID] == UUIDS[0]
+
+
+def test_a_bind_without_a_reservation_fails_when_the_gpu_filled_up_meanwhile() -> None:
+    extender, pods, _, clock = setup(0, timeout=5)
+    late = pending(pods, "late", "600m")
+    filter_(extender, late)
+    clock.now += 10
+    extender.tick()
+    filter_(extender, pending(pods, "other", "600m"))
+
+    result = bind(extender, late, "n1")
+
+    assert "insufficient GPU compute" in result["Error"]
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+
+
+def test_a_pod_not_admitted_by_the_webhook_fails_on_every_node_with_the_reason() -> None:
+    extender, pods, _, _ = setup(0)
+    pod = pending(pods, "forged")
+    del pod["metadata"]["annotations"][keys.DECISION]
+
+    result = filter_(extender, pod)
+
+    assert result["NodeNames"] == []
+    assert all(keys.DECISION in why for why in result["FailedAndUnresolvableNodes"].values())
+    assert set(result["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_interleaving_of_filters_binds_timeouts_and_deletes_over_books_a_gpu(seed: int) -> None:
+    rng = random.Random(seed)
+    extender, pods, _, clock = setup(0, 1, timeout=5)
+    names = [f"p{i}" for i in range(30)]
+    for name in names:
+        pending(pods, name, rng.choice(["100m", "200m", "300m", "500m"]))
+    for _ in range(300):
+        name = rng.choice(names)
+        key = f"ml/{name}"
+        pod = pods.objects.get(key)
+        action = rng.random()
+        if pod is None:
+            continue
+        if action < 0.5 and not pod["spec"].get("nodeName"):
+            filter_(extender, pod)
+        elif action < 0.8 and not pod["spec"].get("nodeName"):
+            bind(extender, pod, rng.choice(["n1", "n2"]))
+        elif action < 0.9:
+            del pods.objects[key]
+        else:
+            clock.now += rng.choice([1, 6])
+        extender.cache.dirty.pod(key)  # the informer saw whatever changed
+        extender.tick()
+        booked: dict[str, int] = {}
+        for other in pods.objects.values():
+            uuid = other["metadata"]["annotations"].get(keys.GPU_UUID)
+            if other["spec"].get("nodeName") and uuid and other["metadata"]["namespace"] == "ml":
+                compute = parse_compute(other["metadata"]["annotations"][keys.GPU_COMPUTE], "c")
+                booked[uuid] = booked.get(uuid, 0) + compute
+        for uuid, gpu in extender.cache.snapshot.gpus.items():
+            assert booked.get(uuid, 0) <= gpu.used_compute <= 1000, (seed, uuid)
