@@ -18,6 +18,7 @@ from hack.localcluster import (
     LocalCluster,
     SimulatedGpuAssigner,
 )
+from tests.integration.scheduling import FAST, FAST_LEASE
 
 EXTERNAL = os.environ.get("GPUPACK_TEST_KUBECONFIG")
 
@@ -67,3 +68,15 @@ def opted_in_namespace(kube: Kube) -> Iterator[str]:
 @pytest.fixture
 def plain_namespace(kube: Kube) -> Iterator[str]:
     yield from _namespace(kube, {})
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    cluster: LocalCluster | None, gpu_assigner: SimulatedGpuAssigner | None
+) -> Iterator[LocalCluster]:
+    if cluster is None:
+        pytest.skip("runs the scheduler with test timings and kills it: needs the local cluster")
+    local_cluster = cluster
+    local_cluster.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
+    yield local_cluster
+    local_cluster.stop_scheduler()

@@ -6,116 +6,26 @@ own, so capacity pods of one test never serve another.
 """
 
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from gpupack import keys
-from gpupack.quantity import parse_compute, parse_memory
-from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
+from tests.integration.scheduling import (
+    FAST,
+    FAST_LEASE,
+    JSON,
+    all_bound,
+    assert_consistent,
+    capacity_pods,
+    create,
+    events,
+    pods_of,
+    wait_bound,
+)
 from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
-
-JSON = dict[str, Any]
-FAST = ["--grace-period=3", "--orphan-grace=2", "--retry-period=1", "--log-level=debug"]
-FAST_LEASE = [
-    "scheduler.leaderElection.leaseDurationSeconds=4",
-    "scheduler.leaderElection.renewDeadlineSeconds=3",
-    "scheduler.leaderElection.retryPeriodSeconds=1",
-]
-
-
-@pytest.fixture(scope="module")
-def scheduler(
-    cluster: LocalCluster | None, gpu_assigner: SimulatedGpuAssigner | None
-) -> Iterator[LocalCluster]:
-    if cluster is None:
-        pytest.skip("runs the scheduler with test timings and kills it: needs the local cluster")
-    local_cluster = cluster
-    local_cluster.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
-    yield local_cluster
-    local_cluster.stop_scheduler()
-
-
-def create(kube: Kube, obj: JSON) -> None:
-    ns = obj["metadata"]["namespace"]
-    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", obj)
-
-
-def pods_of(kube: Kube, ns: str, app: str) -> list[JSON]:
-    items: list[JSON] = kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={app}")[
-        "items"
-    ]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
-def all_bound(kube: Kube, ns: str, app: str, count: int) -> Callable[[], list[JSON] | None]:
-    def check() -> list[JSON] | None:
-        pods = pods_of(kube, ns, app)
-        ok = len(pods) == count and all(p["spec"].get("nodeName") for p in pods)
-        return pods if ok else None
-
-    return check
-
-
-def wait_bound(kube: Kube, ns: str, app: str, count: int, timeout: float = 60) -> list[JSON]:
-    try:
-        pods: list[JSON] = kube.wait_for(
-            f"{count} pods of {app} bound", all_bound(kube, ns, app, count), timeout=timeout
-        )
-    except Exception as exc:
-        states = [
-            (
-                p["metadata"]["name"],
-                p["spec"].get("nodeName"),
-                p.get("status", {}).get("conditions"),
-            )
-            for p in pods_of(kube, ns, app)
-        ]
-        raise AssertionError(f"{exc}; pods: {states}") from None
-    return pods
-
-
-def capacity_pods(kube: Kube) -> dict[str, JSON]:
-    items = kube.get(
-        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector="gpupack.io/role=capacity"
-    )["items"]
-    return {p["metadata"]["name"]: p for p in items}
-
-
-def assert_consistent(kube: Kube, pods: list[JSON]) -> dict[str, list[JSON]]:
-    """Every pod sits on a GPU a live capacity pod holds on the same node, and no GPU is
-    booked past its compute or memory. Returns the pods by GPU."""
-    capacity = capacity_pods(kube)
-    by_gpu: dict[str, list[JSON]] = defaultdict(list)
-    for pod in pods:
-        annotations = pod["metadata"]["annotations"]
-        holder = capacity[annotations[keys.CAPACITY_POD]]
-        assert holder["metadata"]["annotations"][keys.GPU_UUID] == annotations[keys.GPU_UUID]
-        assert holder["spec"]["nodeName"] == pod["spec"]["nodeName"]
-        by_gpu[annotations[keys.GPU_UUID]].append(pod)
-    for uuid_, on_gpu in by_gpu.items():
-        compute = sum(
-            parse_compute(p["metadata"]["annotations"][keys.GPU_COMPUTE], "c") for p in on_gpu
-        )
-        assert compute <= 1000, (uuid_, compute)
-        memory = sum(
-            parse_memory(p["metadata"]["annotations"].get(keys.GPU_MEMORY, "0"), "m")
-            for p in on_gpu
-        )
-        holder = next(
-            c for c in capacity.values() if c["metadata"]["annotations"].get(keys.GPU_UUID) == uuid_
-        )
-        assert memory <= parse_memory(holder["metadata"]["annotations"][keys.GPU_MEMORY], "m")
-    return by_gpu
-
-
-def events(kube: Kube, ns: str, reason: str) -> list[JSON]:
-    items: list[JSON] = kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
-    return [e for e in items if e.get("reason") == reason]
 
 
 def test_nine_300m_pods_are_bound_on_three_gpus(
@@ -297,9 +207,12 @@ def test_a_standby_takes_over_when_the_leader_dies(
         scheduler.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
 
 
-def test_a_scheduler_killed_while_binding_200_pods_never_double_books(
+def test_an_extender_killed_while_binding_200_pods_never_double_books(
     kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:
+    """SIGKILL of the extender mid-burst: its reservations die with it; kube-scheduler's
+    binds fail until it is back, and the restarted extender rebuilds its ledger from the
+    annotations alone."""
     ns = opted_in_namespace
     create(kube, deployment(ns, "burst", 200, "100m"))
 
@@ -307,9 +220,9 @@ def test_a_scheduler_killed_while_binding_200_pods_never_double_books(
         return sum(1 for p in pods_of(kube, ns, "burst") if p["spec"].get("nodeName")) >= 20
 
     kube.wait_for("the first binds", some_bound, timeout=90)
-    scheduler.stop_scheduler(kill=True)
+    scheduler.stop_scheduler(kill=True, extender_only=True)
     bound_at_kill = sum(1 for p in pods_of(kube, ns, "burst") if p["spec"].get("nodeName"))
-    scheduler.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
+    scheduler.processes["gpupack-scheduler"].start()
 
     pods = wait_bound(kube, ns, "burst", 200, timeout=240)
 
