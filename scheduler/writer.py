@@ -1,8 +1,8 @@
 """Every write the scheduler makes, as small functions over the `Kube` transport.
 
-- `bind`: the assignment annotations first, with the pod's resourceVersion as a
-  precondition (a pod changed since we read it is a Conflict, never a wrong booking),
-  then the Binding. Both succeed or the caller releases the reservation.
+- `bind`: the Binding, carrying the assignment annotations, with the pod's uid and
+  resourceVersion as preconditions (a pod changed since we read it is a Conflict, never
+  a wrong booking). It succeeds or the caller releases the reservation.
 - `event`: an events.k8s.io/v1 Event on any object.
 - capacity pods: create (deterministic names, so AlreadyExists means someone else did),
   delete with uid and resourceVersion preconditions, and the autoscaler annotations.
@@ -40,18 +40,30 @@ class Changed(Exception):
 
 
 def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str, request: Request) -> None:
-    """Write the assignment, then bind. The assignment carries the resourceVersion the
-    pod was filtered at; on a Conflict the pod is read again, and the write is repeated
-    at its new version only if it is the same pod, still unbound, asking for what was
-    reserved (kube-scheduler and kubelet touch pending pods; a changed share must not be
-    booked as the old one). Raises ApiError, or Changed."""
+    """Bind the pod and write its assignment in one write: a Binding carries the
+    annotations onto the pod, with the pod's uid and the resourceVersion it was filtered
+    at as preconditions, so the pod is never bound without its GPU nor annotated without
+    its node. On a Conflict the pod is read again, and the Binding repeated at its new
+    version only if it is the same pod, still unbound, asking for what was reserved
+    (kube-scheduler touches pending pods; a changed share must not be booked as the old
+    one). Raises ApiError, or Changed."""
     meta = pod["metadata"]
     path = _pod_path(meta["namespace"], meta["name"])
-    annotations = {keys.GPU_UUID: uuid, keys.CAPACITY_POD: holder}
 
     def assign(version: str) -> None:
-        patch = {"metadata": {"resourceVersion": version, "annotations": annotations}}
-        retry(lambda: kube.patch(path, patch))
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": version,
+                "annotations": {keys.GPU_UUID: uuid, keys.CAPACITY_POD: holder},
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        retry(lambda: kube.create(path + "/binding", binding))
 
     try:
         assign(meta["resourceVersion"])
@@ -67,13 +79,6 @@ def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str, request: Requ
         if request_of(fresh) != request:
             raise Changed(f"{meta['name']}'s GPU share changed since it was placed") from None
         assign(str(fresh_meta.get("resourceVersion", "")))
-    binding = {
-        "apiVersion": "v1",
-        "kind": "Binding",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta.get("uid")},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-    }
-    retry(lambda: kube.create(path + "/binding", binding))
 
 
 def event(

@@ -283,7 +283,11 @@ def test_the_dashboard_queries_only_metrics_gpupack_exports() -> None:
         for family in registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
-    (config_map,) = of_kind(render("--set=metrics.grafanaDashboard.enabled=true"), "ConfigMap")
+    (config_map,) = [
+        d
+        for d in of_kind(render("--set=metrics.grafanaDashboard.enabled=true"), "ConfigMap")
+        if d["metadata"]["name"] != "gpupack-scheduler-config"
+    ]
     dashboard = json.loads(config_map["data"]["gpupack.json"])
     panels = {panel["title"]: panel for panel in dashboard["panels"]}
     assert len(panels) == len(dashboard["panels"])  # titles name panels
@@ -340,9 +344,11 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     deployment = next(
         d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
     )
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    build_parser().parse_args(container["args"])  # every rendered flag exists
-    assert container["command"] == ["gpupack-scheduler"]
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    extender = containers["extender"]
+    parsed = build_parser().parse_args(extender["args"])  # every rendered flag exists
+    assert extender["command"] == ["gpupack-scheduler"]
+    assert parsed.address == "127.0.0.1"  # the verbs are for the kube-scheduler beside it
     (role,) = [
         d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
     ]
@@ -352,16 +358,64 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
         for g in rule["apiGroups"]
         for r in rule["resources"]
     }
-    assert verbs[("", "pods")] == {
-        "get",
-        "list",
-        "watch",
-        "patch",
-    }  # never create or delete cluster-wide
+    assert verbs[("", "pods")] == {"get", "list", "watch"}  # no write cluster-wide
+    assert verbs[("", "pods/binding")] == {"create"}
     assert ("", "secrets") not in verbs
     (local,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
     lease_updates = [r for r in local["rules"] if "update" in r["verbs"]]
     assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)
+
+
+def test_the_gpupack_kube_scheduler_runs_one_profile_with_the_extender_that_cannot_be_skipped() -> (
+    None
+):
+    docs = render()
+    (config_map,) = [
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpupack-scheduler-config"
+    ]
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpupack-scheduler"]
+    assert config["percentageOfNodesToScore"] == 100
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
+    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    assert extender["nodeCacheCapable"] is True
+    assert extender["ignorable"] is False
+    assert config["leaderElection"]["resourceName"] == "gpupack-scheduler"
+    assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    bindings = {
+        d["roleRef"]["name"]
+        for d in of_kind(docs, "ClusterRoleBinding")
+        if d["metadata"]["name"].startswith("gpupack-scheduler")
+    }
+    assert {"system:kube-scheduler", "system:volume-scheduler"} <= bindings
+
+
+@pytest.mark.parametrize(
+    ("version", "image"),
+    [
+        pytest.param("1.35.4", "registry.k8s.io/kube-scheduler:v1.35.4", id="upstream"),
+        pytest.param("v1.31.2+k3s1", "registry.k8s.io/kube-scheduler:v1.31.2", id="k3s"),
+        pytest.param("v1.30.4-eks-a737599", "registry.k8s.io/kube-scheduler:v1.30.4", id="eks"),
+    ],
+)
+def test_the_kube_scheduler_image_follows_the_cluster_version(version: str, image: str) -> None:
+    docs = render(f"--kube-version={version}")
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["kube-scheduler"]["image"] == image
+
+
+def test_a_pinned_kube_scheduler_tag_wins() -> None:
+    docs = render("--set=scheduler.kubeScheduler.image.tag=v1.34.1")
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    images = [c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert "registry.k8s.io/kube-scheduler:v1.34.1" in images
 
 
 def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywhere() -> None:
