@@ -48,6 +48,8 @@ class Sampling(Protocol):
 
     def devices(self) -> list[Device]: ...
 
+    def unhealthy(self) -> dict[str, str]: ...
+
 
 class Allocation(Protocol):
     """One pod in kubelet's pod-resources answer."""
@@ -128,7 +130,7 @@ class Agent:
             if ids:
                 allocated[(pod.namespace, pod.name)] = ids
         capacity = [pod for pod in self._pods.all() if pod.capacity]
-        decided = plan(capacity, allocated, self._sampler.devices())
+        decided = plan(capacity, allocated, self._sampler.devices(), self._sampler.unhealthy())
         self._report(decided.problems)
         patched, failed = 0, False
         for patch in decided.patches:

@@ -27,7 +27,7 @@ class Patch:
     namespace: str
     name: str
     resource_version: str  # the precondition: a pod changed or recreated since is a 409
-    annotations: Mapping[str, str]
+    annotations: Mapping[str, str | None]  # None removes the annotation
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +53,7 @@ def plan(
     capacity_pods: Sequence[PodInfo],
     allocated: Mapping[tuple[str, str], Sequence[str]],
     devices: Sequence[Device],
+    unhealthy: Mapping[str, str] | None = None,
 ) -> Plan:
     """Patches for the capacity pods whose annotations differ from what kubelet says.
 
@@ -60,8 +61,12 @@ def plan(
     the pod. Annotations are rewritten when they differ: kubelet is the truth about
     which device a pod holds. A device that NVML
     does not list (NVML down) gets its UUID and no memory: the scheduler then reads the
-    node's GFD memory label, and the memory follows once NVML answers.
+    node's GFD memory label, and the memory follows once NVML answers. `unhealthy` says
+    why each unhealthy GPU is, by UUID: its capacity pod carries the reason in
+    `gpupack.io/gpu-unhealthy` (the scheduler places no new pod there), removed once the
+    GPU is healthy again.
     """
+    unhealthy = unhealthy or {}
     by_uuid = {device.uuid: device for device in devices}
     patches: list[Patch] = []
     problems: list[str] = []
@@ -83,11 +88,15 @@ def plan(
                 "GPU NVML lists"
             )
             continue
-        want = {keys.GPU_UUID: uuid}
+        want: dict[str, str | None] = {keys.GPU_UUID: uuid}
         device = by_uuid.get(uuid)
         memory = device.memory_total if device is not None and device.memory_total > 0 else None
         if memory is not None:
             want[keys.GPU_MEMORY] = format_memory(memory)
-        if pod.gpu_uuid != uuid or (memory is not None and pod.memory != memory):
+        why = unhealthy.get(uuid, "")[:256]
+        if why != pod.unhealthy:
+            want[keys.GPU_UNHEALTHY] = why or None
+        stale = pod.gpu_uuid != uuid or (memory is not None and pod.memory != memory)
+        if stale or why != pod.unhealthy:
             patches.append(Patch(pod.namespace, pod.name, pod.resource_version, want))
     return Plan(tuple(patches), tuple(problems))

@@ -36,6 +36,7 @@ class PodInfo:
     capacity: bool = False  # a capacity pod in gpupack's namespace
     phase: str = ""
     resource_version: str = ""  # the write precondition for annotating a capacity pod
+    unhealthy: str = ""  # capacity pod: why its GPU is unhealthy (exporter-written)
 
 
 def container_id(raw: str) -> str:
@@ -76,6 +77,7 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
         capacity=capacity,
         phase=str(status.get("phase", "")),
         resource_version=str(meta.get("resourceVersion", "")),
+        unhealthy=annotations.get(keys.GPU_UNHEALTHY, "") if capacity else "",
     )
 
 

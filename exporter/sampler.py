@@ -291,6 +291,18 @@ class Sampler:
         with self._lock:
             return list(self._devices)
 
+    def unhealthy(self) -> dict[str, str]:
+        """Why each unhealthy GPU is (lost, a critical XID), by UUID: the health the
+        scheduler reads from the capacity pod (`gpupack.io/gpu-unhealthy`)."""
+        with self._lock:
+            return {
+                device.uuid: _problem(
+                    device, self._lost.get(device.uuid), self._last_xid.get(device.uuid)
+                )
+                for device in self._devices
+                if device.uuid in self._lost or device.uuid in self._xid_unhealthy
+            }
+
     def _gpu(self, device: Device, start: float) -> GpuReading:
         uuid = device.uuid
         lost = uuid in self._lost

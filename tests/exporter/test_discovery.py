@@ -8,6 +8,7 @@ import pytest
 from exporter.discovery import Patch, device_uuid, plan
 from exporter.pods import PodInfo, container_id, pod_info
 from exporter.readings import Device
+from gpupack import keys
 
 GPU0 = "GPU-11111111-2222-4333-8444-555555555555"
 GPU1 = "GPU-11111111-2222-4333-8444-666666666666"
@@ -171,3 +172,17 @@ def test_a_pod_with_a_bad_share_annotation_is_known_but_not_managed() -> None:
 )
 def test_container_ids_lose_their_runtime_prefix(raw: str, expected: str) -> None:
     assert container_id(raw) == expected
+
+
+def test_an_unhealthy_gpu_is_named_on_its_capacity_pod_and_cleared_once_healthy() -> None:
+    allocated = {("gpupack-system", "cap-a"): [GPU1]}
+    (sick,) = plan(
+        infos(capacity_pod("cap-a")), allocated, DEVICES, {GPU1: "critical XID 79"}
+    ).patches
+    assert sick.annotations[keys.GPU_UNHEALTHY] == "critical XID 79"
+
+    written = {k: v for k, v in sick.annotations.items() if v is not None}
+    marked = capacity_pod("cap-a", annotations=written)
+    assert plan(infos(marked), allocated, DEVICES, {GPU1: "critical XID 79"}).patches == ()
+    (healed,) = plan(infos(marked), allocated, DEVICES, {}).patches
+    assert healed.annotations[keys.GPU_UNHEALTHY] is None  # a merge patch removes it
