@@ -97,6 +97,20 @@ def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
         kube.wait_for("the sample workloads to settle", settled, timeout=timeout, interval=0.5)
 
 
+def anti_affine(pods: list[JSON]) -> dict[str, list[str]]:
+    """The nodes of the pods that must not share a node, by workload (app label)."""
+    out: dict[str, list[str]] = {}
+    for pod in pods:
+        rules = ((pod["spec"].get("affinity") or {}).get("podAntiAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        if rules and pod["spec"].get("nodeName"):
+            meta = pod["metadata"]
+            owner = f"{meta['namespace']}/{(meta.get('labels') or {}).get('app', meta['name'])}"
+            out.setdefault(owner, []).append(pod["spec"]["nodeName"])
+    return out
+
+
 def write_table(rows: list[list[str]], out: Any) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -135,6 +149,14 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         )
     write_table(rows, out)
 
+    out.write("\n== Placement rules (kube-scheduler enforces them, gpupack picks the GPU)\n")
+    for owner, nodes in sorted(anti_affine(rewritten).items()):
+        out.write(
+            f"  {owner}: required pod anti-affinity on the hostname; its "
+            f"{plural(len(nodes), 'replica')} run on {plural(len(set(nodes)), 'node')}: "
+            f"{', '.join(sorted(nodes))}\n"
+        )
+
     out.write("\n== Capacity pods: each holds one whole GPU that fractional pods share\n")
     rows = [["NAME", "NODE", "PHASE", "GPU"]]
     for item in sorted(capacity, key=lambda c: c["metadata"]["name"]):
@@ -164,6 +186,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         f"  decisions:        .venv/bin/gpupack-webhook decisions {cluster.audit_log} -n ml\n"
     )
     out.write("  scheduler events: kubectl get events -n ml --field-selector reason=Scheduled\n")
+    out.write(f"  scheduler config: {cluster.workdir / 'gpupack-scheduler-kube-scheduler.yaml'}\n")
     out.write(f"  component logs:   {cluster.workdir / 'logs'}/\n")
     out.write("  stop everything:  hack/demo stop\n")
 
@@ -178,7 +201,7 @@ def start(workdir: Path) -> int:
     try:
         cluster.start()
         cluster.install_webhook()  # registered as the chart registers it
-        cluster.install_scheduler()  # with the chart's RBAC
+        cluster.install_scheduler()  # kube-scheduler + extender, as the chart runs them
         assigner = Process(
             "gpu-assigner",
             [
