@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.install_scheduler(extra_args=["--no-leader-elect", "--grace-period=3600"])
             gpupack_s = wait_all_bound(kube, ns_in, args.pods) - started
             print(
-                f"  gpupack (kube-scheduler + extender): {args.pods} pods bound in {gpupack_s:.2f} s",
+                f"  gpupack (kube-scheduler, extender): {args.pods} bound in {gpupack_s:.2f} s",
                 file=log,
             )
             cluster.stop_scheduler(SCHEDULER_NAME)
