@@ -45,6 +45,9 @@ def make_server(
     class Handler(BaseHTTPRequestHandler):
         server_version = "gpupack-scheduler"
         protocol_version = "HTTP/1.1"
+        # Headers and body go out as two writes; with Nagle's algorithm the body would
+        # wait for the client's delayed ACK (tens of ms) on every keep-alive call.
+        disable_nagle_algorithm = True
 
         def do_POST(self) -> None:
             path = self.path.split("?", 1)[0]
