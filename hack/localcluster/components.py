@@ -12,7 +12,7 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,13 +118,22 @@ class LocalCluster(ControlPlane):
 
     def _wait_webhook_ready(self, process: Process) -> None:
         context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        self._wait_ready(
+            process,
+            lambda: http.client.HTTPSConnection(
+                "127.0.0.1", self.webhook_port, context=context, timeout=2
+            ),
+        )
+
+    def _wait_ready(
+        self, process: Process, connect: Callable[[], http.client.HTTPConnection]
+    ) -> None:
+        """Until `GET /readyz` on what `connect` opens answers 200."""
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             if not process.alive():
                 raise self._failed(process, "exited during startup")
-            connection = http.client.HTTPSConnection(
-                "127.0.0.1", self.webhook_port, context=context, timeout=2
-            )
+            connection = connect()
             with (
                 contextlib.suppress(OSError, http.client.HTTPException),
                 contextlib.closing(connection),
@@ -226,20 +235,7 @@ class LocalCluster(ControlPlane):
         """Until the extender's caches have synced (its /readyz), so the first pods a test
         creates meet a ready extender (in a pod, a pod tried earlier fails once with a
         SchedulerError and kube-scheduler retries it)."""
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if not process.alive():
-                raise self._failed(process, "exited during startup")
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            with (
-                contextlib.suppress(OSError, http.client.HTTPException),
-                contextlib.closing(connection),
-            ):
-                connection.request("GET", "/readyz")
-                if connection.getresponse().status == 200:
-                    return
-            time.sleep(0.1)
-        raise self._failed(process, "did not become ready")
+        self._wait_ready(process, lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=2))
 
     def stop_scheduler(
         self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False, extender_only: bool = False
