@@ -17,17 +17,23 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
+from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
-from gpupack.runtime.leader import LEASE_API, LeaseClient
+from gpupack.runtime.leader import LEASE_API, Record
 
 log = logging.getLogger(__name__)
+
+
+class LeaseReader(Protocol):
+    def get(self, path: str) -> JSON: ...
 
 
 class Follower:
     def __init__(
         self,
-        kube: LeaseClient,
+        kube: LeaseReader,
         namespace: str,
         name: str,
         identity: str,
@@ -37,7 +43,7 @@ class Follower:
         self._path = f"{LEASE_API}/namespaces/{namespace}/leases/{name}"
         self.identity = identity
         self._clock = clock
-        self._observed: tuple[str, float] = ("", 0.0)  # (resourceVersion, first seen)
+        self._record = Record()
         self.leading = False
 
     def mine(self, holder: str) -> bool:
@@ -49,19 +55,14 @@ class Follower:
         try:
             lease = self._kube.get(self._path)
         except ApiError as error:
-            if error.status != 404:
-                log.warning("could not read the scheduler's Lease: %s", error)
-                # Keep the last answer until the record would have expired anyway.
-                return self._set(self.leading and now - self._observed[1] < 15.0)
-            return self._set(False)
-        meta = lease.get("metadata") or {}
-        spec = lease.get("spec") or {}
-        version = str(meta.get("resourceVersion", ""))
-        if version != self._observed[0]:
-            self._observed = (version, now)
-        duration = float(spec.get("leaseDurationSeconds") or 15)
-        live = now - self._observed[1] < duration
-        return self._set(live and self.mine(str(spec.get("holderIdentity") or "")))
+            if error.status == 404:
+                return self._set(False)
+            log.warning("could not read the scheduler's Lease: %s", error)
+            # Keep the last answer until the record would have expired anyway.
+            return self._set(self.leading and now - self._record.since < self._record.duration)
+        expired = self._record.expired(lease, now, self._record.duration)
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        return self._set(not expired and self.mine(holder))
 
     def _set(self, leading: bool) -> bool:
         if leading != self.leading:

@@ -88,6 +88,25 @@ def _micro_time() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(slots=True)
+class Record:
+    """When a Lease's record last changed, by this process's clock: the expiry judgement
+    shared by a candidate (`Elector`) and a process that only follows a leader."""
+
+    version: str = ""
+    since: float = 0.0
+    duration: float = 15.0  # the Lease's leaseDurationSeconds, last seen
+
+    def expired(self, lease: JSON, now: float, default_duration: float) -> bool:
+        """Observe `lease`; True when its record has not changed for its duration."""
+        version = str((lease.get("metadata") or {}).get("resourceVersion", ""))
+        if version != self.version:
+            self.version, self.since = version, now
+        spec = lease.get("spec") or {}
+        self.duration = float(spec.get("leaseDurationSeconds") or default_duration)
+        return now - self.since >= self.duration
+
+
 class Elector:
     def __init__(
         self,
@@ -106,7 +125,7 @@ class Elector:
         self.identity = identity
         self.timing = timing or Timing()
         self._clock = clock
-        self._observed: tuple[str, float] = ("", 0.0)  # (resourceVersion, when first seen)
+        self._record = Record()
 
     def _spec(self, old: JSON | None) -> JSON:
         now = _micro_time()
@@ -140,16 +159,8 @@ class Elector:
                 log.info("creating lease %s failed: %s", self._name, create_error)
                 return False
             return True
-        meta = lease.get("metadata") or {}
-        spec = lease.get("spec") or {}
-        version = str(meta.get("resourceVersion", ""))
-        now = self._clock()
-        if version != self._observed[0]:
-            self._observed = (version, now)
-        holder = spec.get("holderIdentity") or ""
-        expired = now - self._observed[1] >= float(
-            spec.get("leaseDurationSeconds") or self.timing.lease_duration
-        )
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        expired = self._record.expired(lease, self._clock(), self.timing.lease_duration)
         if holder and holder != self.identity and not expired:
             return False
         body = {**lease, "spec": self._spec(lease)}
