@@ -258,12 +258,7 @@ class Sampler:
             self._up = True  # scrapes see NVML up once a whole tick has landed
 
     def _report(self) -> None:
-        with self._lock:
-            problems = [
-                _problem(device, self._lost.get(device.uuid), self._last_xid.get(device.uuid))
-                for device in self._devices
-                if device.uuid in self._lost or device.uuid in self._xid_unhealthy
-            ]
+        problems = list(self.unhealthy().values())
         if not problems:
             self._reported = None
             self._health.ok(NVML)

@@ -1,13 +1,15 @@
 """The scheduler's view of the cluster: informer events folded into the snapshot.
 
-Informers (nodes; every non-terminal pod) report changed keys; the scheduling loop
-calls `refresh` to fold them in: nodes become placement nodes, capacity pods become
-GPUs (running or coming), bound pods become bookings (a fractional pod on the GPU its
-annotations name; any other pod holds CPU, memory and a pod slot), and unbound pods
-that name gpupack-scheduler join the queue. A relist rebuilds everything.
+Informers (nodes; every non-terminal pod) report changed keys; the extender calls
+`refresh` to fold them in: nodes become placement nodes, capacity pods become GPUs
+(running or coming), bound pods become bookings (a fractional pod on the GPU its
+annotations name; any other pod holds CPU, memory and a pod slot, which the
+fragmentation scorer reads), and unbound pods that name gpupack-scheduler are
+`pending` (the scorer's task mix and the pending-pods gauge count them). A relist
+rebuilds everything.
 
-Pods the loop assumed (placed, Binding in flight) keep their booking until the
-informer shows them bound, or the loop forgets them after a failed bind.
+Pods the extender reserved (`assumed`: a GPU chosen at filter, the bind to come) keep
+their booking until the informer shows them bound, or the extender releases them.
 """
 
 import threading
@@ -50,7 +52,7 @@ class Capacity:
 @dataclass(frozen=True, slots=True)
 class Pending:
     """An unbound pod addressed to us, and what it asks for (parsed once per change of
-    the pod, not once per scheduling attempt)."""
+    the pod, not once per housekeeping round)."""
 
     pod: JSON
     request: Request | NotOurs
@@ -61,7 +63,6 @@ class Dirty:
     """Keys changed since the last refresh; thread-safe, filled by informer threads."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    wake: threading.Event = field(default_factory=threading.Event)
     nodes: set[str] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
     relist: bool = True
@@ -72,7 +73,6 @@ class Dirty:
                 self.nodes.add(key)
             else:
                 self.relist = True
-        self.wake.set()
 
     def pod(self, key: str) -> None:
         with self.lock:
@@ -80,13 +80,11 @@ class Dirty:
                 self.pods.add(key)
             else:
                 self.relist = True
-        self.wake.set()
 
     def take(self) -> tuple[set[str], set[str], bool]:
         with self.lock:
             taken = self.nodes, self.pods, self.relist
             self.nodes, self.pods, self.relist = set(), set(), False
-            self.wake.clear()
         return taken
 
 

@@ -119,10 +119,8 @@ class Extender:
             allocation = Allocation(
                 key, request.compute, request.gpu_memory, request.owner, request.exclusive
             )
-            self.waiting[key] = Waiting(request.pool, allocation, frozenset(nodes), pod, now)
-            self._lifecycle.request(
-                request.pool, pod, self._unplaced(request.pool), steer=sorted(nodes)
-            )
+            self.waiting[key] = Waiting(request.pool, allocation, frozenset(nodes), now)
+            self._lifecycle.request(request.pool, pod, self._unplaced(request.pool, now), nodes)
             return wire.refused(reasons)
 
     def bind(self, args: wire.BindArgs) -> wire.BindResult:
@@ -166,6 +164,9 @@ class Extender:
         """Fold changes in, expire reservations; while leading, the capacity lifecycle."""
         with self._lock:
             now = self._sync()
+            self._expire(now)
+            for key in [k for k, w in self.waiting.items() if not self._still_waiting(k, w, now)]:
+                del self.waiting[key]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
             self._refresh_mix()
@@ -182,9 +183,16 @@ class Extender:
     # Reservations.
 
     def _sync(self) -> float:
-        """Fold informer changes in; drop what they show abandoned. The time now."""
+        """Fold informer changes in (a reservation whose pod was deleted or bound leaves
+        `cache.assumed` then); the time now."""
         now = self._clock()
         self.cache.refresh()
+        return now
+
+    def _expire(self, now: float) -> None:
+        """Forget reservations the informer showed abandoned; release those never bound
+        in time (housekeeping: the verbs need neither, since a stale reservation still
+        books its share, and filter and bind check the one they touch)."""
         expired = False
         for key, held in list(self.reservations.items()):
             if key not in self.cache.assumed:  # deleted, or bound (the cache books it)
@@ -196,13 +204,14 @@ class Extender:
                     self._metrics.reservations_expired.inc()
         if expired:
             self.cache.refresh()  # the released pods are pending again
-        for key, waiting in list(self.waiting.items()):
-            pod = self.cache.pod(key)
-            if pod is None and now - waiting.since < WAITING_FORGET:
-                continue  # the informer has not seen it yet
-            if pod is None or (pod.get("spec") or {}).get("nodeName") or key in self.cache.assumed:
-                del self.waiting[key]
-        return now
+
+    def _still_waiting(self, key: str, waiting: Waiting, now: float) -> bool:
+        """Whether a pod that fit nowhere still waits: unbound, not reserved, and known
+        to the informer (or filtered too recently for it to have seen the pod)."""
+        pod = self.cache.pod(key)
+        if pod is None:
+            return now - waiting.since < WAITING_FORGET
+        return not (pod.get("spec") or {}).get("nodeName") and key not in self.cache.assumed
 
     def _reserve(
         self, key: str, pod: JSON, request: Request, placement: Placement, now: float
@@ -253,9 +262,14 @@ class Extender:
 
     # Capacity planning and the scorer's mix.
 
-    def _unplaced(self, pool: str) -> list[Allocation]:
-        """The pool's pods that fit nowhere at their last filter, as the planner sees them."""
-        return [w.allocation for w in self.waiting.values() if w.pool == pool]
+    def _unplaced(self, pool: str, now: float) -> list[Allocation]:
+        """The pool's pods that fit nowhere at their last filter and still wait, as the
+        planner sees them."""
+        return [
+            w.allocation
+            for key, w in self.waiting.items()
+            if w.pool == pool and self._still_waiting(key, w, now)
+        ]
 
     def _refresh_mix(self) -> None:
         """Keep a fragmentation scorer's task mix to the pods this cluster runs: the

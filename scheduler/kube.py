@@ -1,10 +1,10 @@
-"""The API calls the scheduler makes, as a Protocol: the verbs its RBAC grants.
+"""The API calls the extender makes, as a Protocol: the verbs its RBAC grants.
 
-list and watch (nodes and pods, for the informers), get, create and update (the Lease;
-Bindings, Events, evictions and capacity pods are creates), patch (the assignment
-annotations with a resourceVersion precondition, the PodScheduled condition, the
-autoscaler annotations) and delete (capacity pods). `gpupack.runtime.transport.Transport`
-is the real one; tests pass an in-memory fake (`tests/fakes.py`).
+list and watch (nodes and pods, for the informers), get (a pod again after a Conflict,
+kube-scheduler's Lease), create (Bindings carrying the assignment, Events, evictions,
+capacity pods), patch (the autoscalers' annotations on capacity pods) and delete
+(capacity pods). `gpupack.runtime.transport.Transport` is the real one; tests pass
+in-memory fakes.
 """
 
 from collections.abc import Mapping
@@ -12,9 +12,9 @@ from typing import Protocol
 
 from gpupack.kube import JSON
 from gpupack.runtime.api import WatchStream
-from gpupack.runtime.transport import MERGE_PATCH, STRATEGIC_PATCH
+from gpupack.runtime.transport import MERGE_PATCH
 
-__all__ = ["MERGE_PATCH", "STRATEGIC_PATCH", "Kube"]
+__all__ = ["MERGE_PATCH", "Kube"]
 
 
 class Kube(Protocol):
@@ -29,7 +29,5 @@ class Kube(Protocol):
     def create(self, path: str, body: JSON) -> JSON: ...
 
     def patch(self, path: str, body: JSON, content_type: str = MERGE_PATCH) -> JSON: ...
-
-    def update(self, path: str, body: JSON) -> JSON: ...
 
     def delete(self, path: str, body: JSON | None = None) -> JSON: ...

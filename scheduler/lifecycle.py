@@ -21,7 +21,7 @@ the extender's thread pool through `submit`.
 """
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +49,6 @@ class Waiting:
     pool: str
     allocation: Allocation
     nodes: frozenset[str]  # where kube-scheduler would let it go
-    pod: JSON
     since: float
 
 
@@ -75,7 +74,7 @@ class Lifecycle:
         self._evicting: set[str] = set()
 
     def request(
-        self, pool: str, example: JSON, waiting: list[Allocation], steer: Sequence[str] = ()
+        self, pool: str, example: JSON, waiting: list[Allocation], steer: Collection[str] = ()
     ) -> None:
         """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
         `example` is one of them (its scheduling metadata is the pool's), `steer` the

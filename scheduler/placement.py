@@ -175,7 +175,7 @@ def place(
     hosts = snapshot.check_hosts
     candidates = snapshot.eligible(request)
     if nodes is not None:
-        allowed = nodes if isinstance(nodes, (set, frozenset, dict)) else frozenset(nodes)
+        allowed = frozenset(nodes)
         candidates = [n for n in candidates if n.name in allowed]
     shared: dict[int, object] | None = None
     if getattr(scorer, "by_state", False) and not request.exclusive:

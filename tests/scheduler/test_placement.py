@@ -154,7 +154,10 @@ def test_an_unhealthy_gpu_receives_no_new_pods() -> None:
     placements = fill(snap, pod("ns/p1", 500), pod("ns/p2", 500))
 
     assert {p.gpus[0] for p in placements} == {"a-gpu1"}
-    assert refusal(snap, pod("ns/p3", 500), "a") in ("GPU unhealthy", "insufficient GPU compute")
+    only_sick = node("b", 1)
+    only_sick.gpus[0].healthy = False
+    snap.add_node(only_sick)
+    assert refusal(snap, pod("ns/p3", 100), "b") == "GPU unhealthy"
 
 
 @pytest.mark.parametrize(
