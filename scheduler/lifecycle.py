@@ -10,7 +10,9 @@ the extender's thread pool through `submit`.
   feasible for the pod and nodes that already hold GPUs (`gpupack.capacity`).
 - **Scale down:** a capacity pod with nothing booked on its GPU for `grace_period`
   seconds is deleted (uid and resourceVersion preconditions), unless a waiting pod of
-  its pool could use it: its GPU is not on a node yet, or on a node the pod may go to.
+  its pool could use it: its GPU is not on a node yet, or on a node the pod may go to
+  with the memory the pod asks. A pod larger than every GPU of its pool gets no more of
+  them.
   So a capacity pod that landed where its pool's pods cannot go (their anti-affinity,
   spread or volumes exclude the node) does not hold a GPU for long.
 - **Autoscalers:** one hosting pods carries the do-not-evict annotations.
@@ -38,6 +40,7 @@ from scheduler.cache import Cache
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
+from scheduler.snapshot import Gpu
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +81,15 @@ class Lifecycle:
     ) -> None:
         """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
         `example` is one of them (its scheduling metadata is the pool's), `steer` the
-        nodes it may go to (the new GPU should land on one of them)."""
+        nodes it may go to (the new GPU should land on one of them). A pod asking more
+        memory than the largest GPU the pool holds gets none: another such GPU would not
+        take it either (its FailedScheduling says `insufficient GPU memory`)."""
         creating = self._creator.in_flight(pool, seen=self.cache.capacity)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
         coming += [PlanGpu(name) for name in creating]
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
+        if known:
+            waiting = [a for a in waiting if a.memory <= max(known)]
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
         names = self._creator.claim(pool, missing, used)
@@ -115,16 +122,15 @@ class Lifecycle:
         """Scale down, autoscaler annotations, orphans. `waiting`: the pods that fit on no
         GPU at their last filter."""
         snapshot = self.cache.snapshot
-        wanted: dict[str, set[str]] = {}  # pool -> nodes its waiting pods may go to
+        by_pool: dict[str, list[Waiting]] = {}
         for entry in waiting.values():
-            wanted.setdefault(entry.pool, set()).update(entry.nodes)
+            by_pool.setdefault(entry.pool, []).append(entry)
         for name, capacity in list(self.cache.capacity.items()):
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
             pods = gpu.pods if gpu is not None else 0
             if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
                 self._submit(self._mark, capacity.pod, pods > 0)
-            nodes = wanted.get(capacity.pool)
-            usable = nodes is not None and (gpu is None or gpu.coming or gpu.node in nodes)
+            usable = any(_could_use(e, gpu) for e in by_pool.get(capacity.pool, ()))
             if pods > 0 or usable:
                 self._empty_since.pop(name, None)
                 continue
@@ -182,3 +188,11 @@ class Lifecycle:
             return
         if self._metrics is not None:
             self._metrics.evicted.inc()
+
+
+def _could_use(waiting: Waiting, gpu: Gpu | None) -> bool:
+    """Whether a pod that waits could use a capacity pod's GPU: it is not on a node yet,
+    or it is on a node the pod may go to, with the memory the pod asks (or unknown)."""
+    if gpu is None:
+        return True
+    return gpu.node in waiting.nodes and (not gpu.memory or waiting.allocation.memory <= gpu.memory)

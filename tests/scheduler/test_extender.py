@@ -2,6 +2,7 @@
 is ever booked twice whatever kube-scheduler interleaves."""
 
 import random
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -271,3 +272,29 @@ def test_no_interleaving_of_filters_binds_timeouts_and_deletes_over_books_a_gpu(
                 booked[uuid] = booked.get(uuid, 0) + compute
         for uuid, gpu in extender.cache.snapshot.gpus.items():
             assert booked.get(uuid, 0) <= gpu.used_compute <= 1000, (seed, uuid)
+
+
+def created_capacity(extender: Extender, api: Api) -> list[str]:
+    stop = threading.Event()
+    stop.set()
+    extender.run(stop)  # returns at once, after the capacity writes finished
+    return [body["metadata"]["name"] for path, body in api.created if path.endswith("/pods")]
+
+
+def test_a_pod_that_fits_no_gpu_of_its_pool_gets_capacity() -> None:
+    extender, pods, api, _ = setup(0)
+    filter_(extender, pending(pods, "big", "900m"))
+    filter_(extender, pending(pods, "more", "900m"))
+
+    assert len(created_capacity(extender, api)) == 1
+
+
+def test_a_pod_larger_than_every_gpu_of_its_pool_gets_no_capacity() -> None:
+    extender, pods, api, _ = setup(0)  # the pool's GPU has 80Gi (the node's GFD label)
+    pod = pending(pods, "huge")
+    pod["metadata"]["annotations"][keys.GPU_MEMORY] = "100Gi"
+
+    result = filter_(extender, pod)
+
+    assert "insufficient GPU memory" in result["FailedAndUnresolvableNodes"]["n1"]
+    assert created_capacity(extender, api) == []
