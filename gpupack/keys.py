@@ -21,6 +21,9 @@ GPU_COMPUTE: Final = f"{DOMAIN}/gpu-compute"
 GPU_MEMORY: Final = f"{DOMAIN}/gpu-memory"
 ORIGINAL_RESOURCES: Final = f"{DOMAIN}/original-resources"
 DECISION: Final = f"{DOMAIN}/decision"
+# The webhook's seal over its decision (`gpupack.seal`): proof that gpupack admitted the
+# pod, checked by the webhook at reinvocation and by the scheduler before placing it.
+SEAL: Final = f"{DOMAIN}/seal"
 ENFORCEMENT: Final = f"{DOMAIN}/enforcement"  # how the shares are enforced: accounting|mps
 
 # Annotations only the scheduler (on fractional pods) or the exporter (on capacity pods)
@@ -28,6 +31,9 @@ ENFORCEMENT: Final = f"{DOMAIN}/enforcement"  # how the shares are enforced: acc
 GPU_UUID: Final = f"{DOMAIN}/gpu-uuid"
 CAPACITY_POD: Final = f"{DOMAIN}/capacity-pod"
 SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
+# Written by the webhook alone: a user-supplied value is stripped at CREATE unless the
+# pod carries a valid, fresh seal (a reinvocation of the same admission).
+WEBHOOK_ONLY: Final = (DECISION, SEAL, ORIGINAL_RESOURCES, ENFORCEMENT)
 # On a capacity pod, by the exporter: why its GPU is unhealthy (lost, a critical XID);
 # absent while it is healthy. The scheduler places no new pod on such a GPU.
 GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
@@ -36,6 +42,10 @@ GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
 # Auto) to roll the workload's pods onto a new recommendation, as `kubectl rollout
 # restart` sets kubectl.kubernetes.io/restartedAt.
 RESTARTED_AT: Final = f"{DOMAIN}/restarted-at"
+# On a capacity pod, by the scheduler: "true" while fractional pods use its GPU. The
+# chart's admission policy refuses to delete such a pod and its PodDisruptionBudget
+# refuses to evict it, so a GPU stays held while anything runs on it.
+HOSTING: Final = f"{DOMAIN}/hosting"
 
 SCHEDULER_NAME: Final = "gpupack-scheduler"
 SYSTEM_NAMESPACE: Final = "gpupack-system"
@@ -43,6 +53,12 @@ DEFAULT_SCHEDULER: Final = "default-scheduler"
 
 # Extended resources.
 NVIDIA_GPU: Final = "nvidia.com/gpu"
+# What the webhook charges a rewritten pod's GPU container, so a ResourceQuota binds:
+# compute in thousandths of a GPU (extended resources are whole numbers), memory in
+# bytes. kube-scheduler ignores them (the extender's managedResources), kubelets drop
+# them (no node advertises them), quota admission charges them.
+RESOURCE_COMPUTE: Final = f"{DOMAIN}/gpu-compute-milli"
+RESOURCE_MEMORY: Final = f"{DOMAIN}/gpu-memory"
 NVIDIA_PREFIX: Final = "nvidia.com/"
 OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
 

@@ -96,8 +96,11 @@ class Cache:
         dirty: Dirty,
         scheduler_name: str = keys.SCHEDULER_NAME,
         namespace: str = keys.SYSTEM_NAMESPACE,
+        key: bytes | None = None,
     ) -> None:
         self._namespace = namespace
+        # The decision key: pods to place must carry the webhook's seal made with it.
+        self._key = key
         self._nodes = nodes
         self._pods = pods
         self._scheduler_name = scheduler_name
@@ -167,7 +170,7 @@ class Cache:
         if not node:
             ours = spec.get("schedulerName") == self._scheduler_name
             if ours and not spec.get("schedulingGates") and key not in self.assumed:
-                self.pending[key] = Pending(pod, request_of(pod))
+                self.pending[key] = Pending(pod, self.request(pod))
             else:
                 self.pending.pop(key, None)  # gated pods wait, as kube-scheduler's do
             return
@@ -220,6 +223,10 @@ class Cache:
 
     def pod(self, key: str) -> JSON | None:
         return self._pods.get(key)
+
+    def request(self, pod: JSON) -> Request | NotOurs:
+        """What a pod to place asks for, or why it will not be placed (its seal included)."""
+        return request_of(pod, self._key)
 
     def coming(self, pool: str) -> list[Capacity]:
         """Capacity pods of `pool` that are not a usable GPU yet."""

@@ -18,7 +18,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from gpupack import keys
+from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.runtime import shell
 from gpupack.runtime.args import non_negative_seconds, positive_seconds
@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of /filter, /bind, /healthz and /readyz (default: %(default)s)",
     )
     add("--scheduler-name", default=keys.SCHEDULER_NAME, help="schedulerName to serve")
+    add(
+        "--decision-key-file",
+        required=True,
+        metavar="PATH",
+        help="the webhook's decision key (the chart's Secret): only pods whose "
+        "gpupack.io/seal verifies with it are placed",
+    )
     add(
         "--grace-period",
         type=non_negative_seconds,
@@ -120,13 +127,15 @@ def make_scorer(name: str) -> Scorer:
 def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     if not 0 < args.port < 65536:
         raise ValueError(f"--port: {args.port} is not a port number (1-65535)")
+    with open(args.decision_key_file, "rb") as file:
+        key = seal.load_key(file.read(), f"--decision-key-file {args.decision_key_file}")
     kube = process.connect(args.kubeconfig, "gpupack-scheduler")
     dirty = Dirty()
     nodes = process.informer(kube, "/api/v1/nodes", name="nodes", on_change=dirty.node)
     pods = process.informer(
         kube, "/api/v1/pods", {"fieldSelector": LIVE_PODS}, name="pods", on_change=dirty.pod
     )
-    cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace)
+    cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace, key)
     settings = Settings(
         identity=args.identity,
         scheduler_name=args.scheduler_name,

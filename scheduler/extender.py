@@ -41,7 +41,7 @@ from scheduler import wire, writer
 from scheduler.cache import Cache
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
-from scheduler.ledger import NotOurs, pod_key, request_of
+from scheduler.ledger import NotOurs, pod_key
 from scheduler.lifecycle import Lifecycle, Waiting
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, place, refusal
@@ -100,7 +100,7 @@ class Extender:
         with self._lock:
             now = self._sync()
             self._release(key, "filtered again")
-            request = request_of(pod)
+            request = self.cache.request(pod)
             if isinstance(request, NotOurs):
                 self._count("refused")
                 return wire.every(nodes, f"gpupack: {request.message}")
@@ -248,7 +248,7 @@ class Extender:
             return f"gpupack holds no GPU for {args.key} (uid {args.uid}) and does not see it yet"
         if (pod.get("spec") or {}).get("nodeName"):
             return f"{args.key} is already bound"
-        request = request_of(pod)
+        request = self.cache.request(pod)
         if isinstance(request, NotOurs):
             return request.message
         if args.key in self.cache.assumed:  # booked from the informer, not by us

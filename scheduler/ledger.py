@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, cast
 
-from gpupack import codec, keys
+from gpupack import codec, keys, seal
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
@@ -143,20 +143,36 @@ class NotOurs:
     message: str
 
 
-def request_of(pod: JSON) -> Request | NotOurs:
+def request_of(pod: JSON, key: bytes | None = None) -> Request | NotOurs:
     """What a fractional pod asks for, or why it cannot be placed.
 
-    Only pods the webhook admitted (`gpupack.io/decision`) are placed: a pod that names
-    gpupack-scheduler itself did not go through policy, and may carry forged shares.
+    Only pods the webhook admitted are placed: with the decision `key`, the pod's seal
+    must verify for its namespace and annotations (`gpupack.seal`); without one (pods
+    already bound, whose booking is what runs), its `gpupack.io/decision` must be there.
+    A pod that names gpupack-scheduler itself did not go through policy, and may carry
+    forged shares.
     """
     annotations = annotations_of(pod)
+    admit = (
+        f"create it in a namespace labelled {keys.OPTIMIZE}={keys.OPTIMIZE_ENABLED}, "
+        "or label the pod so"
+    )
     if not annotations.get(keys.DECISION):
         return NotOurs(
             "NotAdmitted",
             f"the pod names {keys.SCHEDULER_NAME} but was not admitted by the gpupack webhook "
-            f"(no {keys.DECISION} annotation); create it in a namespace labelled "
-            f"{keys.OPTIMIZE}={keys.OPTIMIZE_ENABLED}",
+            f"(no {keys.DECISION} annotation); {admit}",
         )
+    if key is not None:
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        try:
+            seal.verify(key, namespace, annotations)
+        except seal.SealError as error:
+            return NotOurs(
+                "NotAdmitted",
+                f"the pod names {keys.SCHEDULER_NAME} but its admission by the gpupack "
+                f"webhook cannot be proven ({error}); {admit}",
+            )
     allocation = pod_allocation(pod)
     if allocation is None:
         return NotOurs(

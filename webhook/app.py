@@ -31,7 +31,7 @@ from gpupack.recommendation import Recommendation
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import ErrorKind, WebhookMetrics
-from webhook.mutate import MutationContext, decide
+from webhook.mutate import PROCESS_KEY, MutationContext, decide
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
 
@@ -127,6 +127,7 @@ class Admissions:
     clock: Callable[[], datetime]
     timer: Callable[[], float]
     capacity_timeout: float
+    key: bytes  # the decision key pods are sealed with
     _background: set[asyncio.Task[CapacityOutcome]] = field(default_factory=set, init=False)
 
     async def mutate(self, request: Request) -> Response:
@@ -159,9 +160,12 @@ class Admissions:
         try:
             cluster = self.cluster
             if cluster is None:
-                return self.decide(review, MutationContext(None, self.policies))
+                return self.decide(review, MutationContext(None, self.policies, key=self.key))
             context = MutationContext(
-                cluster.namespace(review.namespace), cluster.policies, cluster.recommendation
+                cluster.namespace(review.namespace),
+                cluster.policies,
+                cluster.recommendation,
+                key=self.key,
             )
             return self.decide(review, context)
         except Exception as exc:
@@ -244,9 +248,12 @@ def create_app(
     timer: Callable[[], float] = time.perf_counter,
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
     tls_ready: Callable[[], bool] = lambda: True,
+    key: bytes = PROCESS_KEY,
 ) -> Starlette:
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
-    recommendations, and `policies` are the policies in force."""
+    recommendations, and `policies` are the policies in force. `key`: the decision key
+    (`gpupack.seal`); by default one random to this process, which the scheduler does not
+    share."""
     admissions = Admissions(
         audit=audit,
         metrics=metrics,
@@ -256,6 +263,7 @@ def create_app(
         clock=clock,
         timer=timer,
         capacity_timeout=capacity_timeout,
+        key=key,
     )
 
     async def readyz(request: Request) -> Response:

@@ -192,6 +192,7 @@ def connect(
     kubeconfig: str | None,
     *,
     capacity_image: str = DEFAULT_IMAGE,
+    system_namespace: str = keys.SYSTEM_NAMESPACE,
     on_capacity_created: Callable[[int], None] | None = None,
     on_capacity_failed: Callable[[str], None] | None = None,
     reservation_ttl: float = RESERVATION_TTL,
@@ -208,6 +209,7 @@ def connect(
     return Cluster(
         Transport(loaded.configuration, user_agent="gpupack-webhook"),
         capacity_image=capacity_image,
+        system_namespace=system_namespace,
         reservation_ttl=reservation_ttl,
         on_capacity_created=on_capacity_created,
         on_capacity_failed=on_capacity_failed,

@@ -3,22 +3,27 @@
 No I/O: the Namespace (when the webhook could read it), the policies in force and a
 lookup of the workloads' GPURecommendations are passed in (`MutationContext`).
 The rules, in order: only CREATE; a pod we already mutated is left alone (so reinvocation
-changes nothing); the pod must ask for exactly one `nvidia.com/gpu` and nothing GPU-like
+changes nothing), and "already mutated" means it carries this admission's own seal
+(`gpupack.seal.reinvoked`), never merely gpupack's annotations; the pod must ask for exactly one `nvidia.com/gpu` and nothing GPU-like
 besides; it must be opted in; it must not be pinned to a node or another scheduler. Then
 the policy and the allocation are chosen and the patch is built. The allocation, per
 dimension: a pinned annotation; else the workload's recommendation when it was computed
 for the pod's policy and that policy's updateMode is not Off (clamped to the policy's
 bounds); else the policy's initial allocation; memory capped at the GPU the nodeSelector
-picks. User-supplied values of the scheduler-only annotations are stripped on every path,
-skipped pods included.
+picks. User-supplied values of the scheduler-only and webhook-only annotations are
+stripped on every path, skipped pods included. A rewritten pod is sealed
+(`gpupack.io/seal`) and charged its share as extended resources on its GPU container
+(`gpupack.io/gpu-compute-milli`, `gpupack.io/gpu-memory`), so ResourceQuotas bind.
 """
 
 import math
+import secrets
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from gpupack import keys
+from gpupack import keys, seal
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
@@ -49,6 +54,13 @@ class MutationContext:
     namespace: JSON | None = None  # the Namespace object, when the webhook could read it
     policy_set: PolicySet = BUILTIN_POLICIES  # built-ins overlaid by the GPUPolicy objects
     recommendation: RecommendationLookup = no_recommendation
+    # The decision key the seal is made with (the chart's Secret; a process-local random
+    # key when none was given, whose seals the scheduler then refuses) and the time.
+    key: bytes = field(default_factory=lambda: PROCESS_KEY)
+    now: int = field(default_factory=lambda: int(time.time()))
+
+
+PROCESS_KEY: bytes = secrets.token_bytes(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +76,19 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
     owner_kind, owner_name = workload_of(pod, request.name)
-    stripped = tuple(key for key in keys.SCHEDULER_ONLY if key in annotations)
+    ours = spec.get("schedulerName") == keys.SCHEDULER_NAME and seal.reinvoked(
+        ctx.key, request.namespace, annotations, ctx.now
+    )
+    if request.operation == "CREATE" and ours:
+        return Decision(
+            Outcome.SKIPPED,
+            Reason.ALREADY_MUTATED,
+            f"already mutated (decision {annotations.get(keys.DECISION)}, sealed)",
+            owner_kind=owner_kind,
+            owner_name=owner_name,
+        )
+    forbidden = keys.SCHEDULER_ONLY + keys.WEBHOOK_ONLY
+    stripped = tuple(key for key in forbidden if key in annotations)
     strip_ops = tuple(patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
 
     def skip(reason: Reason, message: str) -> Decision:
@@ -90,10 +114,6 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
 
     if request.operation != "CREATE":
         return skip(Reason.NOT_CREATE, f"operation {request.operation} is not handled")
-    if keys.DECISION in annotations and spec.get("schedulerName") == keys.SCHEDULER_NAME:
-        return skip(
-            Reason.ALREADY_MUTATED, f"already mutated (decision {annotations[keys.DECISION]})"
-        )
     try:
         gpus = scope.scan_gpus(spec)
     except ContractError as exc:
@@ -120,7 +140,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
-    ops = build_patch(request, spec, annotations, gpus, choice, allocation, strip_ops)
+    ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped, ctx)
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
     scheduling = scheduling_metadata(spec)
@@ -240,6 +260,24 @@ def allocate(
     return Allocation(compute, memory, ", ".join(sources), rec)
 
 
+def _charge_ops(container: Container, slot: scope.GpuSlot, allocation: Allocation) -> list[JSON]:
+    """Charge the GPU container its share as the quota's extended resources, in limits and
+    requests (an extended resource's request must equal its limit)."""
+    charge = {
+        keys.RESOURCE_COMPUTE: str(allocation.compute),
+        keys.RESOURCE_MEMORY: format_memory(allocation.memory),
+    }
+    resources = container.get("resources") or {}
+    ops: list[JSON] = []
+    for section in ("limits", "requests"):
+        base = patch.pointer("spec", slot.field, slot.index, "resources", section)
+        if isinstance(resources.get(section), dict):
+            ops.extend(patch.add(f"{base}/{patch.escape(k)}", v) for k, v in charge.items())
+        else:
+            ops.append(patch.add(base, dict(charge)))
+    return ops
+
+
 def _env_var(name: str, value: str) -> JSON:
     return {"name": name, "value": value}
 
@@ -301,7 +339,8 @@ def build_patch(
     gpus: scope.GpuScan,
     choice: PolicyChoice,
     allocation: Allocation,
-    strip_ops: tuple[JSON, ...],
+    stripped: tuple[str, ...],
+    ctx: MutationContext,
 ) -> tuple[JSON, ...]:
     ops: list[JSON] = []
     original = OriginalResources(scheduler_name=spec.get("schedulerName"))
@@ -320,13 +359,14 @@ def build_patch(
             )
         target = original.containers if slot.field == "containers" else original.init_containers
         target[slot.name] = removed
+        if slot.count > 0:
+            ops.extend(_charge_ops(container, slot, allocation))
     scheduler_path = "/spec/schedulerName"
     if "schedulerName" in spec:
         if spec["schedulerName"] != keys.SCHEDULER_NAME:
             ops.append(patch.replace(scheduler_path, keys.SCHEDULER_NAME))
     else:
         ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
-    ops.extend(strip_ops)
     wanted = {  # in sorted key order, so the ops come out sorted
         keys.DECISION: request.uid,
         keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
@@ -335,7 +375,15 @@ def build_patch(
         keys.ORIGINAL_RESOURCES: write_original_resources(original),
         keys.POLICY: choice.policy.name,
     }
-    ops.extend(_set_annotations(request.pod, annotations, wanted))
+    wanted[keys.SEAL] = seal.seal(ctx.key, request.namespace, wanted, ctx.now)
+    # A stripped key we write anyway is replaced (`add` of an existing member), not removed.
+    kept = {k: v for k, v in annotations.items() if k not in stripped}
+    ops.extend(
+        patch.remove(patch.pointer("metadata", "annotations", k))
+        for k in stripped
+        if k not in wanted
+    )
+    ops.extend(_set_annotations(request.pod, kept, wanted))
     env = gpu_env(choice.policy, allocation)
     for slot in gpus.slots:
         if slot.count > 0:

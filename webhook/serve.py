@@ -20,10 +20,12 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
+from gpupack import keys, seal
 from gpupack.runtime import config
 from gpupack.runtime.args import positive_seconds
 from gpupack.runtime.logs import configure_logging
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
+from webhook.mutate import PROCESS_KEY
 from webhook.audit import AuditLog
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.tls import CertificateError, CertificateReloader
@@ -71,6 +73,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"kubeconfig for namespace lookups and capacity pods (order: {config.ORDER}; "
         "with none of them the webhook runs without a cluster: no namespace opt-in lookups, "
         "no capacity pods)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=keys.SYSTEM_NAMESPACE,
+        help="gpupack's own namespace: its GPUPolicy objects and capacity pods (the chart "
+        "passes the release namespace; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--decision-key-file",
+        metavar="PATH",
+        default=None,
+        help="secret key the webhook seals its decisions with (gpupack.io/seal); the "
+        "scheduler places only pods sealed with the same key. Without it a random key is "
+        "used, and the scheduler refuses every pod this process admits",
     )
     parser.add_argument(
         "--audit-file",
@@ -125,6 +141,18 @@ def build_uvicorn_config(
     )
 
 
+def read_key(path: str | None) -> bytes:
+    """The decision key from `path`; without one, a random key (logged as a warning)."""
+    if path is None:
+        log.warning(
+            "no --decision-key-file: decisions are sealed with a random key the scheduler "
+            "does not have, so it will not place the pods this webhook admits"
+        )
+        return PROCESS_KEY
+    with open(path, "rb") as file:
+        return seal.load_key(file.read(), path)
+
+
 class Terminated(BaseException):  # like KeyboardInterrupt: not caught by `except Exception`
     """SIGTERM: raised by our handler, which uvicorn calls after its graceful shutdown."""
 
@@ -140,6 +168,7 @@ def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> Cluste
     cluster: ClusterPort | None = connect(
         args.kubeconfig,
         capacity_image=args.capacity_image,
+        system_namespace=args.namespace,
         on_capacity_created=metrics.capacity_pods_created,
         on_capacity_failed=lambda _detail: metrics.error(ErrorKind.CAPACITY),
     )
@@ -167,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
             args.tls_cert_file, args.tls_private_key_file, on_reload=metrics.certificate_reload
         )
         audit = AuditLog(path=args.audit_file)
-    except (CertificateError, OSError) as exc:
+        key = read_key(args.decision_key_file)
+    except (CertificateError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_CONFIG
     previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -186,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
             cluster=cluster,
             capacity_timeout=args.capacity_timeout,
             tls_ready=lambda: tls.loaded,
+            key=key,
         )
         config = build_uvicorn_config(app, host=args.host, port=args.port, ssl_context=tls.context)
         if args.metrics_port:

@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import json
 import os
+import secrets
 import signal
 import ssl
 import sys
@@ -32,6 +33,16 @@ class LocalCluster(ControlPlane):
     """The control plane, kwok's GPU nodes, and gpupack's components as local processes."""
 
     _webhook_configuration: JSON | None = field(default=None, repr=False)
+
+    @property
+    def decision_key_file(self) -> Path:
+        """The decision key the webhook seals with and the scheduler verifies (the chart's
+        Secret), made once per cluster."""
+        path = self.workdir / "decision.key"
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(48))
+            path.chmod(0o600)
+        return path
 
     def install_crds(self) -> None:
         """The chart's CustomResourceDefinitions (`charts/gpupack/crds`), once established,
@@ -99,6 +110,7 @@ class LocalCluster(ControlPlane):
                 f"--tls-private-key-file={key}",
                 f"--kubeconfig={kubeconfig}",
                 f"--audit-file={self.audit_log}",
+                f"--decision-key-file={self.decision_key_file}",
                 *extra_args,
             ],
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
@@ -211,6 +223,7 @@ class LocalCluster(ControlPlane):
             [
                 f"--namespace={SYSTEM_NAMESPACE}",
                 f"--port={port}",
+                f"--decision-key-file={self.decision_key_file}",
                 f"--metrics-port={free_port()}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,

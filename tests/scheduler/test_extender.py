@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpupack import keys
+from gpupack import keys, seal
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from scheduler import wire
@@ -84,6 +84,9 @@ class Clock:
         return self.now
 
 
+KEY = b"decision-key-of-this-test-0123456789"
+
+
 def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Clock]:
     nodes, pods = Store(), Store()
     nodes.objects["n1"] = node("n1")
@@ -91,14 +94,20 @@ def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Cloc
     for index in gpus:
         pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-{index}"] = capacity(index)
     api, clock = Api(pods), Clock()
-    cache = Cache(nodes, pods, Dirty())
+    cache = Cache(nodes, pods, Dirty(), key=KEY)
     settings = Settings(reservation_timeout=timeout, workers=1)
     extender = Extender(api, cache, PackingScorer(), settings, clock=clock)
     return extender, pods, api, clock
 
 
-def pending(pods: Store, name: str, compute: str = "300m") -> JSON:
+def pending(
+    pods: Store, name: str, compute: str = "300m", extra: dict[str, str] | None = None
+) -> JSON:
+    """A pod the webhook admitted (with `extra` annotations): sealed with the key."""
     pod = fractional(name, compute)
+    annotations = pod["metadata"]["annotations"]
+    annotations.update(extra or {})
+    annotations[keys.SEAL] = seal.seal(KEY, "ml", annotations, 1_800_000_000)
     pod["metadata"] |= {"uid": f"uid-{name}", "resourceVersion": "1"}
     pods.objects[f"ml/{name}"] = pod
     return pod
@@ -240,6 +249,35 @@ def test_a_pod_not_admitted_by_the_webhook_fails_on_every_node_with_the_reason()
     assert set(result["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
 
 
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param(lambda a: a.pop(keys.SEAL), id="no-seal"),
+        pytest.param(lambda a: a.update({keys.GPU_COMPUTE: "1m"}), id="share-edited"),
+        pytest.param(lambda a: a.update({keys.SEAL: "v1.1.AAAA"}), id="made-up-seal"),
+    ],
+)
+def test_a_pod_whose_seal_does_not_verify_is_not_placed(forge: Any) -> None:
+    extender, pods, _, _ = setup(0)
+    pod = pending(pods, "forged")
+    forge(pod["metadata"]["annotations"])
+
+    result = filter_(extender, pod)
+
+    assert result["NodeNames"] == []
+    assert all(keys.SEAL in why for why in result["FailedAndUnresolvableNodes"].values())
+    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+
+
+def test_a_pod_sealed_for_another_namespace_is_not_placed() -> None:
+    extender, pods, _, _ = setup(0)
+    pod = pending(pods, "moved")
+    pod["metadata"]["namespace"] = "other-team"
+    pods.objects["other-team/moved"] = pods.objects.pop("ml/moved")
+
+    assert filter_(extender, pod)["NodeNames"] == []
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_no_interleaving_of_filters_binds_timeouts_and_deletes_over_books_a_gpu(seed: int) -> None:
     rng = random.Random(seed)
@@ -291,8 +329,7 @@ def test_a_pod_that_fits_no_gpu_of_its_pool_gets_capacity() -> None:
 
 def test_a_pod_larger_than_every_gpu_of_its_pool_gets_no_capacity() -> None:
     extender, pods, api, _ = setup(0)  # the pool's GPU has 80Gi (the node's GFD label)
-    pod = pending(pods, "huge")
-    pod["metadata"]["annotations"][keys.GPU_MEMORY] = "100Gi"
+    pod = pending(pods, "huge", extra={keys.GPU_MEMORY: "100Gi"})
 
     result = filter_(extender, pod)
 

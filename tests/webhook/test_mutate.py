@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpupack import keys
+from gpupack import keys, seal
 from gpupack.codec import read_original_resources
 from gpupack.kube import JSON
 from tests.webhook.builders import TestPod as Pod
@@ -111,6 +111,10 @@ def message_has(text: str) -> Check:
         assert text in decision.message
 
     return check
+
+
+def annotations(pod: Pod) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
 
 
 def unchanged(pod: Pod, decision: Decision) -> None:
@@ -289,13 +293,13 @@ CASES = [
                 deployment_pod(
                     containers=[{"name": "c", "image": "x"}], schedulerName="gpupack-scheduler"
                 ),
-                {keys.DECISION: "earlier"},
+                {keys.DECISION: "earlier", keys.SEAL: "v1.1.forged"},
             ),
             Outcome.SKIPPED,
-            Reason.ALREADY_MUTATED,
-            checks=[unchanged],
+            Reason.NO_GPU,
+            checks=[lambda result, _: not ({keys.DECISION, keys.SEAL} & set(annotations(result)))],
         ),
-        id="already-mutated",
+        id="forged-decision-is-stripped",
     ),
     pytest.param(
         Case(
@@ -741,6 +745,9 @@ def test_patch_is_deterministic_and_minimal() -> None:
     paths = [op["path"] for op in first.patch]
     assert paths == [
         "/spec/containers/0/resources/limits/nvidia.com~1gpu",
+        "/spec/containers/0/resources/limits/gpupack.io~1gpu-compute-milli",
+        "/spec/containers/0/resources/limits/gpupack.io~1gpu-memory",
+        "/spec/containers/0/resources/requests",
         "/spec/schedulerName",
         "/metadata/annotations",
         "/spec/containers/0/env",
@@ -760,7 +767,12 @@ def test_keys_needing_json_pointer_escapes() -> None:
 def test_only_gpu_entries_are_removed() -> None:
     pod = deployment_pod()
     result = jsonpatch.apply_patch(pod, list(decide(request(pod), MutationContext()).patch))
-    assert result["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "8Gi"}
+    assert result["spec"]["containers"][0]["resources"]["limits"] == {
+        "cpu": "2",
+        "memory": "8Gi",
+        keys.RESOURCE_COMPUTE: "400",
+        keys.RESOURCE_MEMORY: "8Gi",
+    }
     untouched = ("restartPolicy", "terminationGracePeriodSeconds")
     assert {k: result["spec"][k] for k in untouched} == {k: pod["spec"][k] for k in untouched}
     assert result["metadata"]["labels"] == pod["metadata"]["labels"]
@@ -787,4 +799,65 @@ def test_annotation_ops_come_in_sorted_key_order() -> None:
     decision = decide(request(pod), MutationContext())
     paths = [op["path"] for op in decision.patch if op["path"].startswith("/metadata/annotations/")]
     assert paths == sorted(paths)
-    assert len(paths) == 6
+    assert len(paths) == 7  # decision, enforcement, compute, memory, original, policy, seal
+
+
+def mutate_once(pod: Pod, ctx: MutationContext) -> Pod:
+    decision = decide(request(pod), ctx)
+    assert decision.outcome is Outcome.MUTATED, decision.message
+    result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
+    return result
+
+
+def test_a_forged_decision_on_a_gpu_pod_is_replaced_by_a_sealed_one() -> None:
+    forged = annotated(
+        deployment_pod(schedulerName="gpupack-scheduler"),
+        {keys.DECISION: "forged", keys.SEAL: "v1.1.AAAA", keys.ENFORCEMENT: "accounting"},
+    )
+    ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
+    result = mutate_once(forged, ctx)
+    got = annotations(result)
+    assert got[keys.DECISION] == "req-1"
+    assert seal.verify(b"k" * 32, "ml", got) == 1_800_000_000
+
+
+def test_the_seal_verifies_only_with_the_key_namespace_and_annotations_it_was_made_for() -> (
+    None
+):
+    ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
+    got = annotations(mutate_once(deployment_pod(), ctx))
+    seal.verify(b"k" * 32, "ml", got)
+    for key, namespace, changed in [
+        (b"x" * 32, "ml", {}),
+        (b"k" * 32, "other-team", {}),
+        (b"k" * 32, "ml", {keys.GPU_COMPUTE: "1m"}),
+        (b"k" * 32, "ml", {keys.GPU_MEMORY: "1Mi"}),
+        (b"k" * 32, "ml", {keys.ENFORCEMENT: "mps"}),
+    ]:
+        with pytest.raises(seal.SealError):
+            seal.verify(key, namespace, {**got, **changed})
+
+
+def test_reinvocation_is_recognised_only_while_the_seal_is_fresh() -> None:
+    ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
+    mutated = mutate_once(deployment_pod(), ctx)
+    fresh = MutationContext(key=b"k" * 32, now=1_800_000_000 + seal.REINVOCATION)
+    assert decide(request(mutated, uid="req-2"), fresh).reason is Reason.ALREADY_MUTATED
+    # A copy of a sealed pod's annotations long after: not this admission's; stripped.
+    late = MutationContext(key=b"k" * 32, now=1_800_000_000 + seal.REINVOCATION + 1)
+    again = decide(request(mutated, uid="req-3"), late)
+    assert again.reason is Reason.NO_GPU
+    stripped = annotations(jsonpatch.apply_patch(mutated, list(again.patch)))
+    assert keys.SEAL not in stripped and keys.DECISION not in stripped
+    other_key = MutationContext(key=b"o" * 32, now=1_800_000_000)
+    assert decide(request(mutated, uid="req-4"), other_key).reason is Reason.NO_GPU
+
+
+def test_the_share_is_charged_as_quota_resources_on_the_gpu_container() -> None:
+    pod = annotated(deployment_pod(), {keys.GPU_COMPUTE: "250m", keys.GPU_MEMORY: "3Gi"})
+    result = mutate_once(pod, MutationContext())
+    resources = result["spec"]["containers"][0]["resources"]
+    for section in ("limits", "requests"):
+        assert resources[section][keys.RESOURCE_COMPUTE] == "250"
+        assert resources[section][keys.RESOURCE_MEMORY] == "3Gi"
+        assert keys.NVIDIA_GPU not in resources[section]

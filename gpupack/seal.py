@@ -1,0 +1,94 @@
+"""The webhook's seal: proof that gpupack admitted a pod with the allocation it carries.
+
+The webhook writes `gpupack.io/seal` = `v1.<issued, unix seconds>.<HMAC-SHA256>` over
+the pod's namespace, the issue time and every annotation the admission decided
+(`SEALED`), keyed with a secret only the webhook and the scheduler read. So:
+
+- at CREATE, "already mutated" means a valid seal issued moments ago (`REINVOCATION`:
+  the same admission, reinvoked after another webhook changed the pod), never that the
+  annotations are present;
+- the scheduler places only pods whose seal verifies for their namespace and
+  annotations. A pod made outside an opted-in scope, or with edited shares, has none.
+
+What the seal does not prove: which pod it was made for (the name and uid do not exist
+yet when the webhook answers). Copying a sealed set of annotations onto another pod of
+the same namespace gives that pod what the webhook would have given it; the admission
+policy's quota charge and immutability still hold. Pure: the key and the time are
+passed in.
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+from typing import Final
+
+from gpupack import keys
+
+VERSION: Final = "v1"
+SEALED: Final = (
+    keys.DECISION,
+    keys.ENFORCEMENT,
+    keys.GPU_COMPUTE,
+    keys.GPU_MEMORY,
+    keys.ORIGINAL_RESOURCES,
+    keys.POLICY,
+)
+REINVOCATION: Final = 300  # seconds a fresh seal counts as the same admission's
+MIN_KEY_BYTES: Final = 32
+
+
+class SealError(ValueError):
+    """Why a pod's seal does not prove that gpupack admitted it."""
+
+
+def _digest(key: bytes, namespace: str, issued: int, annotations: dict[str, str]) -> str:
+    message = json.dumps(
+        [VERSION, namespace, issued, [annotations.get(k) for k in SEALED]],
+        separators=(",", ":"),
+    ).encode()
+    mac = hmac.new(key, message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def seal(key: bytes, namespace: str, annotations: dict[str, str], issued: int) -> str:
+    """The seal value over `annotations` (the final ones, with every key of `SEALED`)."""
+    return f"{VERSION}.{issued}.{_digest(key, namespace, issued, annotations)}"
+
+
+def verify(key: bytes, namespace: str, annotations: dict[str, str]) -> int:
+    """The seal's issue time when it verifies; raises SealError saying why not."""
+    value = annotations.get(keys.SEAL)
+    if not value:
+        raise SealError(f"no {keys.SEAL} annotation")
+    version, _, rest = value.partition(".")
+    issued_text, _, digest = rest.partition(".")
+    if version != VERSION or not issued_text.isascii() or not issued_text.isdigit():
+        raise SealError(f"{keys.SEAL} is not a gpupack {VERSION} seal")
+    issued = int(issued_text)
+    if not hmac.compare_digest(digest, _digest(key, namespace, issued, annotations)):
+        raise SealError(
+            f"{keys.SEAL} does not match the pod's gpupack annotations in namespace {namespace}"
+        )
+    return issued
+
+
+def reinvoked(key: bytes, namespace: str, annotations: dict[str, str], now: int) -> bool:
+    """Whether the pod carries this admission's own seal: valid and issued within
+    `REINVOCATION` seconds of `now`."""
+    try:
+        issued = verify(key, namespace, annotations)
+    except SealError:
+        return False
+    return now - REINVOCATION <= issued <= now + REINVOCATION
+
+
+def load_key(data: bytes, source: str) -> bytes:
+    """The key from a key file's bytes (surrounding whitespace ignored); raises
+    ValueError naming `source` when it is too short to be a secret."""
+    key = data.strip()
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(
+            f"{source}: a decision key must be at least {MIN_KEY_BYTES} bytes, found {len(key)}"
+        )
+    return key
