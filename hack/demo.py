@@ -210,6 +210,7 @@ def start(workdir: Path) -> int:
                 "hack.localcluster",
                 "assign-gpus",
                 f"--kubeconfig={cluster.kubeconfig}",
+                f"--writer-kubeconfig={cluster.exporter_kubeconfig()}",
             ],
             workdir / "logs" / "gpu-assigner.log",
         )

@@ -136,7 +136,12 @@ class Extender:
                     return wire.bind_failed(why)
                 held = self.reservations[key]
             held.binding = True
+            capacity = self.cache.capacity.get(held.holder)
         try:
+            if capacity is not None and not writer.hosting(capacity.pod):
+                # Before the first pod lands: from now on the API server refuses to delete
+                # or evict the capacity pod, so its GPU stays held while anything runs.
+                writer.mark_hosting(self._kube, capacity.pod, True)
             writer.bind(self._kube, held.pod, held.node, held.gpu, held.holder, held.request)
         except (ApiError, writer.Changed) as error:
             with self._lock:

@@ -143,15 +143,21 @@ def delete_capacity(kube: Kube, pod: JSON) -> bool:
 
 
 def mark_hosting(kube: Kube, pod: JSON, hosting: bool) -> None:
-    """Add (hosting) or remove (empty) the autoscalers' do-not-evict annotations."""
+    """Add (hosting) or remove (empty) the autoscalers' do-not-evict annotations and the
+    `gpupack.io/hosting` label, which the chart's admission policy and
+    PodDisruptionBudget read to refuse deleting or evicting the pod."""
     meta = pod["metadata"]
     values: dict[str, str | None] = dict(DO_NOT_EVICT) if hosting else dict.fromkeys(DO_NOT_EVICT)
-    kube.patch(_pod_path(meta["namespace"], meta["name"]), {"metadata": {"annotations": values}})
+    label = {keys.HOSTING: "true" if hosting else None}
+    body = {"metadata": {"annotations": values, "labels": label}}
+    kube.patch(_pod_path(meta["namespace"], meta["name"]), body)
 
 
 def hosting(pod: JSON) -> bool:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return all(annotations.get(k) == v for k, v in DO_NOT_EVICT.items())
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    marked = (meta.get("labels") or {}).get(keys.HOSTING) == "true"
+    return marked and all(annotations.get(k) == v for k, v in DO_NOT_EVICT.items())
 
 
 def evict(kube: Kube, pod: JSON) -> None:

@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         cluster.install_webhook()
         kube = cluster.kube()
-        with SimulatedGpuAssigner(cluster.kube()):
+        writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
+        with SimulatedGpuAssigner(cluster.kube(), writer=writer):
             ns_in = namespace(kube, opted_in=True)
             create_pods(kube, ns_in, args.pods, gpu=True)
 

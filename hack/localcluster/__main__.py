@@ -18,8 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     assign = commands.add_parser("assign-gpus", help="play the node agent for kwok nodes")
     assign.add_argument("--kubeconfig", required=True, type=Path)
+    assign.add_argument(
+        "--writer-kubeconfig", type=Path, help="write the GPU UUIDs as this user (the exporter)"
+    )
     args = parser.parse_args(argv)
-    assigner = SimulatedGpuAssigner(Kube.from_kubeconfig(args.kubeconfig))
+    writer = Kube.from_kubeconfig(args.writer_kubeconfig) if args.writer_kubeconfig else None
+    assigner = SimulatedGpuAssigner(Kube.from_kubeconfig(args.kubeconfig), writer=writer)
     signal.signal(signal.SIGTERM, lambda *_: assigner.stop())
     with assigner:
         while not assigner.stopped(1.0):

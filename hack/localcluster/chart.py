@@ -1,6 +1,8 @@
 """What the chart installs, as the harness installs it: every local component runs with
-the RBAC `helm template` renders from `charts/gpupack` (bound to a local user instead of
-the ServiceAccount) and the webhook is registered with the chart's configuration, so a
+the RBAC `helm template` renders from `charts/gpupack`, bound to the chart's
+ServiceAccounts (each local process authenticates with a client certificate as its
+ServiceAccount's user, `system:serviceaccount:<namespace>:<name>`, so RBAC and the
+admission policies' exemptions see exactly who they see in a cluster), and the webhook is registered with the chart's configuration, so a
 test proves the permissions and selectors users get, not a hand-written copy of them."""
 
 import subprocess
@@ -17,6 +19,7 @@ WEBHOOK_NAME: Final = "gpupack-webhook"
 SCHEDULER_NAME: Final = "gpupack-scheduler"
 EXPORTER_NAME: Final = "gpupack-exporter"
 RECOMMENDER_NAME: Final = "gpupack-recommender"
+ADMISSION_POLICIES: Final = "templates/admission-policies.yaml"
 CHART_DIR: Final = Path(__file__).resolve().parents[2] / "charts" / "gpupack"
 
 
@@ -53,21 +56,20 @@ def chart_webhook_configuration(helm: Path, namespace: str = SYSTEM_NAMESPACE) -
 def chart_rbac(
     helm: Path,
     template: str,
-    user: str,
     namespace: str = SYSTEM_NAMESPACE,
     sets: Sequence[str] = (),
 ) -> list[JSON]:
-    """The ClusterRoles and Roles a chart template renders, bound to the local `user`
-    instead of the ServiceAccount: the local processes run with the chart's permissions."""
+    """The ClusterRoles, Roles and their bindings a chart template renders, as rendered:
+    the local processes run as the chart's ServiceAccounts, with its permissions."""
     rendered = render_chart(helm, template, namespace, sets)
-    out: list[JSON] = []
-    subject = [{"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}]
-    for doc in yaml.safe_load_all(rendered):
-        if doc and doc["kind"] in ("ClusterRole", "Role"):
-            out.append(doc)
-        elif doc and doc["kind"] in ("ClusterRoleBinding", "RoleBinding"):
-            out.append({**doc, "subjects": subject})
-    return out
+    kinds = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+    return [doc for doc in yaml.safe_load_all(rendered) if doc and doc["kind"] in kinds]
+
+
+def service_account_user(name: str, namespace: str = SYSTEM_NAMESPACE) -> tuple[str, list[str]]:
+    """The user name and groups the API server gives ServiceAccount `name`'s tokens."""
+    groups = ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    return f"system:serviceaccount:{namespace}:{name}", groups
 
 
 def chart_scheduler_config(

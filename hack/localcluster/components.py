@@ -34,6 +34,11 @@ class LocalCluster(ControlPlane):
 
     _webhook_configuration: JSON | None = field(default=None, repr=False)
 
+    def service_account_kubeconfig(self, name: str) -> Path:
+        """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
+        user, groups = chart.service_account_user(name)
+        return self.user_kubeconfig(user, groups)
+
     @property
     def decision_key_file(self) -> Path:
         """The decision key the webhook seals with and the scheduler verifies (the chart's
@@ -81,9 +86,7 @@ class LocalCluster(ControlPlane):
         admin.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
         )
-        for obj in chart.chart_rbac(
-            Path(self.binary("helm")), "templates/webhook.yaml", WEBHOOK_NAME
-        ):
+        for obj in chart.chart_rbac(Path(self.binary("helm")), "templates/webhook.yaml"):
             admin.apply(obj)
         serving = pem.issue(
             self._ca,
@@ -95,7 +98,7 @@ class LocalCluster(ControlPlane):
         cert, key = self._write_pair("webhook", serving)
         self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
         self.audit_log = self.workdir / "logs" / "audit.log"
-        kubeconfig = self.user_kubeconfig(WEBHOOK_NAME)
+        kubeconfig = self.service_account_kubeconfig(WEBHOOK_NAME)
         process = self._launch(
             WEBHOOK_NAME,
             [
@@ -125,8 +128,35 @@ class LocalCluster(ControlPlane):
             entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
         admin.apply(configuration)
         self._webhook_configuration = configuration
+        self.install_admission_policies()
         self.write_state()
         return process
+
+    def install_admission_policies(self) -> None:
+        """The chart's ValidatingAdmissionPolicies, their bindings and the capacity pods'
+        PodDisruptionBudget, exactly as rendered: the API server enforces gpupack's trust
+        boundary here as in a cluster."""
+        admin = self.kube()
+        rendered = chart.render_chart(Path(self.binary("helm")), chart.ADMISSION_POLICIES)
+        for doc in yaml.safe_load_all(rendered):
+            if doc:
+                admin.apply(doc)
+
+    def exporter_kubeconfig(self) -> Path:
+        """A kubeconfig of the exporter's ServiceAccount, with the chart's RBAC for it: who
+        writes GPU UUIDs on capacity pods where no real exporter runs."""
+        return self.component_kubeconfig(chart.EXPORTER_NAME, "templates/exporter.yaml")
+
+    def component_kubeconfig(self, name: str, template: str) -> Path:
+        """A kubeconfig of gpupack's ServiceAccount `name`, with the RBAC the chart's
+        `template` renders for it applied."""
+        admin = self.kube()
+        admin.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
+        )
+        for obj in chart.chart_rbac(Path(self.binary("helm")), template):
+            admin.apply(obj)
+        return self.service_account_kubeconfig(name)
 
     def _wait_webhook_ready(self, process: Process) -> None:
         context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
@@ -179,11 +209,17 @@ class LocalCluster(ControlPlane):
         admin.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
         )
-        for obj in chart.chart_rbac(Path(self.binary("helm")), template, user, sets=sets):
+        for obj in chart.chart_rbac(Path(self.binary("helm")), template, sets=sets):
             admin.apply(obj)
         process = self._launch(
             process_name,
-            [sys.executable, "-m", module, f"--kubeconfig={self.user_kubeconfig(user)}", *args],
+            [
+                sys.executable,
+                "-m",
+                module,
+                f"--kubeconfig={self.service_account_kubeconfig(user)}",
+                *args,
+            ],
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self.write_state()
@@ -232,7 +268,7 @@ class LocalCluster(ControlPlane):
         )
         config = chart.chart_scheduler_config(Path(self.binary("helm")), sets=sets)
         config.setdefault("clientConnection", {})["kubeconfig"] = str(
-            self.user_kubeconfig(chart.SCHEDULER_NAME)
+            self.service_account_kubeconfig(chart.SCHEDULER_NAME)
         )
         path = self.workdir / f"{name}-kube-scheduler.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -13,10 +13,13 @@ class SimulatedGpuAssigner:
     (pod-resources API) which GPU it gave each capacity pod and writes `gpupack.io/gpu-uuid`
     on it. kwok nodes have no kubelet and no GPUs, so this thread plays that part: every
     Running capacity pod gets a fake but stable GPU UUID of a free device on its node, and
-    the node's GPU memory."""
+    the node's GPU memory. It reads with `kube` and writes with `writer` (the exporter's
+    ServiceAccount, whose annotations the chart's admission policy allows), by default
+    `kube`."""
 
-    def __init__(self, kube: Kube, interval: float = 0.3) -> None:
+    def __init__(self, kube: Kube, interval: float = 0.3, writer: Kube | None = None) -> None:
         self._kube = kube
+        self._writer = writer or kube
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
         self._stop = threading.Event()
@@ -50,6 +53,8 @@ class SimulatedGpuAssigner:
                     self.assign_once()
         finally:
             self._kube.close()
+            if self._writer is not self._kube:
+                self._writer.close()
 
     def assign_once(self) -> int:
         pods = self._kube.get(
@@ -81,7 +86,7 @@ class SimulatedGpuAssigner:
             patch = {"gpupack.io/gpu-uuid": chosen}
             if "nvidia.com/gpu.memory" in labels:
                 patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
-            self._kube.merge_patch(
+            self._writer.merge_patch(
                 f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{pod['metadata']['name']}",
                 {"metadata": {"annotations": patch}},
             )

@@ -438,12 +438,12 @@ def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywh
         {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": read}
     ]
     assert {"apiGroups": ["gpupack.io"], "resources": ["gpupolicies"], "verbs": read} in namespaced
-    local = chart_rbac(Path(helm()), "templates/webhook.yaml", "gpupack-webhook")
+    local = chart_rbac(Path(helm()), "templates/webhook.yaml")
     assert {obj["kind"]: obj["rules"] for obj in local if "rules" in obj} == {
         "ClusterRole": cluster_wide,
         "Role": namespaced,
     }
     bindings = [obj for obj in local if obj["kind"].endswith("Binding")]
     assert [b["subjects"] for b in bindings] == [
-        [{"kind": "User", "name": "gpupack-webhook", "apiGroup": "rbac.authorization.k8s.io"}]
+        [{"kind": "ServiceAccount", "name": "gpupack-webhook", "namespace": NAMESPACE}]
     ] * 2

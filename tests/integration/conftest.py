@@ -46,11 +46,12 @@ def kube(cluster: LocalCluster | None) -> Kube:
 
 
 @pytest.fixture(scope="session")
-def gpu_assigner(kube: Kube) -> Iterator[SimulatedGpuAssigner | None]:
-    if EXTERNAL:  # a real or kind cluster has its own node agent
+def gpu_assigner(kube: Kube, cluster: LocalCluster | None) -> Iterator[SimulatedGpuAssigner | None]:
+    if EXTERNAL or cluster is None:  # a real or kind cluster has its own node agent
         yield None
         return
-    with SimulatedGpuAssigner(kube) as assigner:
+    writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
+    with SimulatedGpuAssigner(kube, writer=writer) as assigner:
         yield assigner
 
 

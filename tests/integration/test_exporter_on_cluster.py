@@ -280,13 +280,17 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     reader = FakeReader([Device(0, gpu, "NVIDIA L4", 23034 * MiB)])
     containers = {"trainer": "1" * 64, "whole": "2" * 64}
     uids = {}
+    # As the webhook and the scheduler leave a fractional pod: its share at creation, its
+    # GPU written by gpupack-scheduler's Binding (only gpupack may write it).
+    binder = Kube.from_kubeconfig(
+        cluster.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
+    )
     for name, managed in (("trainer", True), ("whole", False)):
         meta: dict[str, Any] = {"name": name, "namespace": plain_namespace}
-        if managed:  # as the webhook and the scheduler leave a fractional pod
+        if managed:
             meta["annotations"] = {
                 "gpupack.io/gpu-compute": "250m",
                 "gpupack.io/gpu-memory": "4Gi",
-                "gpupack.io/gpu-uuid": gpu,
                 "gpupack.io/decision": "it-1",
             }
         pod = kube.create(
@@ -296,13 +300,25 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
                 "kind": "Pod",
                 "metadata": meta,
                 "spec": {
-                    "nodeName": NODE,
+                    "schedulerName": "bound-by-this-test",
                     "containers": [{"name": "cuda", "image": "cuda"}],
                     "tolerations": [{"operator": "Exists"}],
                     "terminationGracePeriodSeconds": 0,
                 },
             },
         )
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "annotations": {"gpupack.io/gpu-uuid": gpu} if managed else {},
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+        }
+        binder.create(f"/api/v1/namespaces/{plain_namespace}/pods/{name}/binding", binding)
+        if name == "whole":
+            binder.close()
         uids[name] = pod["metadata"]["uid"]
         path = f"/api/v1/namespaces/{plain_namespace}/pods/{name}"
         eventually(lambda path=path: kube.get(path)["status"].get("phase") == "Running")  # type: ignore[misc]
@@ -333,7 +349,7 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     reader.set_process(gpu, 503, memory=GiB // 2, sm=0.1)
 
     client = connect(
-        str(cluster.user_kubeconfig("gpupack-exporter")), user_agent="gpupack-exporter"
+        str(cluster.service_account_kubeconfig("gpupack-exporter")), user_agent="gpupack-exporter"
     )
     informer = node_pods(client, NODE)
     health = Health()

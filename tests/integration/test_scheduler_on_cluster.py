@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gpupack import keys
-from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
+from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
 from tests.integration.scheduling import (
     FAST,
     FAST_LEASE,
@@ -149,35 +149,6 @@ def test_real_time_mps_pods_never_share_a_gpu_with_another_workload(
     assert len(gpus_a) == len(gpus_b) == 1  # the same workload does share
 
 
-def test_a_pod_that_names_the_scheduler_without_admission_is_not_placed(
-    kube: Kube, plain_namespace: str, scheduler: LocalCluster
-) -> None:
-    ns = plain_namespace
-    forged = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "forged", "namespace": ns, "annotations": {keys.GPU_COMPUTE: "100m"}},
-        "spec": {
-            "schedulerName": keys.SCHEDULER_NAME,
-            "containers": [{"name": "c", "image": "busybox"}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-    kube.create(f"/api/v1/namespaces/{ns}/pods", forged)
-
-    def condition() -> JSON | None:
-        pod = kube.get(f"/api/v1/namespaces/{ns}/pods/forged")
-        found = [
-            c for c in pod.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"
-        ]
-        return found[0] if found else None
-
-    cond = kube.wait_for("the PodScheduled condition", condition, timeout=20)
-    assert cond["reason"] == "Unschedulable"
-    assert keys.DECISION in cond["message"]  # kube-scheduler quotes the extender's reason
-    assert not kube.get(f"/api/v1/namespaces/{ns}/pods/forged")["spec"].get("nodeName")
-
-
 def test_a_standby_takes_over_when_the_leader_dies(
     kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:
@@ -240,7 +211,18 @@ def test_a_pod_whose_capacity_pod_vanished_is_evicted_and_replaced_on_a_held_gpu
     victim = pods[0]["metadata"]["annotations"][keys.CAPACITY_POD]
     first_names = {p["metadata"]["name"] for p in pods}
 
-    kube.delete(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{victim}")
+    # Nobody may delete a capacity pod that hosts pods (the chart's admission policy), but
+    # the control plane's own cleanup does when a node is gone: as its pod GC would.
+    path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{victim}"
+    with pytest.raises(ApiError) as refused:
+        kube.request("DELETE", path)  # (Kube.delete ignores errors)
+    assert refused.value.status == 403 and "holds the GPU" in refused.value.body
+    user = "system:serviceaccount:kube-system:pod-garbage-collector"
+    gc = Kube.from_kubeconfig(scheduler.user_kubeconfig(user, ["system:serviceaccounts"]))
+    try:
+        gc.request("DELETE", path)
+    finally:
+        gc.close()
 
     kube.wait_for(
         "a GPUCapacityLost event", lambda: events(kube, ns, "GPUCapacityLost"), timeout=60

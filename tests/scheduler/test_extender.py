@@ -27,6 +27,7 @@ class Api:
     def __init__(self, pods: Store) -> None:
         self.pods = pods
         self.created: list[tuple[str, JSON]] = []
+        self.patched: list[tuple[str, JSON]] = []
         self.conflict_once: set[str] = set()
 
     def _key(self, path: str) -> str:
@@ -40,7 +41,17 @@ class Api:
         return pod
 
     def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
-        raise NotImplementedError
+        """A merge patch of labels and annotations (None removes), recorded."""
+        meta = self.get(path)["metadata"]
+        for field in ("labels", "annotations"):
+            values = meta.setdefault(field, {})
+            for k, v in (body["metadata"].get(field) or {}).items():
+                if v is None:
+                    values.pop(k, None)
+                else:
+                    values[k] = v
+        self.patched.append((path, body))
+        return body
 
     def create(self, path: str, body: JSON) -> JSON:
         """A Binding as the API server takes one: uid and resourceVersion preconditions,
@@ -247,6 +258,23 @@ def test_a_pod_not_admitted_by_the_webhook_fails_on_every_node_with_the_reason()
     assert result["NodeNames"] == []
     assert all(keys.DECISION in why for why in result["FailedAndUnresolvableNodes"].values())
     assert set(result["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+
+
+def test_the_capacity_pod_is_marked_hosting_before_the_first_bind_only() -> None:
+    extender, pods, api, _ = setup(0)
+    for name in ("a", "b"):
+        pod = pending(pods, name)
+        filter_(extender, pod)
+        bind(extender, pod, "n1")
+        extender.tick()
+
+    capacity = pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"]
+    assert capacity["metadata"]["labels"][keys.HOSTING] == "true"
+    assert [path for path, _ in api.patched] == [
+        f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods/cap-0"
+    ]
+    first_binding = next(i for i, (path, _) in enumerate(api.created) if path.endswith("/binding"))
+    assert first_binding == 0  # the mark is a patch, made before any Binding was created
 
 
 @pytest.mark.parametrize(

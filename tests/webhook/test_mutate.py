@@ -821,9 +821,7 @@ def test_a_forged_decision_on_a_gpu_pod_is_replaced_by_a_sealed_one() -> None:
     assert seal.verify(b"k" * 32, "ml", got) == 1_800_000_000
 
 
-def test_the_seal_verifies_only_with_the_key_namespace_and_annotations_it_was_made_for() -> (
-    None
-):
+def test_the_seal_verifies_only_with_the_key_namespace_and_annotations_it_was_made_for() -> None:
     ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
     got = annotations(mutate_once(deployment_pod(), ctx))
     seal.verify(b"k" * 32, "ml", got)

@@ -116,4 +116,50 @@ extenders:
     nodeCacheCapable: true
     ignorable: false
     httpTimeout: 30s
+    # The share as the webhook charges it for ResourceQuotas: no node advertises these,
+    # so kube-scheduler must not fit them (the kubelet drops them the same way).
+    managedResources:
+      - {name: gpupack.io/gpu-compute-milli, ignoredByScheduler: true}
+      - {name: gpupack.io/gpu-memory, ignoredByScheduler: true}
+{{- end -}}
+
+{{- /* The namespaces the webhook never rewrites: kube-system, the release's, and the
+operator's list. */ -}}
+{{- define "gpupack.excludedNamespaces" -}}
+{{- concat (list "kube-system" .Release.Namespace) .Values.excludedNamespaces | uniq | toJson -}}
+{{- end -}}
+
+{{- /* gpupack's own identities as a CEL list: the only users who may write gpupack's
+annotations and labels, or delete a capacity pod that hosts pods. */ -}}
+{{- define "gpupack.identities" -}}
+{{- $ns := .Release.Namespace -}}
+[{{- range $i, $n := list (include "gpupack.webhook.name" .) (include "gpupack.scheduler.name" .) (include "gpupack.exporter.name" .) -}}
+{{- if $i }}, {{ end }}'system:serviceaccount:{{ $ns }}:{{ $n }}'
+{{- end -}}]
+{{- end -}}
+
+{{- /* CEL: whether the pod (`object`) is in an opted-in scope, as the webhook's two
+selectors and its decision say: the pod labelled enabled, or its namespace labelled
+enabled and the pod not disabled; never in an excluded namespace. */ -}}
+{{- define "gpupack.cel.optedIn" -}}
+!(namespaceObject.metadata.name in {{ include "gpupack.excludedNamespaces" . }}) && (variables.podOptimize == 'enabled' || (variables.namespaceOptimize == 'enabled' && variables.podOptimize != 'disabled'))
+{{- end -}}
+
+{{- define "gpupack.cel.optimizeVariables" -}}
+- name: podOptimize
+  expression: "has(object.metadata.labels) && 'gpupack.io/optimize' in object.metadata.labels ? object.metadata.labels['gpupack.io/optimize'] : ''"
+- name: namespaceOptimize
+  expression: "has(namespaceObject.metadata.labels) && 'gpupack.io/optimize' in namespaceObject.metadata.labels ? namespaceObject.metadata.labels['gpupack.io/optimize'] : ''"
+{{- end -}}
+
+{{- /* CEL over one container list `$` (an expression): no container selects GPU devices
+through the NVIDIA container toolkit's variables, except gpupack's own
+NVIDIA_VISIBLE_DEVICES (the assigned GPU, from the downward API) on a pod it rewrote,
+and the values that select none. */ -}}
+{{- define "gpupack.cel.noDeviceEnv" -}}
+{{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES', 'NVIDIA_MIG_MONITOR_DEVICES', 'NVIDIA_IMEX_CHANNELS']) || (has(e.value) && e.value in ['void', 'none']) || (!has(e.value) && !has(e.valueFrom)) || (e.name == 'NVIDIA_VISIBLE_DEVICES' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.valueFrom) && has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath == "metadata.annotations['gpupack.io/gpu-uuid']")))
+{{- end -}}
+
+{{- define "gpupack.decisionKey.secret" -}}
+{{- .Values.security.decisionKey.existingSecret | default (printf "%s-decision-key" .Release.Name) -}}
 {{- end -}}

@@ -1,0 +1,221 @@
+"""gpupack's trust boundary on the real API server, with the chart's admission policies:
+forged decisions, edited allocations, capacity pods deleted or evicted under their pods,
+device variables and GPU quotas. Each forgery is attempted and refused by the API server
+(or, where it passes admission, by the scheduler)."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpupack import keys, seal
+from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
+from tests.integration.scheduling import capacity_pods, create, wait_bound
+from tests.integration.workloads import deployment
+
+pytestmark = pytest.mark.integration
+JSON = dict[str, Any]
+
+
+def bare_pod(name: str, annotations: dict[str, str] | None = None, **spec: Any) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "containers": [{"name": "c", "image": "busybox", **spec.pop("container", {})}],
+            "terminationGracePeriodSeconds": 0,
+            **spec,
+        },
+    }
+
+
+def refused(kube: Kube, ns: str, body: JSON) -> str:
+    """Create `body` and return the API server's refusal (the test fails if it is taken)."""
+    with pytest.raises(ApiError) as error:
+        kube.create(f"/api/v1/namespaces/{ns}/pods", body)
+    assert error.value.status in (403, 422), error.value.body
+    return error.value.body
+
+
+@pytest.fixture
+def admitted(kube: Kube, opted_in_namespace: str, scheduler: LocalCluster) -> JSON:
+    """One pod the webhook rewrote and gpupack-scheduler bound."""
+    create(kube, deployment(opted_in_namespace, "real", 1, "300m", memory="4Gi"))
+    (pod,) = wait_bound(kube, opted_in_namespace, "real", 1)
+    return pod
+
+
+def test_a_pod_outside_an_opted_in_scope_cannot_name_gpupack_scheduler(
+    kube: Kube, plain_namespace: str, scheduler: LocalCluster
+) -> None:
+    forged = {keys.DECISION: "forged", keys.GPU_COMPUTE: "1m", keys.GPU_MEMORY: "1Mi"}
+    why = refused(
+        kube, plain_namespace, bare_pod("forged", forged, schedulerName=keys.SCHEDULER_NAME)
+    )
+    assert f"namespace {plain_namespace} is not opted in" in why
+
+
+def test_a_made_up_decision_in_an_opted_in_namespace_is_replaced_by_a_sealed_one(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    workload = deployment(ns, "forger", 1, "1m")
+    template = workload["spec"]["template"]
+    template["metadata"]["annotations"] |= {keys.DECISION: "forged", keys.SEAL: "v1.1.AAAA"}
+    template["spec"]["schedulerName"] = keys.SCHEDULER_NAME
+    create(kube, workload)
+
+    (pod,) = wait_bound(kube, ns, "forger", 1)
+    annotations = pod["metadata"]["annotations"]
+    assert annotations[keys.DECISION] != "forged"  # the webhook's own admission uid
+    key = scheduler.decision_key_file.read_bytes()
+    assert seal.verify(key, ns, annotations)  # sealed by the webhook, for this namespace
+    charged = pod["spec"]["containers"][0]["resources"]["requests"]
+    assert (charged[keys.RESOURCE_COMPUTE], charged[keys.RESOURCE_MEMORY]) == (
+        "1",
+        annotations[keys.GPU_MEMORY],
+    )
+
+
+def test_a_pod_naming_gpupack_scheduler_without_a_gpu_request_is_refused(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    """The webhook strips the made-up decision (it has no GPU request to rewrite); the
+    admission policy then refuses a gpupack-scheduler pod without one."""
+    forged = {keys.DECISION: "forged", keys.SEAL: "v1.1.AAAA", keys.GPU_COMPUTE: "1m"}
+    why = refused(
+        kube, opted_in_namespace, bare_pod("x", forged, schedulerName=keys.SCHEDULER_NAME)
+    )
+    assert "did not admit" in why
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ({keys.GPU_COMPUTE: "1m"}, keys.GPU_COMPUTE),
+        ({keys.GPU_UUID: "GPU-00000000-0000-0000-0000-000000000000"}, keys.GPU_UUID),
+        ({keys.DECISION: None}, keys.DECISION),
+        ({keys.SEAL: None}, keys.SEAL),
+    ],
+)
+def test_nobody_but_gpupack_changes_an_admitted_pods_allocation(
+    kube: Kube, admitted: JSON, edit: dict[str, str | None], named: str
+) -> None:
+    meta = admitted["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    for subresource in ("", "/status"):
+        with pytest.raises(ApiError) as error:
+            kube.merge_patch(path + subresource, {"metadata": {"annotations": edit}})
+        assert error.value.status == 403
+        assert f"annotation {named}" in error.value.body
+    assert kube.get(path)["metadata"]["annotations"] == meta["annotations"]
+
+
+def test_a_capacity_pod_that_hosts_pods_is_neither_deleted_nor_evicted(
+    kube: Kube, admitted: JSON
+) -> None:
+    holder = admitted["metadata"]["annotations"][keys.CAPACITY_POD]
+    path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}"
+    assert capacity_pods(kube)[holder]["metadata"]["labels"][keys.HOSTING] == "true"
+
+    with pytest.raises(ApiError) as deleted:
+        kube.request("DELETE", path)  # (Kube.delete ignores errors)
+    assert deleted.value.status == 403 and "holds the GPU" in deleted.value.body
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": holder}}
+    with pytest.raises(ApiError) as evicted:
+        kube.create(path + "/eviction", eviction)
+    assert evicted.value.status == 429  # the PodDisruptionBudget of hosting capacity pods
+    assert not kube.get(path)["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "GPU-00000000-0000-0000-0000-000000000000"},
+        {"name": "NVIDIA_MIG_CONFIG_DEVICES", "value": "all"},
+        {
+            "name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['gpupack.io/gpu-uuid']"}},
+        },
+    ],
+)
+def test_containers_in_opted_in_namespaces_cannot_select_gpus_themselves(
+    kube: Kube, opted_in_namespace: str, env: JSON
+) -> None:
+    why = refused(kube, opted_in_namespace, bare_pod("devices", container={"env": [env]}))
+    assert "may not set NVIDIA_VISIBLE_DEVICES" in why
+
+
+def test_device_variables_outside_opted_in_scopes_are_left_alone(
+    kube: Kube, plain_namespace: str
+) -> None:
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+    kube.create(
+        f"/api/v1/namespaces/{plain_namespace}/pods", bare_pod("ok", container={"env": env})
+    )
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    kube.create(
+        f"/api/v1/namespaces/{plain_namespace}/pods", bare_pod("all", container={"env": env})
+    )
+
+
+@pytest.fixture
+def quota_namespace(kube: Kube) -> Iterator[str]:
+    name = kube.create_namespace("it-quota", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    kube.create(
+        f"/api/v1/namespaces/{name}/resourcequotas",
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus"},
+            "spec": {
+                "hard": {
+                    f"requests.{keys.RESOURCE_COMPUTE}": "1000",  # one GPU of compute
+                    f"requests.{keys.RESOURCE_MEMORY}": "20Gi",
+                }
+            },
+        },
+    )
+    kube.wait_for(
+        "the quota's status",
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{name}/resourcequotas/gpus").get("status", {}).get("hard")
+        ),
+        timeout=30,
+    )
+    yield name
+    kube.delete(f"/api/v1/namespaces/{name}")
+
+
+def test_a_gpu_quota_admits_pods_up_to_it_and_refuses_the_next(
+    kube: Kube, quota_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = quota_namespace
+
+    def gpu_pod(name: str, compute: str, memory: str) -> JSON:
+        template = deployment(ns, name, 1, compute, memory=memory)["spec"]["template"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            **template,
+            "metadata": {**template["metadata"], "name": name},
+        }
+
+    for index in range(2):  # 2 x 400m, 2 x 8Gi: inside 1000m and 20Gi
+        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"p{index}", "400m", "8Gi"))
+    compute = refused(kube, ns, gpu_pod("over-compute", "300m", "1Gi"))
+    assert "exceeded quota: gpus" in compute and keys.RESOURCE_COMPUTE in compute
+    memory = refused(kube, ns, gpu_pod("over-memory", "100m", "8Gi"))
+    assert "exceeded quota: gpus" in memory and keys.RESOURCE_MEMORY in memory
+    # The quota's extended resources are no node's: kube-scheduler ignores them (the
+    # extender's managedResources) and the pods are placed on shared GPUs.
+    for index in range(2):
+        kube.wait_for(
+            f"p{index} bound",
+            lambda index=index: kube.get(f"/api/v1/namespaces/{ns}/pods/p{index}")["spec"].get(
+                "nodeName"
+            ),  # type: ignore[misc]
+            timeout=60,
+        )
