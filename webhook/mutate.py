@@ -1,20 +1,20 @@
 """The webhook's pure decision: an admission request in, a Decision (with its patch) out.
 
 No I/O: the Namespace (when the webhook could read it), the policies in force and a
-lookup of the workloads' GPURecommendations are passed in (`MutationContext`).
-The rules, in order: only CREATE; a pod we already mutated is left alone (so reinvocation
+lookup of the workloads' GPURecommendations are passed in (`MutationContext`). The
+rules, in order: only CREATE; a pod we already mutated is left alone (so reinvocation
 changes nothing), and "already mutated" means it carries this admission's own seal
-(`gpupack.seal.reinvoked`), never merely gpupack's annotations; the pod must ask for exactly one `nvidia.com/gpu` and nothing GPU-like
-besides; it must be opted in; it must not be pinned to a node or another scheduler. Then
-the policy and the allocation are chosen and the patch is built. The allocation, per
-dimension: a pinned annotation; else the workload's recommendation when it was computed
-for the pod's policy and that policy's updateMode is not Off (clamped to the policy's
-bounds); else the policy's initial allocation; memory capped at the GPU the nodeSelector
-picks. User-supplied values of the scheduler-only and webhook-only annotations are
-stripped on every path, skipped pods included. A rewritten pod is sealed
-(`gpupack.io/seal`) and charged its share as extended resources on its GPU container
-(`gpupack.io/gpu-compute-milli`, `gpupack.io/gpu-memory`), so ResourceQuotas bind.
-"""
+(`gpupack.seal.reinvoked`), never merely gpupack's annotations; the pod must ask for
+exactly one `nvidia.com/gpu` and nothing GPU-like besides; it must be opted in; it must
+not be pinned to a node or another scheduler. Then the policy and the allocation are
+chosen and the patch is built. The allocation, per dimension: a pinned annotation; else
+the workload's recommendation when it was computed for the pod's policy and that
+policy's updateMode is not Off (clamped to the policy's bounds); else the policy's
+initial allocation; memory capped at the GPU the nodeSelector picks. User-supplied
+values of the scheduler-only and webhook-only annotations are stripped on every path,
+skipped pods included. A rewritten pod is sealed (`gpupack.io/seal`) and charged its
+share as extended resources on its GPU container (`gpupack.io/gpu-compute-milli`,
+`gpupack.io/gpu-memory`), so ResourceQuotas bind."""
 
 import math
 import secrets

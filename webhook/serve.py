@@ -25,9 +25,9 @@ from gpupack.runtime import config
 from gpupack.runtime.args import positive_seconds
 from gpupack.runtime.logs import configure_logging
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
-from webhook.mutate import PROCESS_KEY
 from webhook.audit import AuditLog
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
+from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"

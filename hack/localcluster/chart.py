@@ -1,9 +1,10 @@
-"""What the chart installs, as the harness installs it: every local component runs with
-the RBAC `helm template` renders from `charts/gpupack`, bound to the chart's
-ServiceAccounts (each local process authenticates with a client certificate as its
-ServiceAccount's user, `system:serviceaccount:<namespace>:<name>`, so RBAC and the
-admission policies' exemptions see exactly who they see in a cluster), and the webhook is registered with the chart's configuration, so a
-test proves the permissions and selectors users get, not a hand-written copy of them."""
+"""What the chart installs, as the harness installs it: every local component runs with the
+RBAC `helm template` renders from `charts/gpupack`, bound to the chart's ServiceAccounts
+(each local process authenticates with a client certificate as its ServiceAccount's
+user, `system:serviceaccount:<namespace>:<name>`, so RBAC and the admission policies'
+exemptions see whom they see in a cluster), and the webhook is registered with the
+chart's configuration, so a test proves the permissions and selectors users get, not a
+hand-written copy of them."""
 
 import subprocess
 from collections.abc import Sequence

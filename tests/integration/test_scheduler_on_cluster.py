@@ -216,7 +216,8 @@ def test_a_pod_whose_capacity_pod_vanished_is_evicted_and_replaced_on_a_held_gpu
     path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{victim}"
     with pytest.raises(ApiError) as refused:
         kube.request("DELETE", path)  # (Kube.delete ignores errors)
-    assert refused.value.status == 403 and "holds the GPU" in refused.value.body
+    assert refused.value.status == 403
+    assert "holds the GPU" in refused.value.body
     user = "system:serviceaccount:kube-system:pod-garbage-collector"
     gc = Kube.from_kubeconfig(scheduler.user_kubeconfig(user, ["system:serviceaccounts"]))
     try:

@@ -121,7 +121,8 @@ def test_a_capacity_pod_that_hosts_pods_is_neither_deleted_nor_evicted(
 
     with pytest.raises(ApiError) as deleted:
         kube.request("DELETE", path)  # (Kube.delete ignores errors)
-    assert deleted.value.status == 403 and "holds the GPU" in deleted.value.body
+    assert deleted.value.status == 403
+    assert "holds the GPU" in deleted.value.body
     eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": holder}}
     with pytest.raises(ApiError) as evicted:
         kube.create(path + "/eviction", eviction)
@@ -206,9 +207,11 @@ def test_a_gpu_quota_admits_pods_up_to_it_and_refuses_the_next(
     for index in range(2):  # 2 x 400m, 2 x 8Gi: inside 1000m and 20Gi
         kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"p{index}", "400m", "8Gi"))
     compute = refused(kube, ns, gpu_pod("over-compute", "300m", "1Gi"))
-    assert "exceeded quota: gpus" in compute and keys.RESOURCE_COMPUTE in compute
+    assert "exceeded quota: gpus" in compute
+    assert keys.RESOURCE_COMPUTE in compute
     memory = refused(kube, ns, gpu_pod("over-memory", "100m", "8Gi"))
-    assert "exceeded quota: gpus" in memory and keys.RESOURCE_MEMORY in memory
+    assert "exceeded quota: gpus" in memory
+    assert keys.RESOURCE_MEMORY in memory
     # The quota's extended resources are no node's: kube-scheduler ignores them (the
     # extender's managedResources) and the pods are placed on shared GPUs.
     for index in range(2):

@@ -825,7 +825,7 @@ def test_the_seal_verifies_only_with_the_key_namespace_and_annotations_it_was_ma
     ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
     got = annotations(mutate_once(deployment_pod(), ctx))
     seal.verify(b"k" * 32, "ml", got)
-    for key, namespace, changed in [
+    for key, ns, changed in [
         (b"x" * 32, "ml", {}),
         (b"k" * 32, "other-team", {}),
         (b"k" * 32, "ml", {keys.GPU_COMPUTE: "1m"}),
@@ -833,7 +833,7 @@ def test_the_seal_verifies_only_with_the_key_namespace_and_annotations_it_was_ma
         (b"k" * 32, "ml", {keys.ENFORCEMENT: "mps"}),
     ]:
         with pytest.raises(seal.SealError):
-            seal.verify(key, namespace, {**got, **changed})
+            seal.verify(key, ns, {**got, **changed})
 
 
 def test_reinvocation_is_recognised_only_while_the_seal_is_fresh() -> None:
@@ -846,7 +846,8 @@ def test_reinvocation_is_recognised_only_while_the_seal_is_fresh() -> None:
     again = decide(request(mutated, uid="req-3"), late)
     assert again.reason is Reason.NO_GPU
     stripped = annotations(jsonpatch.apply_patch(mutated, list(again.patch)))
-    assert keys.SEAL not in stripped and keys.DECISION not in stripped
+    assert keys.SEAL not in stripped
+    assert keys.DECISION not in stripped
     other_key = MutationContext(key=b"o" * 32, now=1_800_000_000)
     assert decide(request(mutated, uid="req-4"), other_key).reason is Reason.NO_GPU
 
