@@ -241,6 +241,10 @@ def _prefer(spec: JSON, steer: Sequence[str]) -> None:
         preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
         term = {"key": HOSTNAME, "operator": "In", "values": sorted(steer)}
         preferred.append({"weight": STEER_WEIGHT, "preference": {"matchExpressions": [term]}})
+        # Not also towards nodes holding capacity pods: kube-scheduler normalises each
+        # plugin's scores, so that preference would tie with this one, and the new GPU
+        # would land beside the old ones, where the waiting pod may not go.
+        return
     pod = affinity.setdefault("podAffinity", {})
     pod.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
         {
@@ -269,9 +273,9 @@ def capacity_pod(
     tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
     where the workload may run. Preferences steer it further: towards `steer`, the nodes
     the waiting pod may go to (its own rules, such as anti-affinity, spread or volumes,
-    exclude the others: a GPU there would be wasted), and towards nodes already holding
-    capacity pods, so GPU nodes fill up before new ones are used and the autoscaler can
-    remove idle ones. Preferences, not requirements: when none of those nodes has a GPU
+    exclude the others: a GPU there would be wasted), or, without such nodes, towards
+    nodes already holding capacity pods, so GPU nodes fill up before new ones are used
+    and the autoscaler can remove idle ones. Preferences, not requirements: when none of those nodes has a GPU
     free, the pod stays schedulable where the autoscaler can add one.
     No owner reference: owners cannot cross namespaces.
     """

@@ -40,6 +40,16 @@ def _require(doc: JSON, field: str, where: str) -> Any:
     return doc[field]
 
 
+def _show(value: object, limit: int = 120) -> str:
+    """A value for an error message, bounded: a scalar's repr cut at `limit` characters;
+    a list or object only as its type (a hostile, deeply nested value must not cost a
+    RecursionError or a megabyte of message)."""
+    if isinstance(value, (list, dict)):
+        return f"a JSON {'array' if isinstance(value, list) else 'object'}"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def parse_review(body: bytes) -> AdmissionRequest:
     """Validate an `admission.k8s.io/v1` AdmissionReview carrying a Pod."""
     if len(body) > MAX_BODY_BYTES:
@@ -54,7 +64,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         raise ReviewError(
             400,
             f"expected apiVersion {API_VERSION!r} and kind 'AdmissionReview', got "
-            f"{doc.get('apiVersion')!r} and {doc.get('kind')!r}",
+            f"{_show(doc.get('apiVersion'))} and {_show(doc.get('kind'))}",
         )
     request = _require(doc, "request", "AdmissionReview")
     if not isinstance(request, dict):
@@ -64,7 +74,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         raise ReviewError(400, "request.uid must be a non-empty string")
     kind = request.get("kind") or {}
     if not isinstance(kind, dict) or kind.get("kind") != "Pod" or kind.get("group", "") != "":
-        raise ReviewError(400, f"only core/v1 Pods are handled; request.kind is {kind!r}")
+        raise ReviewError(400, f"only core/v1 Pods are handled; request.kind is {_show(kind)}")
     operation = request.get("operation")
     if not isinstance(operation, str):
         raise ReviewError(400, "request.operation must be a string such as 'CREATE'")
@@ -72,7 +82,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(pod, dict):
         raise ReviewError(400, "request.object must be the Pod being admitted")
     if pod.get("kind", "Pod") != "Pod":
-        raise ReviewError(400, f"request.object is a {pod.get('kind')!r}, not a Pod")
+        raise ReviewError(400, f"request.object is a {_show(pod.get('kind'))}, not a Pod")
     for field in ("metadata", "spec"):
         if field in pod and not isinstance(pod[field], dict):
             raise ReviewError(400, f"request.object.{field} must be an object")

@@ -34,6 +34,8 @@ DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
+KEEP_ALIVE_SECONDS: Final = 5
+LIMIT_CONCURRENCY: Final = 1000
 
 log = logging.getLogger("webhook.serve")
 
@@ -137,6 +139,11 @@ def build_uvicorn_config(
         server_header=False,
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # What one client can hold: idle keep-alive connections are closed after a few
+        # seconds, and past LIMIT_CONCURRENCY open connections new requests get a 503
+        # instead of growing the process (the API server retries another replica).
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        limit_concurrency=LIMIT_CONCURRENCY,
         ssl_context_factory=lambda _config, _default: ssl_context,
     )
 

@@ -63,6 +63,10 @@ def render(*args: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
+def render_in(namespace: str, *args: str) -> list[dict[str, Any]]:
+    return render(f"--namespace={namespace}", *args)  # the last --namespace wins
+
+
 def of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
@@ -228,7 +232,9 @@ def test_the_default_policies_are_the_builtins() -> None:
 
 
 def test_the_hook_job_runs_gpupack_certs_with_arguments_it_accepts() -> None:
-    (job,) = of_kind(render(*CUSTOM), "Job")
+    (job,) = [
+        j for j in of_kind(render(*CUSTOM), "Job") if j["metadata"]["name"] == "gpupack-certs"
+    ]
     assert (
         job["metadata"]["annotations"]["helm.sh/hook"]
         == "pre-install,pre-upgrade,post-install,post-upgrade"
@@ -447,3 +453,26 @@ def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywh
     assert [b["subjects"] for b in bindings] == [
         [{"kind": "ServiceAccount", "name": "gpupack-webhook", "namespace": NAMESPACE}]
     ] * 2
+
+
+def test_the_uninstall_hook_runs_as_the_scheduler_with_the_release_namespace() -> None:
+    (job,) = [j for j in of_kind(render(), "Job") if j["metadata"]["name"] == "gpupack-uninstall"]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpupack-scheduler"  # exempt from the held-GPU policy
+    assert pod["containers"][0]["command"] == ["gpupack-scheduler-uninstall"]
+    assert pod["containers"][0]["args"] == [f"--namespace={NAMESPACE}"]
+
+
+def test_every_binary_takes_gpupack_namespace_from_the_release() -> None:
+    docs = render_in("gpu-sharing")
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "DaemonSet"):
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                if container["image"].startswith("registry.k8s.io/kube-scheduler"):
+                    continue
+                assert "--namespace=gpu-sharing" in container["args"], doc["metadata"]["name"]
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    text = json.dumps(policies)
+    assert "system:serviceaccount:gpu-sharing:gpupack-scheduler" in text
+    assert "gpupack-system" not in text

@@ -272,15 +272,25 @@ def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> No
     assert spec["enableServiceLinks"] is False
 
 
-def test_capacity_pod_prefers_where_the_pod_may_go_and_nodes_already_holding_gpus() -> None:
+def test_capacity_pod_prefers_where_the_pod_may_go_alone() -> None:
+    """With nodes to steer to, no preference for nodes holding capacity pods: kube-scheduler
+    normalises each plugin's scores, so the two would tie and the GPU could land where the
+    waiting pod may not go."""
     pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p", steer=["n2", "n1"])
 
-    kubernetes_validate.validate(pod, "1.34", strict=True)
     affinity = pod["spec"]["affinity"]
     preferred = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert preferred[-1]["preference"]["matchExpressions"] == [
         {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}
     ]
+    assert "podAffinity" not in affinity
+
+
+def test_capacity_pod_without_steering_prefers_nodes_already_holding_gpus() -> None:
+    pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p")
+
+    kubernetes_validate.validate(pod, "1.34", strict=True)
+    affinity = pod["spec"]["affinity"]
     (together,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     assert together["podAffinityTerm"]["labelSelector"] == {
         "matchLabels": {keys.ROLE: keys.ROLE_CAPACITY}

@@ -9,6 +9,8 @@ cluster's webhook registration.
 
 import base64
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,9 @@ import pytest
 import yaml
 from cryptography import x509
 
+from gpupack import keys, seal
 from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
+from hack.localcluster.chart import service_account_user
 from tests.integration.tools import REPO, gpupack_certs
 
 pytestmark = pytest.mark.integration
@@ -52,7 +56,11 @@ def hook_args(cluster: LocalCluster, values: list[str]) -> list[str]:
         "--kube-version=1.35.0",
         *values,
     )
-    (job,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Job"]
+    (job,) = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "Job" and d["metadata"]["name"] == "gpupack-certs"
+    ]
     args: list[str] = job["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
 
@@ -84,6 +92,81 @@ def gone(kube: Kube, path: str) -> bool:
     except ApiError as exc:
         return exc.status == 404
     return False
+
+
+def uninstall_hook(cluster: LocalCluster) -> tuple[int, str]:
+    """The pre-delete hook's command with the Job's arguments, as its ServiceAccount."""
+    rendered = helm(
+        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
+    )
+    (job,) = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "Job" and d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    ]
+    pod = job["spec"]["template"]["spec"]
+    user, groups = service_account_user(pod["serviceAccountName"], NS)
+    command = [sys.executable, "-m", "scheduler.uninstall", *pod["containers"][0]["args"]]
+    kubeconfig = cluster.user_kubeconfig(user, groups)
+    result = subprocess.run(
+        [*command, f"--kubeconfig={kubeconfig}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def assert_uninstall_guard(cluster: LocalCluster, kube: Kube) -> None:
+    """Uninstall refuses while a pod shares a GPU, and leaves no capacity pod after."""
+    ns = kube.create_namespace("it-uninstall", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    key = base64.b64decode(
+        kube.get(f"/api/v1/namespaces/{NS}/secrets/gpupack-decision-key")["data"]["key"]
+    )
+    annotations = {
+        keys.DECISION: "d-1",
+        keys.ENFORCEMENT: "accounting",
+        keys.GPU_COMPUTE: "300m",
+        keys.GPU_MEMORY: "1Gi",
+        keys.POLICY: "batch",
+    }
+    annotations[keys.SEAL] = seal.seal(key, ns, annotations, int(time.time()))
+    charge = {keys.RESOURCE_COMPUTE: "300", keys.RESOURCE_MEMORY: "1Gi"}
+    fractional = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "shares", "annotations": annotations},
+        "spec": {
+            "schedulerName": keys.SCHEDULER_NAME,
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": charge, "requests": charge}}
+            ],
+        },
+    }
+    kube.create(f"/api/v1/namespaces/{ns}/pods", fractional)
+    capacity = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "capacity-x", "labels": {keys.ROLE: keys.ROLE_CAPACITY}},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "terminationGracePeriodSeconds": 0},
+    }
+    kube.create(f"/api/v1/namespaces/{NS}/pods", capacity)
+
+    code, out = uninstall_hook(cluster)
+    assert code == 1, out
+    assert f"refusing to uninstall: 1 pods share GPUs through gpupack ({ns}/shares)" in out
+    assert not gone(kube, f"/api/v1/namespaces/{NS}/pods/capacity-x")
+
+    kube.request(
+        "DELETE", f"/api/v1/namespaces/{ns}/pods/shares", params={"gracePeriodSeconds": "0"}
+    )
+    kube.wait_for("the pod to go", lambda: gone(kube, f"/api/v1/namespaces/{ns}/pods/shares"))
+    code, out = uninstall_hook(cluster)
+    assert code == 0, out
+    kube.wait_for("no capacity pod", lambda: gone(kube, f"/api/v1/namespaces/{NS}/pods/capacity-x"))
+    kube.delete(f"/api/v1/namespaces/{ns}")
 
 
 def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
@@ -140,7 +223,8 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
     }
     assert gone(kube, f"/api/v1/namespaces/{NS}/services/gpupack-webhook")
 
-    helm(chart_cluster, "uninstall", "gpupack", f"--namespace={NS}", "--wait")
+    assert_uninstall_guard(chart_cluster, kube)
+    helm(chart_cluster, "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--no-hooks")
     leftovers = [
         "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpupack-webhook",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles/gpupack-webhook",

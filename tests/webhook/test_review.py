@@ -111,3 +111,24 @@ def test_deny_carries_the_message_for_kubectl() -> None:
     response = deny("u", "gpupack.io/gpu-compute: invalid")["response"]
     assert response["allowed"] is False
     assert response["status"]["message"] == "gpupack.io/gpu-compute: invalid"
+
+
+@pytest.mark.parametrize("where", ["apiVersion", "kind", "request.kind", "request.object.kind"])
+def test_a_deeply_nested_value_is_a_client_error_with_a_bounded_message(where: str) -> None:
+    deep = "DEEP"
+    doc: dict[str, object] = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": {}},
+    }
+    target: dict[str, object] = doc
+    *path, last = where.split(".")
+    for part in path:
+        target = target[part]  # type: ignore[assignment]
+    target[last] = deep
+    body = json.dumps(doc).replace('"DEEP"', "[" * 1000 + "]" * 1000).encode()
+
+    with pytest.raises(ReviewError) as error:
+        parse_review(body)
+    assert error.value.status == 400
+    assert len(error.value.message) < 300
