@@ -275,8 +275,8 @@ def capacity_pod(
     the waiting pod may go to (its own rules, such as anti-affinity, spread or volumes,
     exclude the others: a GPU there would be wasted), or, without such nodes, towards
     nodes already holding capacity pods, so GPU nodes fill up before new ones are used
-    and the autoscaler can remove idle ones. Preferences, not requirements: when none of those nodes has a GPU
-    free, the pod stays schedulable where the autoscaler can add one.
+    and the autoscaler can remove idle ones. Preferences, not requirements: when none of
+    those nodes has a GPU free, the pod stays schedulable where the autoscaler can add one.
     No owner reference: owners cannot cross namespaces.
     """
     one_gpu = {keys.NVIDIA_GPU: "1"}
