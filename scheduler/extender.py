@@ -89,6 +89,9 @@ class Extender:
         self._lifecycle = Lifecycle(kube, cache, settings, self._pool.submit, metrics)
         self.reservations: dict[str, Reservation] = {}
         self.waiting: dict[str, Waiting] = {}
+        # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
+        # until the informer brings the labelled copy, the next binds need not label again.
+        self._marked: dict[str, str] = {}
         self.leading = False  # whether the kube-scheduler beside us leads (`leadership`)
         self.usage = Usage(0, 0, 0, 0, 0, leader=False)
 
@@ -136,12 +139,14 @@ class Extender:
                     return wire.bind_failed(why)
                 held = self.reservations[key]
             held.binding = True
-            capacity = self.cache.capacity.get(held.holder)
+            unmarked = self._unmarked(held.holder)
         try:
-            if capacity is not None and not writer.hosting(capacity.pod):
+            if unmarked is not None:
                 # Before the first pod lands: from now on the API server refuses to delete
                 # or evict the capacity pod, so its GPU stays held while anything runs.
-                writer.mark_hosting(self._kube, capacity.pod, True)
+                writer.mark_hosting(self._kube, unmarked, True)
+                with self._lock:
+                    self._marked[held.holder] = unmarked["metadata"].get("resourceVersion", "")
             writer.bind(self._kube, held.pod, held.node, held.gpu, held.holder, held.request)
         except (ApiError, writer.Changed) as error:
             with self._lock:
@@ -163,6 +168,15 @@ class Extender:
         )
         return wire.bound()
 
+    def _unmarked(self, holder: str) -> JSON | None:
+        """The capacity pod `holder` when it still needs the hosting label, else None."""
+        capacity = self.cache.capacity.get(holder)
+        if capacity is None or writer.hosting(capacity.pod):
+            self._marked.pop(holder, None)
+            return None
+        version = capacity.pod["metadata"].get("resourceVersion", "")
+        return None if self._marked.get(holder) == version else capacity.pod
+
     # Housekeeping.
 
     def tick(self) -> None:
@@ -172,6 +186,8 @@ class Extender:
             self._expire(now)
             for key in [k for k, w in self.waiting.items() if not self._still_waiting(k, w, now)]:
                 del self.waiting[key]
+            for holder in [h for h in self._marked if h not in self.cache.capacity]:
+                del self._marked[holder]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
             self._refresh_mix()

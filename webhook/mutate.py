@@ -19,9 +19,9 @@ share as extended resources on its GPU container (`gpupack.io/gpu-compute-milli`
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from gpupack import keys, seal
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
@@ -49,6 +49,9 @@ def no_recommendation(namespace: str, kind: str, name: str) -> Recommendation | 
     return None
 
 
+PROCESS_KEY: Final = secrets.token_bytes(32)
+
+
 @dataclass(frozen=True, slots=True)
 class MutationContext:
     namespace: JSON | None = None  # the Namespace object, when the webhook could read it
@@ -56,11 +59,8 @@ class MutationContext:
     recommendation: RecommendationLookup = no_recommendation
     # The decision key the seal is made with (the chart's Secret; a process-local random
     # key when none was given, whose seals the scheduler then refuses) and the time.
-    key: bytes = field(default_factory=lambda: PROCESS_KEY)
+    key: bytes = PROCESS_KEY
     now: int = field(default_factory=lambda: int(time.time()))
-
-
-PROCESS_KEY: bytes = secrets.token_bytes(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +76,12 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
     owner_kind, owner_name = workload_of(pod, request.name)
-    ours = spec.get("schedulerName") == keys.SCHEDULER_NAME and seal.reinvoked(
-        ctx.key, request.namespace, annotations, ctx.now
+    ours = (
+        request.operation == "CREATE"
+        and spec.get("schedulerName") == keys.SCHEDULER_NAME
+        and seal.reinvoked(ctx.key, request.namespace, annotations, ctx.now)
     )
-    if request.operation == "CREATE" and ours:
+    if ours:
         return Decision(
             Outcome.SKIPPED,
             Reason.ALREADY_MUTATED,
@@ -89,14 +91,13 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         )
     forbidden = keys.SCHEDULER_ONLY + keys.WEBHOOK_ONLY
     stripped = tuple(key for key in forbidden if key in annotations)
-    strip_ops = tuple(patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
 
     def skip(reason: Reason, message: str) -> Decision:
         return Decision(
             Outcome.SKIPPED,
             reason,
             message,
-            patch=strip_ops,
+            patch=tuple(strip_ops(stripped)),
             owner_kind=owner_kind,
             owner_name=owner_name,
             stripped=stripped,
@@ -260,6 +261,11 @@ def allocate(
     return Allocation(compute, memory, ", ".join(sources), rec)
 
 
+def strip_ops(stripped: Iterable[str]) -> Iterator[JSON]:
+    """Remove the annotations `stripped` (user-written values of gpupack's own keys)."""
+    return (patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
+
+
 def _charge_ops(container: Container, slot: scope.GpuSlot, allocation: Allocation) -> list[JSON]:
     """Charge the GPU container its share as the quota's extended resources, in limits and
     requests (an extended resource's request must equal its limit)."""
@@ -378,11 +384,7 @@ def build_patch(
     wanted[keys.SEAL] = seal.seal(ctx.key, request.namespace, wanted, ctx.now)
     # A stripped key we write anyway is replaced (`add` of an existing member), not removed.
     kept = {k: v for k, v in annotations.items() if k not in stripped}
-    ops.extend(
-        patch.remove(patch.pointer("metadata", "annotations", k))
-        for k in stripped
-        if k not in wanted
-    )
+    ops.extend(strip_ops(k for k in stripped if k not in wanted))
     ops.extend(_set_annotations(request.pod, kept, wanted))
     env = gpu_env(choice.policy, allocation)
     for slot in gpus.slots:

@@ -28,6 +28,8 @@ class Api:
         self.pods = pods
         self.created: list[tuple[str, JSON]] = []
         self.patched: list[tuple[str, JSON]] = []
+        self.calls: list[str] = []  # every write, in order
+        self.lagging = False
         self.conflict_once: set[str] = set()
 
     def _key(self, path: str) -> str:
@@ -41,7 +43,12 @@ class Api:
         return pod
 
     def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
-        """A merge patch of labels and annotations (None removes), recorded."""
+        """A merge patch of labels and annotations (None removes), recorded; with
+        `lagging`, recorded only (the informer has not brought it yet)."""
+        self.patched.append((path, body))
+        self.calls.append(f"patch {path}")
+        if self.lagging:
+            return body
         meta = self.get(path)["metadata"]
         for field in ("labels", "annotations"):
             values = meta.setdefault(field, {})
@@ -50,7 +57,6 @@ class Api:
                     values.pop(k, None)
                 else:
                     values[k] = v
-        self.patched.append((path, body))
         return body
 
     def create(self, path: str, body: JSON) -> JSON:
@@ -72,6 +78,7 @@ class Api:
             meta["annotations"].update(wanted["annotations"])
             pod["spec"]["nodeName"] = body["target"]["name"]
         self.created.append((path, body))
+        self.calls.append(f"create {path}")
         return body
 
     def list(self, path: str, params: Mapping[str, str]) -> JSON:
@@ -273,8 +280,27 @@ def test_the_capacity_pod_is_marked_hosting_before_the_first_bind_only() -> None
     assert [path for path, _ in api.patched] == [
         f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods/cap-0"
     ]
-    first_binding = next(i for i, (path, _) in enumerate(api.created) if path.endswith("/binding"))
-    assert first_binding == 0  # the mark is a patch, made before any Binding was created
+    assert api.calls[:2] == [
+        f"patch /api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods/cap-0",
+        "create /api/v1/namespaces/ml/pods/a/binding",
+    ]
+
+
+def test_the_mark_is_not_repeated_while_the_informer_lags_behind_it() -> None:
+    extender, pods, api, _ = setup(0)
+    api.lagging = True  # the informer's copy of the capacity pod stays unlabelled
+    for name in ("a", "b", "c"):
+        pod = pending(pods, name, "100m")
+        filter_(extender, pod)
+        assert bind(extender, pod, "n1")["Error"] == ""
+
+    assert len(api.patched) == 1
+    capacity = pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"]
+    capacity["metadata"]["resourceVersion"] = "changed"  # e.g. housekeeping unlabelled it
+    pod = pending(pods, "d", "100m")
+    filter_(extender, pod)
+    assert bind(extender, pod, "n1")["Error"] == ""
+    assert len(api.patched) == 2
 
 
 @pytest.mark.parametrize(
