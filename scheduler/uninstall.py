@@ -22,14 +22,12 @@ from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.config import ConfigError
 from gpupack.runtime.logs import configure_logging
+from gpupack.runtime.shell import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from gpupack.runtime.transport import Transport, connect
 from gpupack.shares import is_live
 
 log = logging.getLogger(__name__)
 
-EXIT_OK: Final = 0
-EXIT_REFUSED: Final = 1
-EXIT_USAGE: Final = 2
 SHOWN: Final = 10  # pods named in the refusal; the rest are counted
 
 
@@ -61,9 +59,8 @@ def run(kube: Transport, namespace: str, scheduler_name: str) -> int:
     pods = kube.list("/api/v1/pods", {})["items"]
     names = fractional_pods(pods, scheduler_name)
     if names:
-        log.error(refusal(names))
         print(refusal(names), file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_FAILED
     capacity = kube.list(
         f"/api/v1/namespaces/{namespace}/pods",
         {"labelSelector": f"{keys.ROLE}={keys.ROLE_CAPACITY}"},
@@ -107,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(kube, args.namespace, args.scheduler_name)
     except ApiError as error:
         print(f"gpupack-scheduler-uninstall: the API refused: {error}", file=sys.stderr)
-        return EXIT_REFUSED
+        return EXIT_FAILED
     finally:
         kube.close()
 

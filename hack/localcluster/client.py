@@ -236,8 +236,6 @@ _PLURALS = {
         False,
     ),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
-    "ResourceQuota": ("/api/v1", "resourcequotas", True),
-    "Secret": ("/api/v1", "secrets", True),
     "CustomResourceDefinition": (
         "/apis/apiextensions.k8s.io/v1",
         "customresourcedefinitions",

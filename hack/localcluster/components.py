@@ -1,7 +1,8 @@
 """gpupack on the local control plane: the CRDs, and each component as a local process
-(`python -m <component>.cli`) with the RBAC the chart renders bound to a local user of
-the component's name, and a kubeconfig for that user. The webhook is registered with the
-MutatingWebhookConfiguration the chart renders, pointed at the local process."""
+(`python -m <component>.cli`) authenticating as the component's ServiceAccount, with
+the RBAC the chart renders for it; the chart's admission policies. The webhook is
+registered with the MutatingWebhookConfiguration the chart renders, pointed at the local
+process."""
 
 import base64
 import contextlib
@@ -83,11 +84,7 @@ class LocalCluster(ControlPlane):
         chart renders, pointed at the local process."""
         admin = self.kube()
         self.install_crds()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart.chart_rbac(Path(self.binary("helm")), "templates/webhook.yaml"):
-            admin.apply(obj)
+        kubeconfig = self.component_kubeconfig(WEBHOOK_NAME, "templates/webhook.yaml")
         serving = pem.issue(
             self._ca,
             f"{WEBHOOK_NAME}.{SYSTEM_NAMESPACE}.svc",
@@ -98,7 +95,6 @@ class LocalCluster(ControlPlane):
         cert, key = self._write_pair("webhook", serving)
         self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
         self.audit_log = self.workdir / "logs" / "audit.log"
-        kubeconfig = self.service_account_kubeconfig(WEBHOOK_NAME)
         process = self._launch(
             WEBHOOK_NAME,
             [
@@ -147,14 +143,14 @@ class LocalCluster(ControlPlane):
         writes GPU UUIDs on capacity pods where no real exporter runs."""
         return self.component_kubeconfig(chart.EXPORTER_NAME, "templates/exporter.yaml")
 
-    def component_kubeconfig(self, name: str, template: str) -> Path:
+    def component_kubeconfig(self, name: str, template: str, sets: Sequence[str] = ()) -> Path:
         """A kubeconfig of gpupack's ServiceAccount `name`, with the RBAC the chart's
-        `template` renders for it applied."""
+        `template` renders for it (with `sets`) applied."""
         admin = self.kube()
         admin.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
         )
-        for obj in chart.chart_rbac(Path(self.binary("helm")), template):
+        for obj in chart.chart_rbac(Path(self.binary("helm")), template, sets=sets):
             admin.apply(obj)
         return self.service_account_kubeconfig(name)
 
@@ -203,23 +199,12 @@ class LocalCluster(ControlPlane):
         *,
         sets: Sequence[str] = (),
     ) -> Process:
-        """Run `python -m module` as the local user `user`, with the RBAC the chart's
-        `template` renders (and `sets`) bound to that user, and a kubeconfig for it."""
-        admin = self.kube()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart.chart_rbac(Path(self.binary("helm")), template, sets=sets):
-            admin.apply(obj)
+        """Run `python -m module` as gpupack's ServiceAccount `user`, with the RBAC the
+        chart's `template` renders (and `sets`) for it (`component_kubeconfig`)."""
+        kubeconfig = self.component_kubeconfig(user, template, sets=sets)
         process = self._launch(
             process_name,
-            [
-                sys.executable,
-                "-m",
-                module,
-                f"--kubeconfig={self.service_account_kubeconfig(user)}",
-                *args,
-            ],
+            [sys.executable, "-m", module, f"--kubeconfig={kubeconfig}", *args],
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self.write_state()
