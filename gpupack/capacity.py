@@ -233,28 +233,34 @@ PACK_WEIGHT: Final = 50  # towards a node that already holds capacity pods
 MAX_STEER: Final = 1000  # node names in one preference; more is a huge pod, not a better one
 
 
-def _prefer(spec: JSON, steer: Sequence[str]) -> None:
-    """Add the steering preferences to a capacity pod's spec (see `capacity_pod`)."""
-    affinity = spec.setdefault("affinity", {})
-    if steer and len(steer) <= MAX_STEER:
-        node = affinity.setdefault("nodeAffinity", {})
-        preferred = node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-        term = {"key": HOSTNAME, "operator": "In", "values": sorted(steer)}
-        preferred.append({"weight": STEER_WEIGHT, "preference": {"matchExpressions": [term]}})
-        # Not also towards nodes holding capacity pods: kube-scheduler normalises each
-        # plugin's scores, so that preference would tie with this one, and the new GPU
-        # would land beside the old ones, where the waiting pod may not go.
-        return
-    pod = affinity.setdefault("podAffinity", {})
-    pod.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+def holding_nodes(pods: Iterable[JSON]) -> list[str]:
+    """The nodes these capacity pods are on, sorted: where a new GPU packs best."""
+    return sorted(
+        {str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")}
+    )
+
+
+def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
+    """Add the placement preferences to a capacity pod's spec (see `capacity_pod`), all as
+    node affinity: kube-scheduler normalises each plugin's scores, so preferences in two
+    plugins tie at their maxima, and an existing capacity pod's pod affinity would pull
+    every new one towards its node, even where the waiting pod may not go. In one plugin
+    the weights add: a node of `steer` (100) beats one merely in `packed` (50), and one in
+    both (150) wins."""
+    terms = [(STEER_WEIGHT, steer), (PACK_WEIGHT, packed)]
+    preferred = [
         {
-            "weight": PACK_WEIGHT,
-            "podAffinityTerm": {
-                "labelSelector": {"matchLabels": {keys.ROLE: keys.ROLE_CAPACITY}},
-                "topologyKey": HOSTNAME,
+            "weight": weight,
+            "preference": {
+                "matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": sorted(nodes)}]
             },
         }
-    )
+        for weight, nodes in terms
+        if nodes and len(nodes) <= MAX_STEER
+    ]
+    if preferred:
+        node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(preferred)
 
 
 def capacity_pod(
@@ -266,6 +272,7 @@ def capacity_pod(
     image: str = DEFAULT_IMAGE,
     namespace: str = keys.SYSTEM_NAMESPACE,
     steer: Sequence[str] = (),
+    packed: Sequence[str] = (),
 ) -> JSON:
     """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else.
 
@@ -273,10 +280,11 @@ def capacity_pod(
     tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
     where the workload may run. Preferences steer it further: towards `steer`, the nodes
     the waiting pod may go to (its own rules, such as anti-affinity, spread or volumes,
-    exclude the others: a GPU there would be wasted), or, without such nodes, towards
-    nodes already holding capacity pods, so GPU nodes fill up before new ones are used
-    and the autoscaler can remove idle ones. Preferences, not requirements: when none of
-    those nodes has a GPU free, the pod stays schedulable where the autoscaler can add one.
+    exclude the others: a GPU there would be wasted), and, less, towards `packed`, the
+    nodes already holding capacity pods (`holding_nodes`), so GPU nodes fill up before
+    new ones are used and the autoscaler can remove idle ones. Preferences, not
+    requirements: when none of those nodes has a GPU free, the pod stays schedulable where
+    the autoscaler can add one.
     No owner reference: owners cannot cross namespaces.
     """
     one_gpu = {keys.NVIDIA_GPU: "1"}
@@ -305,7 +313,7 @@ def capacity_pod(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         **{k: copy.deepcopy(v) for k, v in scheduling.items() if k in INHERITED},
     }
-    _prefer(spec, steer)
+    _prefer(spec, steer, packed)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

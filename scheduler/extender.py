@@ -29,7 +29,7 @@ two decisions ever see the same free share.
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -47,7 +47,7 @@ from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, place, refusal
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
-from scheduler.snapshot import Request
+from scheduler.snapshot import Gpu, Request, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,12 @@ class Extender:
                 key, request.compute, request.gpu_memory, request.owner, request.exclusive
             )
             self.waiting[key] = Waiting(request.pool, allocation, frozenset(nodes), now)
+            starting = _starting(snapshot, request, nodes)
+            if starting is not None:
+                return wire.retry(
+                    f"gpupack: the GPU of capacity pod {starting.holder} on {starting.node} "
+                    f"is starting; it will take this pod {asks}"
+                )
             self._lifecycle.request(request.pool, pod, self._unplaced(request.pool, now), nodes)
             return wire.refused(reasons)
 
@@ -329,3 +335,24 @@ class Extender:
             reservations=len(self.reservations),
             unhealthy=sum(1 for g in held if not g.healthy),
         )
+
+
+def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:
+    """A GPU of the pod's pool on one of `nodes` that is not running yet (its capacity
+    pod is bound, the exporter has not named the device) and will have room for it.
+    kube-scheduler parks a pod its extender refused until an event its own plugins care
+    about, and a GPU starting is none; so the pod is asked to retry instead."""
+    for name in nodes:
+        node = snapshot.nodes.get(name)
+        for gpu in node.gpus if node is not None else ():
+            if not (gpu.coming and gpu.healthy and gpu.pool == request.pool):
+                continue
+            if request.models is not None and gpu.model not in request.models:
+                continue
+            memory = gpu.free_memory
+            fits = gpu.free_compute >= request.compute and (
+                memory is None or memory >= request.gpu_memory
+            )
+            if fits and (not gpu.exclusive_owner or gpu.exclusive_owner == request.owner):
+                return gpu
+    return None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
-from gpupack.capacity import Allocation, plan
+from gpupack.capacity import Allocation, holding_nodes, plan
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.pool import scheduling_metadata
@@ -95,13 +95,23 @@ class Lifecycle:
         names = self._creator.claim(pool, missing, used)
         spec = scheduling_metadata(example.get("spec") or {})
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
+        packed = holding_nodes(c.pod for c in self.cache.capacity.values()) if names else []
         for name in names:
-            self._submit(self._create_capacity, pool, name, spec, owner, example, tuple(steer))
+            self._submit(
+                self._create_capacity, pool, name, spec, owner, example, tuple(steer), packed
+            )
 
     def _create_capacity(
-        self, pool: str, name: str, spec: JSON, owner: str, example: JSON, steer: Sequence[str]
+        self,
+        pool: str,
+        name: str,
+        spec: JSON,
+        owner: str,
+        example: JSON,
+        steer: Sequence[str],
+        packed: Sequence[str],
     ) -> None:
-        made = self._creator.create(pool, (name,), spec, owner, steer=steer)
+        made = self._creator.create(pool, (name,), spec, owner, steer=steer, packed=packed)
         if made.failure is not None:
             log.warning("could not create capacity pod %s: %s", name, made.failure)
             return

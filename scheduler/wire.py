@@ -94,6 +94,13 @@ def refused(reasons: Mapping[str, str], *, resolvable: bool = False) -> FilterRe
     return FilterResult(NodeNames=[], FailedNodes={}, FailedAndUnresolvableNodes=failed, Error="")
 
 
+def retry(why: str) -> FilterResult:
+    """Not now, soon: an error, which kube-scheduler retries after its backoff (1 to 10 s)
+    rather than parking the pod until an event its own plugins care about (a GPU starting
+    is none)."""
+    return FilterResult(NodeNames=[], FailedNodes={}, FailedAndUnresolvableNodes={}, Error=why)
+
+
 def every(nodes: Sequence[str], reason: str) -> FilterResult:
     """The same reason for every node: the pod itself is the problem."""
     return refused(dict.fromkeys(nodes, reason))

@@ -30,6 +30,7 @@ from gpupack.capacity import (
     Allocation,
     Gpu,
     capacity_names,
+    holding_nodes,
     plan,
 )
 from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
@@ -66,6 +67,8 @@ class PodCache(Protocol):
     def synced(self) -> bool: ...
 
     def by_index(self, index: str, value: str) -> list[JSON]: ...
+
+    def items(self) -> list[JSON]: ...
 
 
 # Indexers for the two informers (see webhook.cluster).
@@ -176,6 +179,7 @@ class CapacityManager:
                 claimed.created,
                 demand.scheduling,
                 created_for=f"{demand.namespace}/{demand.workload}",
+                packed=holding_nodes(self._capacity.items()),
             )
         except Exception as exc:  # a bug: release the claim, never raise
             log.exception("creating capacity for pool %s failed", demand.pool)

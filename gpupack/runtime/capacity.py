@@ -107,10 +107,12 @@ class CapacityCreator:
         created_for: str,
         *,
         steer: Sequence[str] = (),
+        packed: Sequence[str] = (),
     ) -> Created:
         """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
         scheduling metadata, `created_for` the workload for the pod's annotation, `steer`
-        the nodes the waiting pod may go to (`gpupack.capacity.capacity_pod`)."""
+        the nodes the waiting pod may go to, `packed` those already holding capacity pods
+        (`gpupack.capacity.capacity_pod`)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         todo = list(names)
         created: list[str] = []
@@ -128,6 +130,7 @@ class CapacityCreator:
                 image=self.image,
                 namespace=self.namespace,
                 steer=steer,
+                packed=packed,
             )
             try:
                 retry(

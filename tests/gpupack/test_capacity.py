@@ -15,6 +15,7 @@ from gpupack.capacity import (
     capacity_index,
     capacity_names,
     capacity_pod,
+    holding_nodes,
     plan,
 )
 from gpupack.kube import JSON
@@ -272,35 +273,38 @@ def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> No
     assert spec["enableServiceLinks"] is False
 
 
-def test_capacity_pod_prefers_where_the_pod_may_go_alone() -> None:
-    """With nodes to steer to, no preference for nodes holding capacity pods: kube-scheduler
-    normalises each plugin's scores, so the two would tie and the GPU could land where the
-    waiting pod may not go."""
-    pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p", steer=["n2", "n1"])
-
-    affinity = pod["spec"]["affinity"]
-    preferred = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert preferred[-1]["preference"]["matchExpressions"] == [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}
-    ]
-    assert "podAffinity" not in affinity
-
-
-def test_capacity_pod_without_steering_prefers_nodes_already_holding_gpus() -> None:
-    pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p")
+def test_capacity_pod_prefers_where_the_pod_may_go_then_nodes_already_holding_gpus() -> None:
+    """Both preferences are node affinity, so their weights add in one plugin: a node of
+    `steer` (100) beats one merely holding capacity pods (50); one in both wins (150).
+    No pod affinity: an existing capacity pod's would pull every new one to its node."""
+    pod = capacity_pod(
+        POOL, SCHEDULING, index=0, created_for="ml/Pod/p", steer=["n2", "n1"], packed=["n3", "n1"]
+    )
 
     kubernetes_validate.validate(pod, "1.34", strict=True)
     affinity = pod["spec"]["affinity"]
-    (together,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert together["podAffinityTerm"]["labelSelector"] == {
-        "matchLabels": {keys.ROLE: keys.ROLE_CAPACITY}
-    }
+    preferred = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert [(p["weight"], p["preference"]["matchExpressions"]) for p in preferred] == [
+        (100, [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n2"]}]),
+        (50, [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["n1", "n3"]}]),
+    ]
+    assert "podAffinity" not in affinity
     inherited = SCHEDULING["affinity"]["nodeAffinity"]
     assert (
         affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         == (inherited["requiredDuringSchedulingIgnoredDuringExecution"])
     )
     assert "preferredDuringSchedulingIgnoredDuringExecution" not in inherited  # not aliased
+
+
+def test_holding_nodes_are_the_nodes_of_placed_capacity_pods() -> None:
+    pods = [
+        {"spec": {"nodeName": "b"}},
+        {"spec": {}},
+        {"spec": {"nodeName": "a"}},
+        {"spec": {"nodeName": "b"}},
+    ]
+    assert holding_nodes(pods) == ["a", "b"]
 
 
 def test_capacity_pod_takes_only_scheduling_fields_and_does_not_alias_them() -> None:

@@ -286,6 +286,21 @@ def test_the_capacity_pod_is_marked_hosting_before_the_first_bind_only() -> None
     ]
 
 
+def test_a_pod_whose_gpu_is_starting_on_a_feasible_node_is_asked_to_retry() -> None:
+    extender, pods, _, _ = setup()
+    starting = capacity(0)
+    del starting["metadata"]["annotations"][keys.GPU_UUID]  # bound, no device named yet
+    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"] = starting
+
+    retried = filter_(extender, pending(pods, "a"), ("n1", "n2"))
+    parked = filter_(extender, pending(pods, "b"), ("n2",))  # n1 is not for this pod
+
+    assert retried["NodeNames"] == []
+    assert "cap-0 on n1 is starting" in retried["Error"]
+    assert parked["Error"] == ""
+    assert set(parked["FailedAndUnresolvableNodes"]) == {"n2"}
+
+
 def test_the_mark_is_not_repeated_while_the_informer_lags_behind_it() -> None:
     extender, pods, api, _ = setup(0)
     api.lagging = True  # the informer's copy of the capacity pod stays unlabelled
