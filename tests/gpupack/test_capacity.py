@@ -298,7 +298,7 @@ def test_capacity_pod_prefers_where_the_pod_may_go_then_nodes_already_holding_gp
 
 
 def test_holding_nodes_are_the_nodes_of_placed_capacity_pods() -> None:
-    pods = [
+    pods: list[JSON] = [
         {"spec": {"nodeName": "b"}},
         {"spec": {}},
         {"spec": {"nodeName": "a"}},
