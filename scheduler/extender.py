@@ -92,6 +92,7 @@ class Extender:
         # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
         # until the informer brings the labelled copy, the next binds need not label again.
         self._marked: dict[str, str] = {}
+        self._mark_gates: dict[str, threading.Lock] = {}  # one label write per capacity pod
         self.leading = False  # whether the kube-scheduler beside us leads (`leadership`)
         self.usage = Usage(0, 0, 0, 0, 0, leader=False)
 
@@ -145,14 +146,8 @@ class Extender:
                     return wire.bind_failed(why)
                 held = self.reservations[key]
             held.binding = True
-            unmarked = self._unmarked(held.holder)
         try:
-            if unmarked is not None:
-                # Before the first pod lands: from now on the API server refuses to delete
-                # or evict the capacity pod, so its GPU stays held while anything runs.
-                writer.mark_hosting(self._kube, unmarked, True)
-                with self._lock:
-                    self._marked[held.holder] = unmarked["metadata"].get("resourceVersion", "")
+            self._ensure_marked(held.holder)
             writer.bind(self._kube, held.pod, held.node, held.gpu, held.holder, held.request)
         except (ApiError, writer.Changed) as error:
             with self._lock:
@@ -174,6 +169,22 @@ class Extender:
         )
         return wire.bound()
 
+    def _ensure_marked(self, holder: str) -> None:
+        """Label the capacity pod `holder` hosting before the first pod lands on its GPU:
+        from then on the API server refuses to delete or evict it, so its GPU stays held
+        while anything runs. kube-scheduler binds in parallel: one bind per capacity pod
+        writes the label, the others wait for it rather than write it again."""
+        with self._lock:
+            gate = self._mark_gates.setdefault(holder, threading.Lock())
+        with gate:
+            with self._lock:
+                pod = self._unmarked(holder)
+            if pod is None:
+                return
+            writer.mark_hosting(self._kube, pod, True)
+            with self._lock:
+                self._marked[holder] = pod["metadata"].get("resourceVersion", "")
+
     def _unmarked(self, holder: str) -> JSON | None:
         """The capacity pod `holder` when it still needs the hosting label, else None."""
         capacity = self.cache.capacity.get(holder)
@@ -194,6 +205,8 @@ class Extender:
                 del self.waiting[key]
             for holder in [h for h in self._marked if h not in self.cache.capacity]:
                 del self._marked[holder]
+            for holder in [h for h in self._mark_gates if h not in self.cache.capacity]:
+                del self._mark_gates[holder]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
             self._refresh_mix()

@@ -3,6 +3,7 @@ is ever booked twice whatever kube-scheduler interleaves."""
 
 import random
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ class Api:
         self.patched: list[tuple[str, JSON]] = []
         self.calls: list[str] = []  # every write, in order
         self.lagging = False
+        self.patch_seconds = 0.0
         self.conflict_once: set[str] = set()
 
     def _key(self, path: str) -> str:
@@ -45,6 +47,7 @@ class Api:
     def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
         """A merge patch of labels and annotations (None removes), recorded; with
         `lagging`, recorded only (the informer has not brought it yet)."""
+        time.sleep(self.patch_seconds)
         self.patched.append((path, body))
         self.calls.append(f"patch {path}")
         if self.lagging:
@@ -299,6 +302,25 @@ def test_a_pod_whose_gpu_is_starting_on_a_feasible_node_is_asked_to_retry() -> N
     assert "cap-0 on n1 is starting" in retried["Error"]
     assert parked["Error"] == ""
     assert set(parked["FailedAndUnresolvableNodes"]) == {"n2"}
+
+
+def test_parallel_binds_onto_one_gpu_write_the_mark_once_and_all_after_it() -> None:
+    extender, pods, api, _ = setup(0)
+    api.lagging, api.patch_seconds = True, 0.05
+    names = ("a", "b", "c")
+    for name in names:
+        filter_(extender, pending(pods, name, "100m"))
+    binds = [
+        threading.Thread(target=bind, args=(extender, pods.objects[f"ml/{n}"], "n1")) for n in names
+    ]
+    for thread in binds:
+        thread.start()
+    for thread in binds:
+        thread.join()
+
+    assert len(api.patched) == 1
+    assert api.calls[0].startswith("patch ")  # every Binding came after the label
+    assert sum(call.endswith("/binding") for call in api.calls) == 3
 
 
 def test_the_mark_is_not_repeated_while_the_informer_lags_behind_it() -> None:
