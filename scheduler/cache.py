@@ -141,7 +141,7 @@ class Cache:
             self._apply_pod(pod_key(pod), pod)
         for key, booking in assumed.items():
             if key not in self.snapshot.bookings and booking.node in self.snapshot.nodes:
-                self.snapshot.assume(booking.request, booking.node, booking.gpus)
+                self.snapshot.assume(booking.request, booking.node, booking.named)
             elif key not in self.snapshot.bookings:
                 self.assumed.discard(key)
 
@@ -194,7 +194,8 @@ class Cache:
                 request = wanted
                 gpus = (assignment[0],)
         old = self.snapshot.bookings.get(key)
-        if old is not None and (old.node, old.gpus, old.request) == (node, gpus, request):
+        same = old is not None and (old.node, old.request) == (node, request)
+        if same and old is not None and set(old.named) == set(gpus):
             return
         self.snapshot.forget(key)
         self.snapshot.assume(request, node, gpus)
@@ -241,7 +242,7 @@ class Cache:
         return (
             b
             for b in self.snapshot.bookings.values()
-            if b.gpus and any(uuid not in self.snapshot.gpus for uuid in b.gpus)
+            if any(uuid not in self.snapshot.gpus for uuid in b.named)
         )
 
 

@@ -341,12 +341,13 @@ class Extender:
         return Usage(
             gpus_held=len(held),
             gpus_coming=len(self.cache.capacity) - len(held),
-            gpus_in_use=sum(1 for g in held if g.owners),
+            gpus_in_use=sum(1 for g in held if g.pods),
             compute_allocated=sum(g.used_compute for g in held),
             pending_pods=len(self.cache.pending),
             leader=self.leading,
             reservations=len(self.reservations),
             unhealthy=sum(1 for g in held if not g.healthy),
+            overcommitted=len(self.cache.snapshot.overcommitted()),
         )
 
 
@@ -362,10 +363,6 @@ def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu
                 continue
             if request.models is not None and gpu.model not in request.models:
                 continue
-            memory = gpu.free_memory
-            fits = gpu.free_compute >= request.compute and (
-                memory is None or memory >= request.gpu_memory
-            )
-            if fits and (not gpu.exclusive_owner or gpu.exclusive_owner == request.owner):
+            if gpu.fits(request) and gpu.exclusive_owner in ("", request.owner):
                 return gpu
     return None

@@ -20,6 +20,11 @@ the extender's thread pool through `submit`.
   deleted it, its node went away) gets a Warning Event and is evicted through the
   Eviction API after `orphan_grace` seconds: its controller recreates it and the new pod
   is placed on a GPU that is held. Nothing keeps running on a GPU nobody accounts for.
+- **Over-committed GPUs:** a pod running on a GPU whose books cannot hold its share
+  (`Booking.over`: the objects said more than the GPU has) gets one Warning Event
+  `GPUOvercommitted` and a log line, and is counted in
+  `gpupack_scheduler_overcommitted_pods`; the GPU takes no new pods until it fits.
+  It is not evicted: it may be the workload that was there first.
 """
 
 import logging
@@ -75,6 +80,7 @@ class Lifecycle:
         self._empty_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
         self._evicting: set[str] = set()
+        self._overcommitted: set[str] = set()  # pods reported over-committed
 
     def request(
         self, pool: str, example: JSON, waiting: list[Allocation], steer: Collection[str] = ()
@@ -151,6 +157,25 @@ class Lifecycle:
         for name in [n for n in self._empty_since if n not in self.cache.capacity]:
             del self._empty_since[name]
         self._evict_orphans(now)
+        self._report_overcommitted()
+
+    def _report_overcommitted(self) -> None:
+        over = {b.request.key: b for b in self.cache.snapshot.overcommitted()}
+        self._overcommitted &= over.keys()
+        for key in sorted(over.keys() - self._overcommitted):
+            pod = self.cache.pod(key)
+            if pod is None:
+                continue
+            self._overcommitted.add(key)
+            booking = over[key]
+            note = (
+                f"this pod runs on GPU {', '.join(booking.over)}, whose other pods already "
+                f"hold its compute or memory (it asks {booking.request.compute}m and "
+                f"{booking.request.gpu_memory} bytes); it is not booked there and the GPU "
+                "takes no new pods until it fits"
+            )
+            log.warning("%s is over-committed: %s", key, note)
+            self._submit(writer.event, self._kube, pod, "GPUOvercommitted", note, warning=True)
 
     def _mark(self, pod: JSON, hosting: bool) -> None:
         try:

@@ -25,6 +25,7 @@ class Usage:
     leader: bool
     reservations: int = 0  # GPU shares held between filter and bind
     unhealthy: int = 0  # held GPUs the exporter reports unhealthy
+    overcommitted: int = 0  # pods running on a GPU whose books cannot hold their share
 
 
 class _UsageCollector(Collector):
@@ -69,6 +70,12 @@ class _UsageCollector(Collector):
             "gpupack_scheduler_unhealthy_gpus",
             "Held GPUs the exporter reports unhealthy (they receive no new pods)",
             usage.unhealthy,
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_overcommitted_pods",
+            "Pods running on a GPU whose books cannot hold their share (not booked there; "
+            "the GPU takes no new pods until they fit)",
+            usage.overcommitted,
         )
 
 

@@ -9,9 +9,9 @@ score:
   (`Snapshot.check_hosts` is off). The trace replay has no kube-scheduler, so there the
   node is checked here: ready, schedulable, CPU, memory and pod count. Then each GPU of
   a node holding GPUs of the pod's pool (`Snapshot.eligible`): running (not coming),
-  healthy, allowed model, compute and memory fit, and `real-time-mps` exclusivity (an
-  MPS workload's GPU takes only its own pods; an MPS pod takes only a GPU nobody else
-  uses).
+  healthy, not over-committed (`Gpu.over`), allowed model, compute and memory fit, and
+  `real-time-mps` exclusivity (an MPS workload's GPU takes only its own pods; an MPS
+  pod takes only a GPU nobody else uses).
 - **Score** with a `Scorer`: it sees a node that passed and the GPUs that fit, and
   returns the best GPUs there with a cost (lower is better). The lowest cost wins; ties
   go to the node met first, so a decision is deterministic for a given snapshot.
@@ -98,6 +98,8 @@ def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
         return "GPU not running yet"
     if not gpu.healthy:
         return "GPU unhealthy"
+    if gpu.over:
+        return "GPU over-committed (pods run on it that its books cannot hold)"
     if gpu.free_compute < request.compute:
         return "insufficient GPU compute"
     free_memory = gpu.free_memory

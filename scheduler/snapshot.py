@@ -6,7 +6,14 @@ held by one capacity pod of one pool. A GPU whose capacity pod is not running ye
 
 `assume` books a placement on the nodes and GPUs and `forget` undoes it exactly, so the
 shell can assume a pod before its Binding is written and forget it if the write fails
-(kube-scheduler's assume cache). Every change bumps the node's `version` and clears its
+(kube-scheduler's assume cache).
+
+The ledger never over-books: a GPU's bookings never exceed its compute and memory,
+whatever the objects it is rebuilt from say (two pods bound to one GPU by a race, a GPU
+that came back smaller). A pod whose share does not fit on a GPU it runs on is booked on
+its node but not on that GPU (`Booking.over`), first come first booked; the GPU counts
+it in `over` and takes no new pods while it does, and the pod is booked for real as soon
+as room frees. Every change bumps the node's `version` and clears its
 memo, so placement can cache per-node answers between changes.
 
 Placement's answers depend on a node only through its *state* (`state_key`: capacity,
@@ -77,6 +84,7 @@ class Gpu:
     owners: dict[str, int] = field(default_factory=dict)  # workload -> pods on this GPU
     exclusive_owner: str = ""  # set while an MPS workload holds the GPU
     healthy: bool = True  # False when the exporter reports the GPU unhealthy: no new pods
+    over: int = 0  # pods running on it whose share its books cannot hold: no new pods
 
     @property
     def free_compute(self) -> int:
@@ -88,7 +96,14 @@ class Gpu:
 
     @property
     def pods(self) -> int:
-        return sum(self.owners.values())
+        return sum(self.owners.values()) + self.over
+
+    def fits(self, request: "Request") -> bool:
+        """Whether the books have room for `request`'s compute and memory."""
+        free_memory = self.free_memory
+        return self.free_compute >= request.compute and (
+            free_memory is None or free_memory >= request.gpu_memory
+        )
 
 
 @dataclass(slots=True, eq=False)
@@ -129,7 +144,13 @@ class Booking:
 
     request: Request
     node: str
-    gpus: tuple[str, ...]  # UUIDs
+    gpus: tuple[str, ...]  # UUIDs its share is booked on
+    over: tuple[str, ...] = ()  # UUIDs it runs on where its share did not fit
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """Every GPU the pod runs on, booked or not."""
+        return self.gpus + self.over
 
 
 class Snapshot:
@@ -193,9 +214,10 @@ class Snapshot:
             holder.gpus = [g for g in holder.gpus if g.uuid != gpu.uuid]
             holder.touch()
         gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner = 0, 0, {}, ""
-        for booking in self.bookings.values():
-            if gpu.uuid in booking.gpus:
-                _charge(gpu, booking.request)
+        gpu.over = 0
+        for key, booking in list(self.bookings.items()):
+            if gpu.uuid in booking.named:
+                self.bookings[key] = self._book(gpu, booking)
         node.gpus.append(gpu)
         self.gpus[gpu.uuid] = gpu
         node.touch()
@@ -314,7 +336,8 @@ class Snapshot:
 
     def assume(self, request: Request, node_name: str, uuids: Iterable[str]) -> Booking:
         """Book `request` on `node_name` and the GPUs `uuids`. Placement checked that it
-        fits; bookings rebuilt from the cluster are taken as they are."""
+        fits; a pod rebuilt from the cluster is booked on each GPU its share fits on, and
+        counted as `over` on the others."""
         if request.key in self.bookings:
             raise ValueError(f"{request.key} is already booked")
         node = self.nodes[node_name]
@@ -324,13 +347,30 @@ class Snapshot:
         node.used_pods += 1
         for uuid in booking.gpus:
             gpu = self.gpus.get(uuid)
-            if gpu is not None:  # a GPU not seen yet is charged when `add_gpu` sees it
-                _charge(gpu, request)
-                if gpu.node != node_name and gpu.node in self.nodes:
-                    self.nodes[gpu.node].touch()
+            if gpu is None:  # a GPU not seen yet: `add_gpu` books the pod on it
+                continue
+            booking = self._book(gpu, booking)
+            if gpu.node != node_name and gpu.node in self.nodes:
+                self.nodes[gpu.node].touch()
         node.touch()
         self.bookings[request.key] = booking
         return booking
+
+    def overcommitted(self) -> list[Booking]:
+        """Pods running on a GPU whose books cannot hold their share."""
+        return [b for b in self.bookings.values() if b.over]
+
+    def _book(self, gpu: Gpu, booking: Booking) -> Booking:
+        """`booking` with its share on `gpu` (named in it) booked if it fits, else over."""
+        gpus = tuple(u for u in booking.gpus if u != gpu.uuid)
+        over = tuple(u for u in booking.over if u != gpu.uuid)
+        if gpu.fits(booking.request):
+            _charge(gpu, booking.request)
+            gpus += (gpu.uuid,)
+        else:
+            gpu.over += 1
+            over += (gpu.uuid,)
+        return Booking(booking.request, booking.node, gpus, over)
 
     def forget(self, key: str) -> Booking | None:
         """Undo `assume` (a failed bind, a deleted pod); None when nothing was booked."""
@@ -346,12 +386,15 @@ class Snapshot:
             node.used_memory -= request.memory
             node.used_pods -= 1
             node.touch()
-        for uuid in booking.gpus:
+        for uuid in booking.named:
             gpu = self.gpus.get(uuid)
             if gpu is None:
                 continue
             if gpu.node != booking.node and gpu.node in self.nodes:
                 self.nodes[gpu.node].touch()
+            if uuid in booking.over:
+                gpu.over -= 1
+                continue
             gpu.used_compute -= request.compute
             gpu.used_memory -= request.gpu_memory
             left = gpu.owners.get(request.owner, 0) - 1
@@ -361,7 +404,18 @@ class Snapshot:
                 gpu.owners.pop(request.owner, None)
                 if gpu.exclusive_owner == request.owner:
                     gpu.exclusive_owner = ""
+            if gpu.over:
+                self._rebook(gpu)
         return booking
+
+    def _rebook(self, gpu: Gpu) -> None:
+        """Book, first come first booked, the pods over on `gpu` that now fit."""
+        for key, booking in list(self.bookings.items()):
+            if gpu.uuid in booking.over and gpu.fits(booking.request):
+                gpu.over -= 1
+                self.bookings[key] = self._book(gpu, booking)
+                if booking.node in self.nodes:
+                    self.nodes[booking.node].touch()
 
 
 def state_key(node: Node) -> tuple[object, ...] | None:
@@ -371,7 +425,7 @@ def state_key(node: Node) -> tuple[object, ...] | None:
     for g in node.gpus:
         if g.exclusive_owner:
             return None
-        hosts_pods = bool(g.owners)
+        hosts_pods = bool(g.owners) or g.over > 0
         gpus.append(
             (
                 g.pool,
@@ -383,6 +437,7 @@ def state_key(node: Node) -> tuple[object, ...] | None:
                 g.used_memory,
                 hosts_pods,
                 g.healthy,
+                g.over > 0,
             )
         )
     return (

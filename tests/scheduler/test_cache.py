@@ -1,5 +1,6 @@
 """The cache: informer objects folded into the snapshot, and rebuilt from them alone."""
 
+import random
 from typing import Any
 
 from gpupack import keys
@@ -138,3 +139,87 @@ def test_an_assumed_pod_survives_a_relist_until_the_informer_shows_it_bound() ->
 
     assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
     assert "ml/a" not in cache.pending
+
+
+def booked_on(cache: Cache, index: int) -> tuple[int, int]:
+    gpu = cache.snapshot.gpus[UUIDS[index]]
+    return gpu.used_compute, gpu.used_memory
+
+
+def test_pods_the_objects_put_beyond_a_gpu_are_reported_not_booked() -> None:
+    # Two pods bound to one GPU with 1,200m between them (a race, an edited object).
+    cache, store = cache_with(
+        capacity(0), fractional("a", "700m", gpu=0), fractional("b", "500m", gpu=0)
+    )
+
+    gpu = cache.snapshot.gpus[UUIDS[0]]
+    assert gpu.used_compute <= gpu.compute
+    assert [b.request.key for b in cache.snapshot.overcommitted()] == ["ml/b"]
+    assert gpu.pods == 2  # both still count as hosted: the capacity pod stays
+    # The GPU takes nothing new while it is over-committed, even what would fit its books.
+    result = place(cache.snapshot, request_of(fractional("n", "100m")), PackingScorer())  # type: ignore[arg-type]
+    assert not isinstance(result, Placement)
+    assert "over-committed" in str(result)
+
+    # The first pod goes: the second now fits and is booked for real.
+    del store.objects["ml/a"]
+    cache.dirty.pod("ml/a")
+    cache.refresh()
+    assert booked_on(cache, 0)[0] == 500
+    assert cache.snapshot.overcommitted() == []
+    assert gpu.over == 0
+
+
+def test_gpu_memory_is_never_over_booked_either() -> None:
+    big = [fractional(n, "100m", gpu=0) for n in ("a", "b")]
+    for pod in big:
+        pod["metadata"]["annotations"][keys.GPU_MEMORY] = str(50 * GiB)
+    cache, _ = cache_with(capacity(0), *big)
+
+    assert booked_on(cache, 0) == (100, 50 * GiB)  # 80 GiB GPU: the second does not fit
+    assert len(cache.snapshot.overcommitted()) == 1
+
+
+def test_pods_seen_before_their_gpu_are_booked_only_up_to_it() -> None:
+    cache, store = cache_with(*(fractional(n, "400m", gpu=0) for n in "abc"))
+    store.objects["gpupack-system/cap-0"] = capacity(0)
+    cache.dirty.pod("gpupack-system/cap-0")
+    cache.refresh()
+
+    assert booked_on(cache, 0)[0] == 800
+    assert len(cache.snapshot.overcommitted()) == 1
+
+
+def test_whatever_the_objects_say_the_books_hold_and_add_up() -> None:
+    rng = random.Random(15)
+    cache, store = cache_with(capacity(0), capacity(1))
+    for step in range(400):
+        name = f"p{rng.randrange(12)}"
+        key = f"ml/{name}"
+        if key in store.objects and rng.random() < 0.4:
+            del store.objects[key]
+        elif rng.random() < 0.05:
+            index = rng.randrange(2)
+            store.objects.pop(f"gpupack-system/cap-{index}", None)
+            cache.dirty.pod(f"gpupack-system/cap-{index}")
+            if rng.random() < 0.5:
+                store.objects[f"gpupack-system/cap-{index}"] = capacity(index)
+        else:
+            pod = fractional(
+                name, f"{rng.choice([100, 250, 500, 700, 1000])}m", gpu=rng.randrange(2)
+            )
+            pod["metadata"]["annotations"][keys.GPU_MEMORY] = str(rng.choice([10, 30, 60]) * GiB)
+            store.objects[key] = pod
+        cache.dirty.pod(key)
+        if rng.random() < 0.1:
+            cache.dirty.pod("")  # relist
+        cache.refresh()
+
+        for gpu in cache.snapshot.gpus.values():
+            booked = [b for b in cache.snapshot.bookings.values() if gpu.uuid in b.gpus]
+            over = [b for b in cache.snapshot.bookings.values() if gpu.uuid in b.over]
+            assert gpu.used_compute == sum(b.request.compute for b in booked) <= gpu.compute, step
+            assert gpu.used_memory == sum(b.request.gpu_memory for b in booked) <= gpu.memory
+            assert gpu.over == len(over), step
+            # An over-committed pod would not fit: nothing is left out that has room.
+            assert all(not gpu.fits(b.request) for b in over), step
