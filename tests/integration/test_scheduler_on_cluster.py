@@ -240,3 +240,38 @@ def test_a_pod_whose_capacity_pod_vanished_is_evicted_and_replaced_on_a_held_gpu
     assert_consistent(
         kube, kube.wait_for("the evicted pod replaced on a held GPU", replaced, timeout=90)
     )
+
+
+def test_pods_a_gpu_cannot_hold_any_more_are_reported_and_left_running(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    create(kube, deployment(ns, "shrunk", 2, "300m", memory="30Gi"))
+    pods = wait_bound(kube, ns, "shrunk", 2)
+    by_gpu = assert_consistent(kube, pods)
+    assert len(by_gpu) == 1, "two 300m, 30 GiB pods share one 80 GiB GPU"
+    holder = pods[0]["metadata"]["annotations"][keys.CAPACITY_POD]
+
+    # The node agent reports that the GPU has only 40 GiB after all (it came back
+    # smaller): the two pods' 60 GiB no longer fit its books.
+    writer = Kube.from_kubeconfig(scheduler.exporter_kubeconfig())
+    try:
+        writer.merge_patch(
+            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}",
+            {"metadata": {"annotations": {keys.GPU_MEMORY: "40Gi"}}},
+        )
+    finally:
+        writer.close()
+
+    reported = kube.wait_for(
+        "a GPUOvercommitted event", lambda: events(kube, ns, "GPUOvercommitted"), timeout=30
+    )
+    assert len(reported) == 1, "one pod fits the books; only the other is reported"
+    assert "takes no new pods" in reported[0]["note"]
+    # Neither pod is evicted, and the GPU stays held for both.
+    time.sleep(3)
+    assert {p["metadata"]["uid"] for p in pods_of(kube, ns, "shrunk")} == {
+        p["metadata"]["uid"] for p in pods
+    }
+    labels = capacity_pods(kube)[holder]["metadata"].get("labels", {})
+    assert labels.get(keys.HOSTING) == "true"
