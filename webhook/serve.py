@@ -22,10 +22,11 @@ from starlette.types import ASGIApp
 
 from gpupack import keys, seal
 from gpupack.runtime import config
-from gpupack.runtime.args import positive_seconds
+from gpupack.runtime.args import positive_int, positive_seconds
 from gpupack.runtime.logs import configure_logging
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
+from webhook.guard import GuardedProtocol, Limits
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
@@ -34,8 +35,9 @@ DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
-KEEP_ALIVE_SECONDS: Final = 5
 LIMIT_CONCURRENCY: Final = 1000
+
+DEFAULT_LIMITS: Final = Limits()
 
 log = logging.getLogger("webhook.serve")
 
@@ -110,6 +112,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="IMAGE",
         help="image of the capacity pods that hold a GPU (default: %(default)s)",
     )
+    limits = DEFAULT_LIMITS
+    parser.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=limits.connections,
+        metavar="N",
+        help="open connections kept; one more closes the longest idle one (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=positive_seconds,
+        default=limits.idle_seconds,
+        metavar="SECONDS",
+        help="a connection that sends nothing this long, from its handshake or its last "
+        "answer, is closed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=positive_seconds,
+        default=limits.request_seconds,
+        metavar="SECONDS",
+        help="a request must arrive whole within this long of its first byte, else 408 "
+        "(default: %(default)s)",
+    )
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
@@ -120,9 +146,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_uvicorn_config(
-    app: ASGIApp, *, host: str, port: int, ssl_context: ssl.SSLContext
+    app: ASGIApp,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> uvicorn.Config:
-    """One worker, uvloop and httptools when installed, no access log, our TLS context.
+    """One worker, uvloop when installed, httptools under `limits` (`webhook.guard`), no
+    access log, our TLS context.
 
     The benchmark's baseline uses this too, so both run with the same settings.
     """
@@ -131,7 +163,7 @@ def build_uvicorn_config(
         host=host,
         port=port,
         loop="auto",
-        http="auto",
+        http=GuardedProtocol.with_limits(limits),
         ws="none",
         lifespan="off",
         log_config=None,
@@ -139,10 +171,9 @@ def build_uvicorn_config(
         server_header=False,
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        # What one client can hold: idle keep-alive connections are closed after a few
-        # seconds, and past LIMIT_CONCURRENCY open connections new requests get a 503
-        # instead of growing the process (the API server retries another replica).
-        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        # What one client can hold is bounded by `limits`; this is a backstop: past
+        # LIMIT_CONCURRENCY requests in progress new ones get a 503.
+        timeout_keep_alive=max(1, int(limits.idle_seconds)),
         limit_concurrency=LIMIT_CONCURRENCY,
         ssl_context_factory=lambda _config, _default: ssl_context,
     )
@@ -225,7 +256,14 @@ def run(args: argparse.Namespace) -> int:
             tls_ready=lambda: tls.loaded,
             key=key,
         )
-        config = build_uvicorn_config(app, host=args.host, port=args.port, ssl_context=tls.context)
+        limits = Limits(
+            request_seconds=args.request_timeout,
+            idle_seconds=args.idle_timeout,
+            connections=args.max_connections,
+        )
+        config = build_uvicorn_config(
+            app, host=args.host, port=args.port, ssl_context=tls.context, limits=limits
+        )
         if args.metrics_port:
             try:
                 metrics_server = start_metrics_server(registry, args.host, args.metrics_port)

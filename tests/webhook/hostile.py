@@ -1,0 +1,121 @@
+"""Hostile clients against a real `gpupack-webhook serve` process, and its memory.
+
+What anything in the cluster network can do to the webhook's port: send endless
+headers, trickle a request, open TLS connections and leave them idle.
+"""
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from .conftest import CertificateAuthority
+
+
+@dataclass(frozen=True)
+class Served:
+    process: "subprocess.Popen[str]"
+    port: int
+    client: ssl.SSLContext
+
+    def rss_mib(self) -> float:
+        """Resident memory of the server process."""
+        with open(f"/proc/{self.process.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def connect(self, timeout: float = 10) -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        return self.client.wrap_socket(raw, server_hostname="127.0.0.1")
+
+    def healthy(self) -> bool:
+        with httpx.Client(verify=self.client, timeout=10) as client:
+            return client.get(f"https://127.0.0.1:{self.port}/healthz").status_code == 200
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def serve(tmp: Path, *args: str) -> Iterator[Served]:
+    """`gpupack-webhook serve` without a cluster on a free port, ready."""
+    ca = CertificateAuthority()
+    ca.issue().write(tmp / "tls.crt", tmp / "tls.key")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["HOME"] = "/nonexistent"
+    command = [sys.executable, "-m", "webhook.cli", "serve", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--metrics-port", "0", "--log-level", "error"]
+    command += ["--tls-cert-file", str(tmp / "tls.crt")]
+    command += ["--tls-private-key-file", str(tmp / "tls.key"), *args]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    served = Served(process, port, ca.client_context())
+    try:
+        for _ in range(600):
+            try:
+                if served.healthy():
+                    break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                time.sleep(0.05)
+        yield served
+    finally:
+        process.terminate()
+        try:
+            process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+
+
+def endless_headers(served: Served, count: int, size: int) -> str:
+    """One request with `count` headers of `size` bytes each; what the server answered
+    (its status line), or how the connection ended."""
+    value = b"x" * size
+    try:
+        with served.connect(timeout=30) as conn:
+            conn.sendall(b"POST /mutate HTTP/1.1\r\nhost: webhook\r\n")
+            for index in range(count):
+                conn.sendall(b"x-filler-%d: %s\r\n" % (index, value))
+            conn.sendall(b"content-length: 2\r\n\r\n{}")
+            answer = conn.recv(4096)
+    except (ConnectionError, ssl.SSLError, TimeoutError, OSError) as error:
+        return f"closed: {type(error).__name__}"
+    return answer.split(b"\r\n", 1)[0].decode() if answer else "closed: EOF"
+
+
+def idle_connections(served: Served, count: int) -> list[ssl.SSLSocket]:
+    """`count` TLS connections, handshaken and left idle; the caller closes them."""
+    return [served.connect() for _ in range(count)]
+
+
+def closed_by_server(conn: ssl.SSLSocket, within: float) -> bool:
+    """Whether the server closes `conn` within `within` seconds (what it still sends
+    before closing is read and dropped)."""
+    deadline = time.monotonic() + within
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if conn.recv(4096) == b"":
+                return True
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError, OSError):
+        return True
+    return False
