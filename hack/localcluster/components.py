@@ -33,11 +33,13 @@ from hack.localcluster.processes import Process, free_port
 class LocalCluster(ControlPlane):
     """The control plane, kwok's GPU nodes, and gpupack's components as local processes."""
 
+    # The release namespace: gpupack's objects, its ServiceAccounts, the chart's rendering.
+    namespace: str = SYSTEM_NAMESPACE
     _webhook_configuration: JSON | None = field(default=None, repr=False)
 
     def service_account_kubeconfig(self, name: str) -> Path:
         """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
-        user, groups = chart.service_account_user(name)
+        user, groups = chart.service_account_user(name, self.namespace)
         return self.user_kubeconfig(user, groups)
 
     @property
@@ -87,9 +89,9 @@ class LocalCluster(ControlPlane):
         kubeconfig = self.component_kubeconfig(WEBHOOK_NAME, "templates/webhook.yaml")
         serving = pem.issue(
             self._ca,
-            f"{WEBHOOK_NAME}.{SYSTEM_NAMESPACE}.svc",
+            f"{WEBHOOK_NAME}.{self.namespace}.svc",
             now=datetime.now(UTC),
-            names=["127.0.0.1", f"{WEBHOOK_NAME}.{SYSTEM_NAMESPACE}.svc"],
+            names=["127.0.0.1", f"{WEBHOOK_NAME}.{self.namespace}.svc"],
             algorithm=pem.KeyAlgorithm.ECDSA_P256,
         )
         cert, key = self._write_pair("webhook", serving)
@@ -110,6 +112,7 @@ class LocalCluster(ControlPlane):
                 f"--kubeconfig={kubeconfig}",
                 f"--audit-file={self.audit_log}",
                 f"--decision-key-file={self.decision_key_file}",
+                f"--namespace={self.namespace}",
                 *extra_args,
             ],
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
@@ -118,7 +121,9 @@ class LocalCluster(ControlPlane):
         url = f"https://127.0.0.1:{self.webhook_port}/mutate"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
-            configuration = chart.chart_webhook_configuration(Path(self.binary("helm")))
+            configuration = chart.chart_webhook_configuration(
+                Path(self.binary("helm")), self.namespace
+            )
         configuration = json.loads(json.dumps(configuration))
         for entry in configuration["webhooks"]:
             entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
@@ -133,7 +138,9 @@ class LocalCluster(ControlPlane):
         PodDisruptionBudget, exactly as rendered: the API server enforces gpupack's trust
         boundary here as in a cluster."""
         admin = self.kube()
-        rendered = chart.render_chart(Path(self.binary("helm")), chart.ADMISSION_POLICIES)
+        rendered = chart.render_chart(
+            Path(self.binary("helm")), chart.ADMISSION_POLICIES, self.namespace
+        )
         for doc in yaml.safe_load_all(rendered):
             if doc:
                 admin.apply(doc)
@@ -147,10 +154,8 @@ class LocalCluster(ControlPlane):
         """A kubeconfig of gpupack's ServiceAccount `name`, with the RBAC the chart's
         `template` renders for it (with `sets`) applied."""
         admin = self.kube()
-        admin.apply(
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SYSTEM_NAMESPACE}}
-        )
-        for obj in chart.chart_rbac(Path(self.binary("helm")), template, sets=sets):
+        admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.namespace}})
+        for obj in chart.chart_rbac(Path(self.binary("helm")), template, self.namespace, sets):
             admin.apply(obj)
         return self.service_account_kubeconfig(name)
 
@@ -242,7 +247,7 @@ class LocalCluster(ControlPlane):
             "templates/scheduler.yaml",
             "scheduler.cli",
             [
-                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--namespace={self.namespace}",
                 f"--port={port}",
                 f"--decision-key-file={self.decision_key_file}",
                 f"--metrics-port={free_port()}",
@@ -251,7 +256,7 @@ class LocalCluster(ControlPlane):
             ],
             sets=sets,
         )
-        config = chart.chart_scheduler_config(Path(self.binary("helm")), sets=sets)
+        config = chart.chart_scheduler_config(Path(self.binary("helm")), self.namespace, sets)
         config.setdefault("clientConnection", {})["kubeconfig"] = str(
             self.service_account_kubeconfig(chart.SCHEDULER_NAME)
         )
@@ -310,7 +315,7 @@ class LocalCluster(ControlPlane):
             "exporter.cli",
             [
                 f"--node-name={node}",
-                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--namespace={self.namespace}",
                 f"--pod-resources-socket={pod_resources_socket}",
                 f"--port={port}",
                 "--address=127.0.0.1",
@@ -335,7 +340,7 @@ class LocalCluster(ControlPlane):
             "templates/recommender.yaml",
             "recommender.cli",
             [
-                f"--namespace={SYSTEM_NAMESPACE}",
+                f"--namespace={self.namespace}",
                 f"--identity={name}",
                 f"--metrics-port={free_port()}",
                 "--metrics-address=127.0.0.1",

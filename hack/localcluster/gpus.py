@@ -17,7 +17,14 @@ class SimulatedGpuAssigner:
     ServiceAccount, whose annotations the chart's admission policy allows), by default
     `kube`."""
 
-    def __init__(self, kube: Kube, interval: float = 0.3, writer: Kube | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        interval: float = 0.3,
+        writer: Kube | None = None,
+        namespace: str = SYSTEM_NAMESPACE,
+    ) -> None:
+        self._namespace = namespace
         self._kube = kube
         self._writer = writer or kube
         self._interval = interval
@@ -58,7 +65,7 @@ class SimulatedGpuAssigner:
 
     def assign_once(self) -> int:
         pods = self._kube.get(
-            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector="gpupack.io/role=capacity"
+            f"/api/v1/namespaces/{self._namespace}/pods", labelSelector="gpupack.io/role=capacity"
         )["items"]
         used: dict[str, set[str]] = {}
         for pod in pods:
@@ -87,7 +94,7 @@ class SimulatedGpuAssigner:
             if "nvidia.com/gpu.memory" in labels:
                 patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
             self._writer.merge_patch(
-                f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{pod['metadata']['name']}",
+                f"/api/v1/namespaces/{self._namespace}/pods/{pod['metadata']['name']}",
                 {"metadata": {"annotations": patch}},
             )
             count += 1
