@@ -212,6 +212,8 @@ _PLURALS = {
     "Namespace": ("/api/v1", "namespaces", False),
     "Node": ("/api/v1", "nodes", False),
     "Pod": ("/api/v1", "pods", True),
+    "Service": ("/api/v1", "services", True),
+    "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),
     "Job": ("/apis/batch/v1", "jobs", True),

@@ -36,6 +36,7 @@ class LocalCluster(ControlPlane):
     # The release namespace: gpupack's objects, its ServiceAccounts, the chart's rendering.
     namespace: str = SYSTEM_NAMESPACE
     _webhook_configuration: JSON | None = field(default=None, repr=False)
+    _webhook_tls: tuple[Path, Path] = field(default=(Path(), Path()), repr=False)
 
     def service_account_kubeconfig(self, name: str) -> Path:
         """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
@@ -94,27 +95,19 @@ class LocalCluster(ControlPlane):
             names=["127.0.0.1", f"{WEBHOOK_NAME}.{self.namespace}.svc"],
             algorithm=pem.KeyAlgorithm.ECDSA_P256,
         )
-        cert, key = self._write_pair("webhook", serving)
+        self._webhook_tls = self._write_pair("webhook", serving)
         self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
         self.audit_log = self.workdir / "logs" / "audit.log"
         process = self._launch(
             WEBHOOK_NAME,
-            [
-                sys.executable,
-                "-m",
-                "webhook.cli",
-                "serve",
-                "--host=127.0.0.1",
-                f"--port={self.webhook_port}",
-                f"--metrics-port={self.webhook_metrics_port}",
-                f"--tls-cert-file={cert}",
-                f"--tls-private-key-file={key}",
-                f"--kubeconfig={kubeconfig}",
-                f"--audit-file={self.audit_log}",
-                f"--decision-key-file={self.decision_key_file}",
-                f"--namespace={self.namespace}",
-                *extra_args,
-            ],
+            self._webhook_command(
+                kubeconfig,
+                "127.0.0.1",
+                self.webhook_port,
+                self.webhook_metrics_port,
+                self.audit_log,
+                extra_args,
+            ),
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self._wait_webhook_ready(process)
@@ -132,6 +125,108 @@ class LocalCluster(ControlPlane):
         self.install_admission_policies()
         self.write_state()
         return process
+
+    def _webhook_command(
+        self,
+        kubeconfig: Path,
+        host: str,
+        port: int,
+        metrics_port: int,
+        audit: Path,
+        extra_args: Sequence[str] = (),
+    ) -> list[str]:
+        cert, key = self._webhook_tls
+        return [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "serve",
+            f"--host={host}",
+            f"--port={port}",
+            f"--metrics-port={metrics_port}",
+            f"--tls-cert-file={cert}",
+            f"--tls-private-key-file={key}",
+            f"--kubeconfig={kubeconfig}",
+            f"--audit-file={audit}",
+            f"--decision-key-file={self.decision_key_file}",
+            f"--namespace={self.namespace}",
+            *extra_args,
+        ]
+
+    def start_webhook_replica(
+        self, name: str, host: str, extra_args: Sequence[str] = ()
+    ) -> tuple[Process, int]:
+        """Another `gpupack-webhook serve` (after `install_webhook`), as a second pod of
+        the Deployment: the same certificate, key and identity, listening on `host` and
+        a port of its own, auditing to `logs/<name>.audit.log`. Returns it and its port;
+        `route_webhook` puts it behind the webhook's Service."""
+        kubeconfig = self.service_account_kubeconfig(WEBHOOK_NAME)
+        port = free_port()
+        audit = self.workdir / "logs" / f"{name}.audit.log"
+        process = self._launch(
+            name,
+            self._webhook_command(kubeconfig, host, port, free_port(), audit, extra_args),
+            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        )
+        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        context.check_hostname = False
+        self._wait_ready(
+            process,
+            lambda: http.client.HTTPSConnection(host, port, context=context, timeout=2),
+        )
+        self.write_state()
+        return process, port
+
+    def route_webhook(self, endpoints: Sequence[tuple[str, int]]) -> None:
+        """Register the webhook by its Service, as the chart does, and make the Service's
+        ready endpoints exactly `endpoints` (address, port), as the EndpointSlice
+        controller does when pods become ready or start terminating. The API server calls one of
+        them per request."""
+        admin = self.kube()
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": WEBHOOK_NAME, "namespace": self.namespace},
+            "spec": {"ports": [{"name": "https", "port": 443, "protocol": "TCP"}]},
+        }
+        admin.apply(service)
+        # One EndpointSlice per endpoint (each has a port of its own), as a controller
+        # other than kube-controller-manager publishes them; the API server resolves the
+        # Service through its slices.
+        slices = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+        wanted = {f"{WEBHOOK_NAME}-{port}": (address, port) for address, port in endpoints}
+        for name, (address, port) in wanted.items():
+            admin.apply(
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {
+                        "name": name,
+                        "namespace": self.namespace,
+                        "labels": {
+                            "kubernetes.io/service-name": WEBHOOK_NAME,
+                            "endpointslice.kubernetes.io/managed-by": "localcluster",
+                        },
+                    },
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+                    "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+                }
+            )
+        selector = f"kubernetes.io/service-name={WEBHOOK_NAME}"
+        for item in admin.get(slices, labelSelector=selector)["items"]:
+            if item["metadata"]["name"] not in wanted:
+                admin.request("DELETE", f"{slices}/{item['metadata']['name']}")
+        configuration = json.loads(json.dumps(self._webhook_configuration))
+        for entry in configuration["webhooks"]:
+            reference = {"namespace": self.namespace, "name": WEBHOOK_NAME, "port": 443}
+            entry["clientConfig"] = {
+                "service": {**reference, "path": "/mutate"},
+                "caBundle": entry["clientConfig"]["caBundle"],
+            }
+        if configuration != self._webhook_configuration:
+            admin.apply(configuration)
+            self._webhook_configuration = configuration
 
     def install_admission_policies(self) -> None:
         """The chart's ValidatingAdmissionPolicies, their bindings and the capacity pods'

@@ -273,6 +273,9 @@ class ControlPlane:
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",  # one API server on loopback: no endpoints
+                # Webhooks registered by Service are called at an endpoint's address (no
+                # kube-proxy here to route a ClusterIP): as behind a Service in a cluster.
+                "--enable-aggregator-routing=true",
                 "--profiling=false",
                 "--v=1",
             ],

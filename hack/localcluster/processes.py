@@ -86,3 +86,17 @@ def stop_pid(pid: int, grace: float = 10.0) -> None:
 
 def log(message: str) -> None:
     print(f"localcluster: {message}", file=sys.stderr, flush=True)
+
+
+def routable_address() -> str:
+    """This machine's address on its default route: where the API server can reach a
+    Service endpoint (endpoints may not be loopback addresses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # UDP: no packet is sent
+            address = str(probe.getsockname()[0])
+        except OSError:
+            address = "127.0.0.1"
+    if address.startswith("127."):
+        raise OSError("this machine has no address but loopback; a Service endpoint needs one")
+    return address

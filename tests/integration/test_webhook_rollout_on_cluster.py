@@ -1,0 +1,152 @@
+"""A rolling update of the webhook during a burst of pod creations loses no admission.
+
+The webhook is registered by its Service, as the chart registers it, and the API server
+calls the Service's endpoints (`--enable-aggregator-routing`: no kube-proxy here).
+The rollout is the Deployment's, step by step: a new replica starts and becomes an
+endpoint; the old one leaves the endpoints as it starts terminating, sleeps through its
+`preStop` (the chart's `webhook.shutdownDelaySeconds`), is sent SIGTERM, drains and
+exits. Meanwhile pods are created without pause; with `failurePolicy: Ignore` a pod
+whose admission failed would be created unchanged, so every pod must come back
+rewritten.
+
+A cluster of its own: it registers the webhook by Service.
+"""
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpupack import keys
+from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
+from hack.localcluster.processes import routable_address
+from tests.integration.tools import REPO
+
+pytestmark = pytest.mark.integration
+SMALL = (NodePool("cpu", 1, 0, "none", 0, "16", "64Gi"),)
+
+
+def shutdown_delay() -> float:
+    """The chart's `webhook.shutdownDelaySeconds`: the preStop sleep."""
+    values = yaml.safe_load((REPO / "charts" / "gpupack" / "values.yaml").read_text())
+    return float(values["webhook"]["shutdownDelaySeconds"])
+
+
+@dataclass
+class Burst:
+    """Pods created back to back from `threads` threads until stopped."""
+
+    kubeconfig: Path
+    namespace: str
+    rewritten: int = 0
+    escaped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self, worker: int) -> None:
+        kube = Kube.from_kubeconfig(self.kubeconfig)
+        index = 0
+        try:
+            while not self._stop.is_set():
+                name = f"burst-{worker}-{index}"
+                index += 1
+                try:
+                    pod = kube.create(f"/api/v1/namespaces/{self.namespace}/pods", gpu_pod(name))
+                except ApiError as error:
+                    with self._lock:
+                        self.failed.append(f"{name}: {error}")
+                    continue
+                annotations = pod["metadata"].get("annotations") or {}
+                with self._lock:
+                    if keys.DECISION in annotations:
+                        self.rewritten += 1
+                    else:
+                        self.escaped.append(name)
+        finally:
+            kube.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def gpu_pod(name: str) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {keys.GPU_COMPUTE: "250m"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def audited(cluster: LocalCluster, name: str) -> int:
+    path = cluster.workdir / "logs" / f"{name}.audit.log"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def rollout_cluster(
+    tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
+) -> Iterator[LocalCluster]:
+    if cluster is None:
+        pytest.skip("registers the webhook by Service in a cluster of its own")
+    with LocalCluster(tmp_path_factory.mktemp("rollout"), node_pools=SMALL) as local:
+        local.install_webhook()
+        yield local
+
+
+def test_a_rolling_update_during_a_burst_loses_no_admission(
+    rollout_cluster: LocalCluster,
+) -> None:
+    cluster = rollout_cluster
+    kube = cluster.kube()
+    address = routable_address()
+    old, old_port = cluster.start_webhook_replica("webhook-old", address)
+    cluster.route_webhook([(address, old_port)])
+    cluster.stop_webhook()  # the loopback process install_webhook started: not an endpoint
+    ns = kube.create_namespace("it-rollout", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+
+    def routed() -> bool:
+        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"probe-{time.monotonic_ns()}"))
+        return audited(cluster, "webhook-old") > 0
+
+    kube.wait_for("the Service's endpoint to admit pods", routed, timeout=60)
+
+    burst = Burst(cluster.kubeconfig, ns)
+    threads = [threading.Thread(target=burst.run, args=(i,), daemon=True) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2)
+        # The new replica is ready and becomes an endpoint beside the old one.
+        _new, new_port = cluster.start_webhook_replica("webhook-new", address)
+        cluster.route_webhook([(address, old_port), (address, new_port)])
+        time.sleep(1)  # (the API server picks which of the two endpoints to call)
+        # The old one starts terminating: out of the endpoints, preStop, SIGTERM, drain.
+        cluster.route_webhook([(address, new_port)])
+        time.sleep(shutdown_delay())
+        old.stop(grace=30)
+        time.sleep(2)
+    finally:
+        burst.stop()
+        for thread in threads:
+            thread.join(timeout=30)
+
+    assert burst.failed == []
+    assert burst.escaped == [], f"{len(burst.escaped)} of {burst.rewritten} pods escaped"
+    assert audited(cluster, "webhook-old") > 0
+    assert audited(cluster, "webhook-new") > 0
+    assert burst.rewritten > 50
