@@ -11,9 +11,16 @@ with `Limits`:
   closed, before the parser has buffered more than one read past the limit.
 - **Request time:** a request must arrive whole (headers and body) within
   `request_seconds` of its first byte; a slow one gets `408` and is closed.
-- **Idle connections:** a connection that sends nothing for `idle_seconds`, from its
-  handshake or after its last answer, is closed (uvicorn arms its keep-alive timer
-  only after a first answer).
+- **Idle connections:** a connection that sends nothing for `idle_seconds` after its
+  handshake is closed (uvicorn arms no timer before a first answer); one idle for
+  `keep_alive_seconds` after an answer is closed too. That is longer than the API
+  server keeps an idle connection (Go's 90 s), so the client closes first: a server
+  closing a kept-alive connection races the client's next request on it, which fails
+  with EOF (the API server does not retry a POST), and with `failurePolicy: Ignore`
+  that pod escapes gpupack.
+- **Draining:** while `Drain.active` (the server is stopping), every answer carries
+  `Connection: close`, so clients stop reusing their connections and dial again, to a
+  replica that is not stopping.
 - **Open connections:** at most `connections`. One more closes the connection that
   has been idle (no request being answered) the longest, so a flood of idle or
   trickling connections cannot lock the API server out; if every connection is busy,
@@ -44,6 +51,7 @@ HEADER_BYTES: Final = 32 * 1024
 HEADER_COUNT: Final = 100
 REQUEST_SECONDS: Final = 10.0
 IDLE_SECONDS: Final = 5.0
+KEEP_ALIVE_SECONDS: Final = 120.0
 CONNECTIONS: Final = 512
 TRIM_AFTER: Final = 64
 TRIM_DELAY: Final = 1.0
@@ -55,7 +63,15 @@ class Limits:
     header_count: int = HEADER_COUNT
     request_seconds: float = REQUEST_SECONDS
     idle_seconds: float = IDLE_SECONDS
+    keep_alive_seconds: float = KEEP_ALIVE_SECONDS
     connections: int = CONNECTIONS
+
+
+@dataclass(slots=True)
+class Drain:
+    """Set when the server starts stopping: connections are closed after each answer."""
+
+    active: bool = False
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -105,6 +121,7 @@ class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol under `limits` (see the module's docstring)."""
 
     limits: ClassVar[Limits] = Limits()
+    drain: ClassVar[Drain] = Drain()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -115,8 +132,8 @@ class GuardedProtocol(HttpToolsProtocol):
         self._idle_since = 0.0
 
     @classmethod
-    def with_limits(cls, limits: Limits) -> type["GuardedProtocol"]:
-        return type("GuardedProtocol", (cls,), {"limits": limits})
+    def with_limits(cls, limits: Limits, drain: Drain) -> type["GuardedProtocol"]:
+        return type("GuardedProtocol", (cls,), {"limits": limits, "drain": drain})
 
     # Connections.
 
@@ -125,7 +142,7 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.close()  # every open connection is answering a request
             return
         super().connection_made(transport)
-        self._idle()
+        self._idle(self.limits.idle_seconds)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
@@ -153,10 +170,10 @@ class GuardedProtocol(HttpToolsProtocol):
             self._deadline.cancel()
             self._deadline = None
 
-    def _idle(self) -> None:
+    def _idle(self, seconds: float) -> None:
         self._cancel()
         self._idle_since = self.loop.time()
-        self._deadline = self.loop.call_later(self.limits.idle_seconds, self._close_idle)
+        self._deadline = self.loop.call_later(seconds, self._close_idle)
 
     def _close_idle(self) -> None:
         self._deadline = None
@@ -223,6 +240,8 @@ class GuardedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._reading_headers = False
         super().on_headers_complete()
+        if self.drain.active and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered with `Connection: close`
 
     def on_message_complete(self) -> None:
         self._cancel()  # arrived whole: the app has it now
@@ -232,4 +251,4 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if not self.transport.is_closing() and self._is_idle():
             self._unset_keepalive_if_required()  # our idle timer replaces uvicorn's
-            self._idle()
+            self._idle(self.limits.keep_alive_seconds)

@@ -13,6 +13,7 @@ import gc
 import logging
 import signal
 import ssl
+import time
 from types import FrameType
 from typing import Final
 
@@ -22,11 +23,11 @@ from starlette.types import ASGIApp
 
 from gpupack import keys, seal
 from gpupack.runtime import config
-from gpupack.runtime.args import positive_int, positive_seconds
+from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds
 from gpupack.runtime.logs import configure_logging
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
-from webhook.guard import GuardedProtocol, Limits
+from webhook.guard import Drain, GuardedProtocol, Limits
 from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
@@ -137,6 +138,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--keep-alive-timeout",
+        type=positive_seconds,
+        default=limits.keep_alive_seconds,
+        metavar="SECONDS",
+        help="a connection idle this long after an answer is closed; keep it above the "
+        "API server's own idle timeout (90 s) so the client closes first "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shutdown-delay",
+        type=non_negative_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="after SIGTERM, keep serving this long, closing each connection after its "
+        "answer, so the API server moves to other replicas before this one stops; then "
+        "drain and exit (the chart passes webhook.shutdownDelaySeconds; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
@@ -152,6 +172,7 @@ def build_uvicorn_config(
     port: int,
     ssl_context: ssl.SSLContext,
     limits: Limits = DEFAULT_LIMITS,
+    drain: Drain | None = None,
 ) -> uvicorn.Config:
     """One worker, uvloop when installed, httptools under `limits` (`webhook.guard`), no
     access log, our TLS context.
@@ -163,7 +184,7 @@ def build_uvicorn_config(
         host=host,
         port=port,
         loop="auto",
-        http=GuardedProtocol.with_limits(limits),
+        http=GuardedProtocol.with_limits(limits, drain or Drain()),
         ws="none",
         lifespan="off",
         log_config=None,
@@ -189,6 +210,33 @@ def read_key(path: str | None) -> bytes:
         return PROCESS_KEY
     with open(path, "rb") as file:
         return seal.load_key(file.read(), path)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM first drains for `delay` seconds: it goes on
+    serving (new connections included: the API server may not have seen the endpoint
+    go yet) and answers with `Connection: close`, so clients move to other replicas;
+    then it stops as uvicorn does. SIGINT, or a second SIGTERM, stops at once."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain, delay: float) -> None:
+        super().__init__(config)
+        self._drain = drain
+        self._delay = delay
+        self._stop_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self._delay > 0 and self._stop_at is None:
+            self._captured_signals.append(sig)  # re-raised after the shutdown, as uvicorn does
+            self._drain.active = True
+            self._stop_at = time.monotonic() + self._delay
+            log.info("SIGTERM: draining for %gs before stopping", self._delay)
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._stop_at is not None and time.monotonic() >= self._stop_at:
+            self.should_exit = True
+        return await super().on_tick(counter)
 
 
 class Terminated(BaseException):  # like KeyboardInterrupt: not caught by `except Exception`
@@ -259,10 +307,17 @@ def run(args: argparse.Namespace) -> int:
         limits = Limits(
             request_seconds=args.request_timeout,
             idle_seconds=args.idle_timeout,
+            keep_alive_seconds=args.keep_alive_timeout,
             connections=args.max_connections,
         )
+        drain = Drain()
         config = build_uvicorn_config(
-            app, host=args.host, port=args.port, ssl_context=tls.context, limits=limits
+            app,
+            host=args.host,
+            port=args.port,
+            ssl_context=tls.context,
+            limits=limits,
+            drain=drain,
         )
         if args.metrics_port:
             try:
@@ -270,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
                 return EXIT_CONFIG
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, drain, args.shutdown_delay)
         # Everything long-lived exists now (the kubernetes client's modules included): keep
         # it out of the garbage collector's full scans, which otherwise cost about 10 % of
         # the throughput of POST /mutate (see benchmarks/webhook).

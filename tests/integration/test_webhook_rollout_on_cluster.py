@@ -3,9 +3,10 @@
 The webhook is registered by its Service, as the chart registers it, and the API server
 calls the Service's endpoints (`--enable-aggregator-routing`: no kube-proxy here).
 The rollout is the Deployment's, step by step: a new replica starts and becomes an
-endpoint; the old one leaves the endpoints as it starts terminating, sleeps through its
-`preStop` (the chart's `webhook.shutdownDelaySeconds`), is sent SIGTERM, drains and
-exits. Meanwhile pods are created without pause; with `failurePolicy: Ignore` a pod
+endpoint; the old one starts terminating, which at once removes it from the endpoints
+and sends it SIGTERM; it drains for the chart's `webhook.shutdownDelaySeconds`
+(`--shutdown-delay`) and exits. The API server keeps reusing the connections it has to
+the old replica meanwhile, whatever the endpoints say. Meanwhile pods are created without pause; with `failurePolicy: Ignore` a pod
 whose admission failed would be created unchanged, so every pod must come back
 rewritten.
 
@@ -31,7 +32,7 @@ SMALL = (NodePool("cpu", 1, 0, "none", 0, "16", "64Gi"),)
 
 
 def shutdown_delay() -> float:
-    """The chart's `webhook.shutdownDelaySeconds`: the preStop sleep."""
+    """The chart's `webhook.shutdownDelaySeconds`: how long a stopping replica drains."""
     values = yaml.safe_load((REPO / "charts" / "gpupack" / "values.yaml").read_text())
     return float(values["webhook"]["shutdownDelaySeconds"])
 
@@ -114,7 +115,8 @@ def test_a_rolling_update_during_a_burst_loses_no_admission(
     cluster = rollout_cluster
     kube = cluster.kube()
     address = routable_address()
-    old, old_port = cluster.start_webhook_replica("webhook-old", address)
+    delay = [f"--shutdown-delay={shutdown_delay()}"]
+    old, old_port = cluster.start_webhook_replica("webhook-old", address, delay)
     cluster.route_webhook([(address, old_port)])
     cluster.stop_webhook()  # the loopback process install_webhook started: not an endpoint
     ns = kube.create_namespace("it-rollout", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
@@ -132,13 +134,12 @@ def test_a_rolling_update_during_a_burst_loses_no_admission(
     try:
         time.sleep(2)
         # The new replica is ready and becomes an endpoint beside the old one.
-        _new, new_port = cluster.start_webhook_replica("webhook-new", address)
+        _new, new_port = cluster.start_webhook_replica("webhook-new", address, delay)
         cluster.route_webhook([(address, old_port), (address, new_port)])
         time.sleep(1)  # (the API server picks which of the two endpoints to call)
-        # The old one starts terminating: out of the endpoints, preStop, SIGTERM, drain.
+        # The old one starts terminating: out of the endpoints and SIGTERM together.
         cluster.route_webhook([(address, new_port)])
-        time.sleep(shutdown_delay())
-        old.stop(grace=30)
+        old.stop(grace=shutdown_delay() + 30)
         time.sleep(2)
     finally:
         burst.stop()

@@ -119,3 +119,25 @@ def closed_by_server(conn: ssl.SSLSocket, within: float) -> bool:
     except (ConnectionError, ssl.SSLError, OSError):
         return True
     return False
+
+
+def read_response(conn: ssl.SSLSocket) -> bytes:
+    """One whole HTTP response (headers and a Content-Length body) from `conn`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value.strip())
+    while len(body) < length:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body

@@ -4,6 +4,7 @@ answering admissions. (Memory is the process's resident set, read from /proc.)""
 
 import json
 import resource
+import signal
 import time
 from pathlib import Path
 
@@ -13,7 +14,14 @@ import yaml
 from gpupack.quantity import parse_quantity
 
 from .builders import review, vllm_pod
-from .hostile import Served, closed_by_server, endless_headers, idle_connections, serve
+from .hostile import (
+    Served,
+    closed_by_server,
+    endless_headers,
+    idle_connections,
+    read_response,
+    serve,
+)
 
 VALUES = Path(__file__).parents[2] / "charts" / "gpupack" / "values.yaml"
 
@@ -63,7 +71,7 @@ def test_a_trickled_request_is_cut_off(tmp_path: Path) -> None:
 
 def test_idle_connections_are_closed(tmp_path: Path) -> None:
     with (
-        serve(tmp_path, "--idle-timeout", "1") as served,
+        serve(tmp_path, "--idle-timeout", "1", "--keep-alive-timeout", "2") as served,
         served.connect() as never,  # handshaken, never sends a byte
         served.connect() as kept,
     ):
@@ -98,3 +106,24 @@ def test_floods_of_idle_tls_connections_neither_grow_it_nor_lock_the_api_server_
         assert peak < chart_memory_limit_mib(), f"peak {peak:.0f} MiB"
         growth = settled[-1] - settled[0]
         assert growth < 8, f"resident MiB after each round: {json.dumps(settled)}"
+
+
+def test_a_stopping_webhook_serves_on_and_tells_clients_to_reconnect(tmp_path: Path) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nhost: w\r\n\r\n"
+    with serve(tmp_path, "--shutdown-delay", "3") as served, served.connect() as kept:
+        kept.sendall(request)
+        kept.settimeout(10)
+        assert b"connection: close" not in read_response(kept).lower()
+
+        served.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        # A connection the client already has: answered, then closed by the server.
+        kept.sendall(request)
+        answer = read_response(kept).lower()
+        assert answer.startswith(b"http/1.1 200")
+        assert b"connection: close" in answer
+        assert closed_by_server(kept, within=10)
+        # The API server may not have seen the endpoint go: new connections still work.
+        assert admits(served)
+
+        assert served.process.wait(timeout=30) == 0
