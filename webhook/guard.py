@@ -128,7 +128,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._reading_headers = False  # from a request's first byte to its last header
         self._header_bytes = 0
         self._header_count = 0
-        self._deadline: asyncio.TimerHandle | None = None  # request or idle timer
+        # Before a first answer, or while a request arrives: ours. After an answer:
+        # uvicorn's keep-alive timer (`timeout_keep_alive` = `keep_alive_seconds`).
+        self._deadline: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
 
     @classmethod
@@ -142,7 +144,12 @@ class GuardedProtocol(HttpToolsProtocol):
             transport.close()  # every open connection is answering a request
             return
         super().connection_made(transport)
-        self._idle(self.limits.idle_seconds)
+        # uvicorn arms no timer before a first answer: a silent connection is closed as
+        # an idle kept-alive one is.
+        self._idle_since = self.loop.time()
+        self._deadline = self.loop.call_later(
+            self.limits.idle_seconds, self.timeout_keep_alive_handler
+        )
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
@@ -169,16 +176,6 @@ class GuardedProtocol(HttpToolsProtocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-
-    def _idle(self, seconds: float) -> None:
-        self._cancel()
-        self._idle_since = self.loop.time()
-        self._deadline = self.loop.call_later(seconds, self._close_idle)
-
-    def _close_idle(self) -> None:
-        self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
 
     def _too_slow(self) -> None:
         self._deadline = None
@@ -248,7 +245,5 @@ class GuardedProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and self._is_idle():
-            self._unset_keepalive_if_required()  # our idle timer replaces uvicorn's
-            self._idle(self.limits.keep_alive_seconds)
+        super().on_response_complete()  # arms uvicorn's keep-alive timer when idle
+        self._idle_since = self.loop.time()

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import signal
 import ssl
 import time
@@ -126,8 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         default=limits.idle_seconds,
         metavar="SECONDS",
-        help="a connection that sends nothing this long, from its handshake or its last "
-        "answer, is closed (default: %(default)s)",
+        help="a new connection that sends nothing this long is closed (after an answer: "
+        "--keep-alive-timeout) (default: %(default)s)",
     )
     parser.add_argument(
         "--request-timeout",
@@ -192,9 +193,10 @@ def build_uvicorn_config(
         server_header=False,
         proxy_headers=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # After an answer a connection may idle this long (`webhook.guard`).
+        timeout_keep_alive=math.ceil(limits.keep_alive_seconds),
         # What one client can hold is bounded by `limits`; this is a backstop: past
         # LIMIT_CONCURRENCY requests in progress new ones get a 503.
-        timeout_keep_alive=max(1, int(limits.idle_seconds)),
         limit_concurrency=LIMIT_CONCURRENCY,
         ssl_context_factory=lambda _config, _default: ssl_context,
     )
