@@ -110,7 +110,7 @@ class LocalCluster(ControlPlane):
             ),
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
-        self._wait_webhook_ready(process)
+        self._wait_webhook_ready(process, "127.0.0.1", self.webhook_port)
         url = f"https://127.0.0.1:{self.webhook_port}/mutate"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
@@ -168,12 +168,7 @@ class LocalCluster(ControlPlane):
             self._webhook_command(kubeconfig, host, port, free_port(), audit, extra_args),
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
-        context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
-        context.check_hostname = False
-        self._wait_ready(
-            process,
-            lambda: http.client.HTTPSConnection(host, port, context=context, timeout=2),
-        )
+        self._wait_webhook_ready(process, host, port)
         self.write_state()
         return process, port
 
@@ -254,13 +249,13 @@ class LocalCluster(ControlPlane):
             admin.apply(obj)
         return self.service_account_kubeconfig(name)
 
-    def _wait_webhook_ready(self, process: Process) -> None:
+    def _wait_webhook_ready(self, process: Process, host: str, port: int) -> None:
         context = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        # The certificate names the Service and loopback, not every address a replica may
+        # listen on; the API server checks the name, this only waits for readiness.
+        context.check_hostname = False
         self._wait_ready(
-            process,
-            lambda: http.client.HTTPSConnection(
-                "127.0.0.1", self.webhook_port, context=context, timeout=2
-            ),
+            process, lambda: http.client.HTTPSConnection(host, port, context=context, timeout=2)
         )
 
     def _wait_ready(
