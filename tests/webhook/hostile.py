@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from hack.localcluster.processes import free_port
+
 from .conftest import CertificateAuthority
 
 
@@ -43,10 +45,17 @@ class Served:
             return client.get(f"https://127.0.0.1:{self.port}/healthz").status_code == 200
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def serve_command(*args: str) -> list[str]:
+    """`gpupack-webhook serve` with `args`, run from this interpreter."""
+    return [sys.executable, "-m", "webhook.cli", "serve", *args]
+
+
+def no_cluster_env() -> dict[str, str]:
+    """No kubeconfig and not in a pod: the webhook runs without a cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.pop("KUBECONFIG", None)
+    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
+    return env
 
 
 @contextmanager
@@ -55,12 +64,9 @@ def serve(tmp: Path, *args: str) -> Iterator[Served]:
     ca = CertificateAuthority()
     ca.issue().write(tmp / "tls.crt", tmp / "tls.key")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.pop("KUBECONFIG", None)
-    env["HOME"] = "/nonexistent"
-    command = [sys.executable, "-m", "webhook.cli", "serve", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--metrics-port", "0", "--log-level", "error"]
-    command += ["--tls-cert-file", str(tmp / "tls.crt")]
+    env = no_cluster_env()
+    command = serve_command("--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0")
+    command += ["--log-level", "error", "--tls-cert-file", str(tmp / "tls.crt")]
     command += ["--tls-private-key-file", str(tmp / "tls.key"), *args]
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True

@@ -6,11 +6,8 @@ import base64
 import copy
 import io
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -30,6 +27,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
+from hack.localcluster.processes import free_port
 from webhook.app import ClusterPort, Decide, create_app
 from webhook.audit import AUDIT_MARKER, AuditLog
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
@@ -42,6 +40,7 @@ from webhook.tls import CertificateReloader
 
 from .builders import namespace, review, vllm_pod
 from .conftest import CertificateAuthority, ServingFiles, run_server
+from .hostile import no_cluster_env, serve_command
 
 KUBERNETES_VERSION = "1.34"
 
@@ -507,25 +506,13 @@ def test_serving_starts_the_cluster_and_stops_it_after_the_server(
 # The command itself, in a subprocess: option errors and a full start, admit, SIGTERM.
 
 
-def _serve(*args: str) -> list[str]:
-    return [sys.executable, "-m", "webhook.cli", "serve", *args]
-
-
-def _clean_env() -> dict[str, str]:
-    """No kubeconfig and not in a pod: the webhook runs without a cluster."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.pop("KUBECONFIG", None)
-    env["HOME"] = "/nonexistent"  # no ~/.kube/config either
-    return env
-
-
 def test_serve_with_a_missing_certificate_exits_2_with_a_clear_message(tmp_path: Path) -> None:
     missing = str(tmp_path / "tls.crt")
     result = subprocess.run(
-        _serve("--tls-cert-file", missing, "--tls-private-key-file", missing),
+        serve_command("--tls-cert-file", missing, "--tls-private-key-file", missing),
         capture_output=True,
         text=True,
-        env=_clean_env(),
+        env=no_cluster_env(),
         timeout=60,
         check=False,
     )
@@ -540,16 +527,14 @@ def test_serve_with_a_missing_certificate_exits_2_with_a_clear_message(tmp_path:
 def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     tmp_path: Path, ca: CertificateAuthority, serving_files: ServingFiles
 ) -> None:
-    with socket.socket() as probe:  # a free port; the tiny race is acceptable in a test
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     audit_file = tmp_path / "audit.jsonl"
     args = ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
     args += ["--tls-cert-file", str(serving_files.cert)]
     args += ["--tls-private-key-file", str(serving_files.key), "--audit-file", str(audit_file)]
     process = subprocess.Popen(
-        _serve(*args),
-        env=_clean_env(),
+        serve_command(*args),
+        env=no_cluster_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
