@@ -194,8 +194,8 @@ class Cache:
                 request = wanted
                 gpus = (assignment[0],)
         old = self.snapshot.bookings.get(key)
-        same = old is not None and (old.node, old.request) == (node, request)
-        if same and old is not None and set(old.named) == set(gpus):
+        wanted_booking = (node, request, sorted(gpus))  # booked or over on each GPU
+        if old is not None and (old.node, old.request, sorted(old.named)) == wanted_booking:
             return
         self.snapshot.forget(key)
         self.snapshot.assume(request, node, gpus)
