@@ -171,11 +171,24 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         )
     write_table(rows, out)
 
+    in_use = {
+        (p["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid") for p in rewritten
+    } - {None}
+    empty = len(capacity) - len(in_use)
     out.write("\n== GPUs\n")
     out.write(
         f"  {plural(len(rewritten), 'pod')} rewritten in opted-in namespaces asked for "
-        f"{plural(asked, 'GPU')};\n  they share {plural(len(capacity), 'GPU')} held by "
-        f"capacity pods.\n  {plural(len(untouched), 'pod')} left alone (not opted in, or no "
+        f"{plural(asked, 'GPU')};\n  they share {plural(len(in_use), 'GPU')} held by "
+        f"capacity pods.\n"
+    )
+    if empty > 0:
+        out.write(
+            f"  {plural(empty, 'more capacity pod')} {'holds' if empty == 1 else 'hold'} a GPU "
+            "no pod uses (planned while pods were being placed); the scheduler releases "
+            "it after its grace period (--grace-period, 300 s).\n"
+        )
+    out.write(
+        f"  {plural(len(untouched), 'pod')} left alone (not opted in, or no "
         f"GPU) {'holds' if len(untouched) == 1 else 'hold'} {plural(whole, 'whole GPU')}.\n"
     )
     out.write("\n== Where to look\n")
