@@ -247,7 +247,7 @@ def create_app(
     clock: Callable[[], datetime] = utc_now,
     timer: Callable[[], float] = time.perf_counter,
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
-    tls_ready: Callable[[], bool] = lambda: True,
+    tls_problem: Callable[[], str | None] = lambda: None,
     key: bytes = PROCESS_KEY,
 ) -> Starlette:
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
@@ -267,8 +267,9 @@ def create_app(
     )
 
     async def readyz(request: Request) -> Response:
-        if not tls_ready():
-            return json_response({"ready": False, "reason": "TLS certificate not loaded"}, 503)
+        problem = tls_problem()
+        if problem is not None:
+            return json_response({"ready": False, "reason": problem}, 503)
         if cluster is not None and not cluster.synced:
             return json_response({"ready": False, "reason": "cluster caches not synced"}, 503)
         return json_response({"ready": True})

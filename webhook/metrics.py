@@ -12,9 +12,10 @@ from threading import Thread
 from typing import Final
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from webhook.decision import Outcome, Reason
+from webhook.tls import Validity
 
 # From well under a millisecond (the pure decision) up to the capacity timeout.
 DURATION_BUCKETS: Final = (
@@ -83,6 +84,11 @@ class WebhookMetrics:
             ["result"],
             registry=registry,
         )
+        self._certificate_expiry = Gauge(
+            "gpupack_webhook_certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (notAfter), in Unix seconds.",
+            registry=registry,
+        )
         self._recommendations_applied = Counter(
             "gpupack_webhook_recommendations_applied",
             "Admitted pods whose allocation came (at least in part) from their workload's "
@@ -120,6 +126,9 @@ class WebhookMetrics:
 
     def error(self, kind: ErrorKind) -> None:
         self._error_children[kind].inc()
+
+    def serving_certificate(self, validity: Validity) -> None:
+        self._certificate_expiry.set(validity.not_after.timestamp())
 
     def certificate_reload(self, succeeded: bool) -> None:
         self._certificate_reloads.labels("success" if succeeded else "failure").inc()

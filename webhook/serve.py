@@ -281,7 +281,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = WebhookMetrics(registry)
     try:
         tls = CertificateReloader(
-            args.tls_cert_file, args.tls_private_key_file, on_reload=metrics.certificate_reload
+            args.tls_cert_file,
+            args.tls_private_key_file,
+            on_reload=metrics.certificate_reload,
+            on_serving=metrics.serving_certificate,
         )
         audit = AuditLog(path=args.audit_file)
         key = read_key(args.decision_key_file)
@@ -303,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
             metrics=metrics,
             cluster=cluster,
             capacity_timeout=args.capacity_timeout,
-            tls_ready=lambda: tls.loaded,
+            tls_problem=tls.problem,
             key=key,
         )
         limits = Limits(

@@ -11,6 +11,13 @@ when they changed it loads a fresh context and from then on hands each new conne
 it (`SSLObject.context = ...`). Open connections keep the certificate they started with.
 A failed load (a half-written pair, a key that does not match yet) keeps serving the old
 certificate, is logged once, and is retried at the next check.
+
+A certificate outside its validity period is refused like a broken pair: the API server
+would fail every call with `x509: certificate has expired or is not yet valid`, so
+loading it would only hide the problem. `problem()` (the readiness check) says when the
+certificate being served is expired or not yet valid, so an expired webhook pod leaves
+the Service's endpoints instead of answering probes while every admission fails. Its
+expiry is a metric, for the alert that fires weeks before.
 """
 
 import hashlib
@@ -20,6 +27,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
@@ -72,26 +80,91 @@ def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return ctx
 
 
-def fingerprint(cert_file: str) -> str:
-    """SHA-256 of the leaf certificate (the first PEM block), as `openssl x509 -fingerprint`
-    prints it without colons; empty when the file has no PEM certificate."""
+def leaf_der(cert_file: str) -> bytes:
+    """The DER form of the leaf certificate (the first PEM block); empty when the file has
+    no PEM certificate."""
     with open(cert_file, encoding="ascii", errors="replace") as f:
         text = f.read()
     end_marker = "-----END CERTIFICATE-----"
     start = text.find("-----BEGIN CERTIFICATE-----")
     end = text.find(end_marker, start)
     if start < 0 or end < 0:
-        return ""
-    der = ssl.PEM_cert_to_DER_cert(text[start : end + len(end_marker)])
-    return hashlib.sha256(der).hexdigest()
+        return b""
+    return ssl.PEM_cert_to_DER_cert(text[start : end + len(end_marker)])
+
+
+def fingerprint(der: bytes) -> str:
+    """SHA-256 of a DER certificate, as `openssl x509 -fingerprint` prints it without colons."""
+    return hashlib.sha256(der).hexdigest() if der else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Validity:
+    not_before: datetime
+    not_after: datetime
+
+    def problem(self, now: datetime) -> str | None:
+        """Why a certificate with this validity must not be served at `now`, or None."""
+        if now < self.not_before:
+            return f"the certificate is not valid before {self.not_before:%Y-%m-%dT%H:%M:%SZ}"
+        if now >= self.not_after:
+            return f"the certificate expired at {self.not_after:%Y-%m-%dT%H:%M:%SZ}"
+        return None
+
+
+def _element(der: bytes, at: int) -> tuple[int, int, int]:
+    """(tag, start of contents, end of contents) of the DER element at `at`."""
+    tag, length = der[at], der[at + 1]
+    at += 2
+    if length & 0x80:
+        count = length & 0x7F
+        length = int.from_bytes(der[at : at + count], "big")
+        at += count
+    if at + length > len(der):
+        raise ValueError("a DER length runs past the end")
+    return tag, at, at + length
+
+
+def _time(tag: int, value: bytes) -> datetime:
+    text = value.decode("ascii")
+    layout = {0x17: "%y%m%d%H%M%SZ", 0x18: "%Y%m%d%H%M%SZ"}.get(tag)
+    if layout is None:
+        raise ValueError(f"a validity time has DER tag {tag:#x}, not UTCTime or GeneralizedTime")
+    return datetime.strptime(text, layout).replace(tzinfo=UTC)
+
+
+def validity(der: bytes) -> Validity:
+    """notBefore and notAfter of a DER X.509 certificate (RFC 5280, 4.1): the fifth element
+    of tbsCertificate, or the fourth without the optional explicit version. ValueError
+    when it is not a certificate."""
+    try:
+        _, certificate, _ = _element(der, 0)
+        _, at, _ = _element(der, certificate)  # tbsCertificate's contents
+        tag, _, end = _element(der, at)
+        if tag == 0xA0:  # [0] EXPLICIT version
+            at = end
+        for _ in range(3):  # serialNumber, signature, issuer
+            at = _element(der, at)[2]
+        _, at, _ = _element(der, at)  # validity
+        before_tag, before_start, before_end = _element(der, at)
+        after_tag, after_start, after_end = _element(der, before_end)
+        return Validity(
+            _time(before_tag, der[before_start:before_end]),
+            _time(after_tag, der[after_start:after_end]),
+        )
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not an X.509 certificate: {exc}") from None
 
 
 class CertificateReloader:
     """Owns the server's TLS context; give `context` to uvicorn.
 
-    `on_reload(succeeded)` is called once per reload attempt with a new outcome (for
-    metrics). `clock` is monotonic seconds. Construction loads the files and raises
-    CertificateError when that fails: a server without a certificate must not start.
+    `on_reload(succeeded)` is called once per reload attempt with a new outcome, and
+    `on_serving(validity)` whenever a certificate starts being served (for metrics).
+    `clock` is monotonic seconds, `wall` the current UTC time. Construction loads the
+    files and raises CertificateError when that fails: a server without a certificate
+    must not start. A certificate outside its validity is served at startup (there is
+    nothing else), but `problem()` reports it, so the pod is not ready.
     """
 
     def __init__(
@@ -101,14 +174,18 @@ class CertificateReloader:
         *,
         interval: float = CHECK_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_reload: Callable[[bool], None] | None = None,
+        on_serving: Callable[[Validity], None] | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self._interval = interval
         self._clock = clock
+        self._wall = wall
         self._on_reload = on_reload
-        self.context = server_context(cert_file, key_file)
+        self._on_serving = on_serving
+        self.context, der, self.validity = self._load()
         try:
             self._versions = self._file_versions()
         except OSError as exc:
@@ -117,14 +194,47 @@ class CertificateReloader:
         self._current = self.context
         self._next_check = clock() + interval
         self._last_failure: tuple[tuple[FileVersion, FileVersion] | None, str] | None = None
-        self.fingerprint = fingerprint(cert_file)
-        log.info(
-            "serving TLS certificate", extra={"certFile": cert_file, "sha256": self.fingerprint}
-        )
+        self.fingerprint = fingerprint(der)
+        self._serving()
+        problem = self.validity.problem(wall())
+        if problem is not None:
+            log.error(
+                "serving a TLS certificate the API server refuses; not ready until a valid "
+                "one is in the files",
+                extra={"certFile": cert_file, "error": problem},
+            )
 
-    @property
-    def loaded(self) -> bool:
-        return True  # construction fails without a certificate; a failed reload keeps the old
+    def _load(self) -> tuple[ssl.SSLContext, bytes, Validity]:
+        context = server_context(self.cert_file, self.key_file)
+        try:
+            der = leaf_der(self.cert_file)
+            return context, der, validity(der)
+        except (OSError, ValueError) as exc:
+            raise CertificateError(
+                f"cannot read the validity of the TLS certificate {self.cert_file!r}: {exc}"
+            ) from None
+
+    def _serving(self) -> None:
+        log.info(
+            "serving TLS certificate",
+            extra={
+                "certFile": self.cert_file,
+                "sha256": self.fingerprint,
+                "notAfter": f"{self.validity.not_after:%Y-%m-%dT%H:%M:%SZ}",
+            },
+        )
+        if self._on_serving is not None:
+            self._on_serving(self.validity)
+
+    def problem(self) -> str | None:
+        """Why the served certificate is unusable (expired, not yet valid), or None. Checks
+        the files first, so a renewed certificate makes the pod ready again at once."""
+        try:
+            self.maybe_reload()
+        except Exception:
+            log.exception("certificate reload check failed")
+        problem = self.validity.problem(self._wall())
+        return None if problem is None else f"TLS certificate {self.cert_file!r}: {problem}"
 
     def _file_versions(self) -> tuple[FileVersion, FileVersion]:
         return file_version(self.cert_file), file_version(self.key_file)
@@ -158,17 +268,17 @@ class CertificateReloader:
         if versions == self._versions:
             return False
         try:
-            new = server_context(self.cert_file, self.key_file)
-            new_fingerprint = fingerprint(self.cert_file)
-        except (CertificateError, OSError, ValueError) as exc:
+            new, der, new_validity = self._load()
+        except CertificateError as exc:
             self._failed(versions, str(exc))
             return False
+        problem = new_validity.problem(self._wall())
+        if problem is not None:
+            self._failed(versions, f"TLS certificate {self.cert_file!r} refused: {problem}")
+            return False
         self._current, self._versions, self._last_failure = new, versions, None
-        self.fingerprint = new_fingerprint
-        log.info(
-            "reloaded TLS certificate",
-            extra={"certFile": self.cert_file, "sha256": new_fingerprint},
-        )
+        self.fingerprint, self.validity = fingerprint(der), new_validity
+        self._serving()
         if self._on_reload is not None:
             self._on_reload(True)
         return True

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -47,10 +47,19 @@ class CertificateAuthority:
         self,
         common_name: str = "gpupack-webhook.gpupack-system.svc",
         names: tuple[str, ...] = ("localhost", "gpupack-webhook.gpupack-system.svc", "127.0.0.1"),
+        *,
+        issued: datetime | None = None,
+        valid_for: timedelta = timedelta(days=365),
     ) -> CertPair:
-        """A new key pair and a serving certificate for it, signed by this CA."""
+        """A new key pair and a serving certificate for it, signed by this CA, issued at
+        `issued` (default now) and valid for `valid_for` from then."""
         leaf = pem.issue(
-            self._ca, common_name, now=datetime.now(UTC), names=list(names), algorithm=ALGORITHM
+            self._ca,
+            common_name,
+            now=issued or datetime.now(UTC),
+            names=list(names),
+            valid_for=valid_for,
+            algorithm=ALGORITHM,
         )
         return CertPair(leaf.cert_pem, leaf.key_pem)
 

@@ -143,7 +143,7 @@ def start_webhook(ca: CertificateAuthority, serving_files: ServingFiles) -> Iter
                 metrics=metrics,
                 cluster=cluster,
                 capacity_timeout=capacity_timeout,
-                tls_ready=lambda: tls.loaded,
+                tls_problem=tls.problem,
                 **options,
             )
             server = stack.enter_context(run_server(app, tls.context))

@@ -5,6 +5,7 @@ timing rules, with a fake clock."""
 
 import hashlib
 import io
+import json
 import logging
 import os
 import socket
@@ -12,16 +13,19 @@ import ssl
 import time
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
+from certs import pem
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.metrics import WebhookMetrics
-from webhook.tls import MINIMUM_VERSION, CertificateError, CertificateReloader
+from webhook.tls import MINIMUM_VERSION, CertificateError, CertificateReloader, validity
 
 from .conftest import CertificateAuthority, CertPair, RunningServer, ServingFiles, run_server
 
@@ -200,3 +204,181 @@ def test_tls_older_than_1_2_is_refused(
     assert served_fingerprint(server.port, tls_1_2)
     with pytest.raises(ssl.SSLError):
         served_fingerprint(server.port, tls_1_1)
+
+
+# Validity: an expired or not-yet-valid certificate is never loaded over a good one, and
+# serving one makes the pod unready.
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [pytest.param(a, id=a.value) for a in (pem.KeyAlgorithm.ECDSA_P256, pem.KeyAlgorithm.RSA2048)],
+)
+@pytest.mark.parametrize(
+    "issued",
+    [
+        pytest.param(datetime(2026, 3, 1, 12, 30, 5, tzinfo=UTC), id="utctime"),
+        pytest.param(datetime(2051, 1, 2, 3, 4, 5, tzinfo=UTC), id="generalizedtime"),
+    ],
+)
+def test_validity_is_read_from_the_certificate_as_cryptography_reads_it(
+    algorithm: pem.KeyAlgorithm, issued: datetime
+) -> None:
+    ca = pem.new_ca("ca", now=issued, algorithm=algorithm)
+    leaf = pem.issue(ca, "leaf", now=issued, names=["a.example"], algorithm=algorithm)
+    der = ssl.PEM_cert_to_DER_cert(leaf.cert_pem.decode())
+    reference = x509.load_der_x509_certificate(der)  # years from 2050 are GeneralizedTime
+
+    read = validity(der)
+
+    assert read.not_before == reference.not_valid_before_utc
+    assert read.not_after == reference.not_valid_after_utc
+
+
+@pytest.mark.parametrize(
+    "der",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b"\x30\x82\x01", id="truncated"),
+        pytest.param(b"\x30\x03\x02\x01\x01", id="not-a-certificate"),
+    ],
+)
+def test_garbage_has_no_validity(der: bytes) -> None:
+    with pytest.raises(ValueError, match="not an X.509 certificate|DER"):
+        validity(der)
+
+
+class Wall:
+    def __init__(self) -> None:
+        self.now = datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("issued", "reason"),
+    [
+        pytest.param(datetime.now(UTC) - timedelta(days=30), "expired at", id="expired"),
+        pytest.param(datetime.now(UTC) + timedelta(days=2), "not valid before", id="not-yet"),
+    ],
+)
+def test_a_certificate_outside_its_validity_is_refused_at_reload(
+    ca: CertificateAuthority,
+    serving_files: ServingFiles,
+    issued: datetime,
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    tls = CertificateReloader(
+        str(serving_files.cert),
+        str(serving_files.key),
+        on_reload=metrics.certificate_reload,
+        on_serving=metrics.serving_certificate,
+    )
+    before = registry.get_sample_value("gpupack_webhook_certificate_expiry_timestamp_seconds")
+    ca.issue(issued=issued, valid_for=timedelta(days=1)).write(
+        serving_files.cert, serving_files.key
+    )
+
+    with caplog.at_level(logging.WARNING, logger="webhook.tls"):
+        assert tls.reload() is False
+
+    assert tls.fingerprint == serving_files.pair.fingerprint
+    assert tls.problem() is None  # the old one is still good, so the pod stays ready
+    assert reason in caplog.records[-1].__dict__["error"]
+    assert (
+        registry.get_sample_value(
+            "gpupack_webhook_certificate_reloads_total", {"result": "failure"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "gpupack_webhook_certificate_reloads_total", {"result": "success"}
+        )
+        == 0
+    )
+    after = registry.get_sample_value("gpupack_webhook_certificate_expiry_timestamp_seconds")
+    assert after == before
+
+
+def test_the_expiry_metric_follows_the_certificate_being_served(
+    ca: CertificateAuthority, serving_files: ServingFiles
+) -> None:
+    registry = CollectorRegistry()
+    metrics = WebhookMetrics(registry)
+    tls = CertificateReloader(
+        str(serving_files.cert), str(serving_files.key), on_serving=metrics.serving_certificate
+    )
+    first = x509.load_pem_x509_certificate(serving_files.pair.cert_pem).not_valid_after_utc
+    expiry = "gpupack_webhook_certificate_expiry_timestamp_seconds"
+    assert registry.get_sample_value(expiry) == first.timestamp()
+
+    renewed = ca.issue(valid_for=timedelta(days=90))
+    renewed.write(serving_files.cert, serving_files.key)
+    assert tls.reload() is True
+
+    second = x509.load_pem_x509_certificate(renewed.cert_pem).not_valid_after_utc
+    assert registry.get_sample_value(expiry) == second.timestamp()
+
+
+def test_a_certificate_that_expires_while_served_makes_the_pod_unready_until_renewed(
+    ca: CertificateAuthority, serving_files: ServingFiles
+) -> None:
+    wall = Wall()
+    tls = CertificateReloader(
+        str(serving_files.cert), str(serving_files.key), wall=wall, interval=0.0
+    )
+    assert tls.problem() is None
+
+    wall.now += timedelta(days=366)
+    problem = tls.problem()
+    assert problem is not None
+    assert "expired at" in problem
+    assert "tls.crt" in problem
+
+    ca.issue(issued=wall.now, valid_for=timedelta(days=30)).write(
+        serving_files.cert, serving_files.key
+    )
+    assert tls.problem() is None  # readiness itself picks the renewed files up
+
+
+def test_an_expired_certificate_at_startup_is_served_but_the_webhook_is_not_ready(
+    ca: CertificateAuthority, tmp_path: Path
+) -> None:
+    expired = ca.issue(issued=datetime.now(UTC) - timedelta(days=10), valid_for=timedelta(days=1))
+    expired.write(tmp_path / "tls.crt", tmp_path / "tls.key")
+    tls = CertificateReloader(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    app = create_app(
+        audit=AuditLog(stream=io.StringIO()),
+        metrics=WebhookMetrics(CollectorRegistry()),
+        tls_problem=tls.problem,
+    )
+    client = ssl.create_default_context(cadata=ca.pem.decode())
+    client.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_NONE  # a probe, like the kubelet's: it does not verify
+
+    with run_server(app, tls.context) as server:
+        status, body = _get(server.port, "/readyz", client)
+        health, _ = _get(server.port, "/healthz", client)
+
+    assert status == 503
+    assert "expired at" in json.loads(body)["reason"]
+    assert health == 200  # alive: restarting would not bring a valid certificate
+
+
+def _get(port: int, path: str, client: ssl.SSLContext) -> tuple[int, bytes]:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        client.wrap_socket(raw) as conn,
+    ):
+        conn.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
