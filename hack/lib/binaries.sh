@@ -1,14 +1,18 @@
 # Sourced by hack/* scripts: builds the pinned upstream binaries from their published Go
-# modules into $GPUPACK_CACHE/bin/<hash>/ (default ~/.cache/gpupack, outside the checkout
-# so fresh clones on the same machine reuse it), once; later calls reuse them. The hash
-# covers hack/versions.env and this file: changing either rebuilds.
+# modules, once, and puts them on PATH. Each tool is cached on its own, in
+# $GPUPACK_CACHE/tools/<tool>-<version>-<recipe hash>/ (default ~/.cache/gpupack, outside
+# the checkout so fresh clones on the same machine reuse it): changing one tool's version
+# or build recipe rebuilds that tool alone. $GPUPACK_BIN_DIR is one folder of links to
+# the whole set.
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (k8s.io/kubernetes)
-#   etcd, etcdctl                                                         (go.etcd.io/etcd)
+#   etcd                                                                  (go.etcd.io/etcd)
 #   kwok                                                                  (sigs.k8s.io/kwok)
 #   helm                                                                  (helm.sh/helm/v3)
+#   prometheus, promtool                                (github.com/prometheus/prometheus)
 set -euo pipefail
 : "${repo:?source hack/lib/venv.sh first}"
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+_GO_NOISE='^go: \(added\|upgraded\|downgraded\|finding\|downloading\)'
 
 ensure_go() {
   if ! command -v go >/dev/null 2>&1; then
@@ -35,7 +39,7 @@ _build_kubernetes() {
     _kube_replaces "$KUBERNETES_VERSION" >>go.mod
     local cmd packages=()
     for cmd in "${KUBE_COMMANDS[@]}"; do packages+=("k8s.io/kubernetes/cmd/$cmd"); done
-    go get "${packages[@]/%/@$KUBERNETES_VERSION}" 2>&1 | grep -v "^go: \(added\|upgraded\|downgraded\|finding\|downloading\)" >&2 || true
+    go get "${packages[@]/%/@$KUBERNETES_VERSION}" 2>&1 | grep -v "$_GO_NOISE" >&2 || true
     go build -trimpath -ldflags "-s -w \
       -X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION \
       -X k8s.io/component-base/version.gitMajor=1 \
@@ -45,42 +49,88 @@ _build_kubernetes() {
   rm -rf "$work"
 }
 
-# etcd's server module replaces its siblings with ../ paths, which `go install pkg@v`
-# refuses; built from a scratch module those replaces do not apply.
-_build_etcd() {
-  local out=$1 work
+# etcd's server module and Prometheus replace some of their dependencies, which
+# `go install pkg@v` refuses; built from a scratch module those replaces do not apply.
+_build_in_scratch_module() {  # version "go build flags" packages...
+  local version=$1 flags=$2 work
+  shift 2
   work=$(mktemp -d)
   (
     cd "$work"
-    go mod init gpupack.local/etcdbuild 2>/dev/null
-    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" 2>&1 | grep -v "^go: \(added\|upgraded\|downgraded\|finding\|downloading\)" >&2 || true
-    go build -trimpath -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+    go mod init gpupack.local/build 2>/dev/null
+    go get "${@/%/@$version}" 2>&1 | grep -v "$_GO_NOISE" >&2 || true
+    # shellcheck disable=SC2086  # flags are words
+    go build -trimpath -ldflags "-s -w" $flags "$@"
   )
   rm -rf "$work"
 }
 
-_go_install() {  # module@version and package paths into $out
-  local out=$1; shift
-  GOBIN="$out" go install -trimpath -ldflags "-s -w" "$@"
+_build_etcd() { _build_in_scratch_module "$ETCD_VERSION" "-o $1/etcd" go.etcd.io/etcd/server/v3; }
+
+_build_kwok() { GOBIN="$1" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; }
+
+_build_helm() { GOBIN="$1" go install -trimpath -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; }
+
+# The harness scrapes fixed targets, so no service-discovery plugin is linked
+# (remove_all_sd), and the API is all the tests read, so the web UI's assets are not
+# embedded. promtool is the same module's rule tester.
+_build_prometheus() {
+  _build_in_scratch_module "$PROMETHEUS_VERSION" "-tags remove_all_sd -o $1/" \
+    github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
+}
+
+# tool  version variable  binaries it provides
+_TOOLS=(
+  "kubernetes KUBERNETES_VERSION ${KUBE_COMMANDS[*]}"
+  "etcd ETCD_VERSION etcd"
+  "kwok KWOK_VERSION kwok"
+  "helm HELM_VERSION helm"
+  "prometheus PROMETHEUS_VERSION prometheus promtool"
+)
+
+_tool_dir() {  # cache tool version: where that build of the tool lives
+  local recipe key
+  recipe=$(declare -f "_build_$2")
+  [[ $recipe != *_build_in_scratch_module* ]] || recipe+=$(declare -f _build_in_scratch_module)
+  key=$(echo "$2 $3 $recipe" | sha256sum | cut -c1-12)
+  echo "$1/tools/$2-$3-$key"
+}
+
+_ensure_tool() {  # dir tool version (not in $(...): a failed build must stop the script)
+  local dir=$1 tool=$2 version=$3 started
+  [ -f "$dir/.complete" ] && return
+  ensure_go
+  rm -rf "$dir" && mkdir -p "$dir"
+  started=$SECONDS
+  echo "hack: building $tool $version from its Go module into $dir (first time only)" >&2
+  "_build_$tool" "$dir" >&2
+  touch "$dir/.complete"
+  echo "hack:   $tool built in $((SECONDS - started)) s" >&2
 }
 
 ensure_binaries() {
   set -a; source "$repo/hack/versions.env"; set +a
-  local key dir
-  key=$(cat "$repo/hack/versions.env" "$repo/hack/lib/binaries.sh" | sha256sum | cut -c1-12)  # contents only: any clone, any path
-  dir="${GPUPACK_CACHE:-$HOME/.cache/gpupack}/bin/$key"
-  if [ ! -f "$dir/.complete" ]; then
-    ensure_go
-    mkdir -p "$dir"
-    local started=$SECONDS
-    echo "hack: building Kubernetes $KUBERNETES_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION and helm $HELM_VERSION from their Go modules into $dir (first time only: 10-30 minutes on 2 cores)" >&2
-    [ -x "$dir/kube-apiserver" ] || { echo "hack:   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl" >&2; _build_kubernetes "$dir"; }
-    [ -x "$dir/etcd" ] || { echo "hack:   etcd" >&2; _build_etcd "$dir"; }
-    [ -x "$dir/kwok" ] || { echo "hack:   kwok" >&2; _go_install "$dir" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"; }
-    [ -x "$dir/helm" ] || { echo "hack:   helm" >&2; _go_install "$dir" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"; }
-    touch "$dir/.complete"
-    echo "hack: binaries built in $((SECONDS - started)) s" >&2
+  local cache="${GPUPACK_CACHE:-$HOME/.cache/gpupack}" entry tool var binaries dir dirs=() key bin
+  for entry in "${_TOOLS[@]}"; do
+    read -r tool var binaries <<<"$entry"
+    dir=$(_tool_dir "$cache" "$tool" "${!var}")
+    _ensure_tool "$dir" "$tool" "${!var}"
+    for bin in $binaries; do
+      [ -x "$dir/$bin" ] || { echo "hack: building $tool left no $bin in $dir" >&2; return 1; }
+    done
+    dirs+=("$dir")
+  done
+  key=$(printf '%s\n' "${dirs[@]}" | sha256sum | cut -c1-12)
+  local links="$cache/bin/$key"
+  if [ ! -f "$links/.complete" ]; then
+    mkdir -p "$links"
+    for entry in "${_TOOLS[@]}"; do
+      read -r tool var binaries <<<"$entry"
+      dir=$(_tool_dir "$cache" "$tool" "${!var}")
+      for bin in $binaries; do ln -sfn "$dir/$bin" "$links/$bin"; done
+    done
+    touch "$links/.complete"
   fi
-  export GPUPACK_BIN_DIR="$dir"
-  export PATH="$dir:$PATH"
+  export GPUPACK_BIN_DIR="$links"
+  export PATH="$links:$PATH"
 }
