@@ -24,6 +24,7 @@ from certs.plan import (
     review,
     secret_manifests,
     service_dns_names,
+    trust_bundle,
 )
 from gpupack.runtime import config
 from gpupack.runtime.api import ApiError, retry
@@ -144,10 +145,10 @@ def run_once(args: argparse.Namespace, api: Api, now: datetime) -> list[str]:
         lines.append(f"{where}: kept: {verdict.reason}")
     else:
         ca, leaf = issue_pairs(ca_secret, wanted, now, where)
-        ca_body, serving_body = secret_manifests(args.secret_name, args.namespace, ca, leaf)
+        ca_pem = trust_bundle(ca, ca_secret, now, where)
+        ca_body, serving_body = secret_manifests(args.secret_name, args.namespace, ca, leaf, ca_pem)
         api.write_secret(ca_secret, ca_body)  # the CA first: a failure in between leaves a
         api.write_secret(serving, serving_body)  # leaf the next run sees is not signed by it
-        ca_pem = ca.cert_pem
         lines.append(
             f"{where}: issued, because {verdict.reason}; names: {', '.join(wanted.dns_names)}"
         )

@@ -133,6 +133,19 @@ def issue_pairs(
     return ca, leaf
 
 
+def trust_bundle(ca: KeyPair, ca_secret: JSON | None, now: datetime, where: str) -> bytes:
+    """The CA certificates clients should trust (`ca.crt`, and so caBundle): `ca`, and,
+    while it is valid, the CA it replaces. During a CA rollover webhook pods keep serving
+    the old certificate until the kubelet updates their Secret volume (up to a minute or
+    two); trusting both CAs means no API server call fails meanwhile."""
+    if ca_secret is None:
+        return ca.cert_pem
+    old = stored_pair(ca_secret, f"{where}-ca")
+    if old.cert_pem == ca.cert_pem or old.certificate.not_valid_after_utc <= now:
+        return ca.cert_pem
+    return ca.cert_pem + old.cert_pem
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
@@ -143,8 +156,11 @@ LABELS: Final = {
 }
 
 
-def secret_manifests(name: str, namespace: str, ca: KeyPair, leaf: KeyPair) -> tuple[JSON, JSON]:
-    """(the CA Secret `<name>-ca`, the serving Secret `<name>`), in the order to write them."""
+def secret_manifests(
+    name: str, namespace: str, ca: KeyPair, leaf: KeyPair, trusted: bytes | None = None
+) -> tuple[JSON, JSON]:
+    """(the CA Secret `<name>-ca`, the serving Secret `<name>`), in the order to write them.
+    `trusted`: the serving Secret's `ca.crt` (default: the CA's certificate)."""
 
     def tls(secret_name: str, data: dict[str, bytes]) -> JSON:
         return {
@@ -157,5 +173,8 @@ def secret_manifests(name: str, namespace: str, ca: KeyPair, leaf: KeyPair) -> t
 
     return (
         tls(f"{name}-ca", {"tls.crt": ca.cert_pem, "tls.key": ca.key_pem}),
-        tls(name, {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem, CA_KEY: ca.cert_pem}),
+        tls(
+            name,
+            {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem, CA_KEY: trusted or ca.cert_pem},
+        ),
     )

@@ -2,6 +2,8 @@ import base64
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from certs.cli import ca_bundle_patch
 from certs.pem import KeyAlgorithm
@@ -13,6 +15,8 @@ from certs.plan import (
     review,
     secret_manifests,
     service_dns_names,
+    stored_pair,
+    trust_bundle,
 )
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
@@ -92,6 +96,44 @@ def test_renewal_keeps_a_ca_with_time_left_and_replaces_one_without() -> None:
     assert kept.cert_pem == ca_pem  # caBundle unchanged: no failed calls during rollout
     replaced, _ = issue_pairs(ca_secret, WANTED, NOW + timedelta(days=3400), "s")
     assert replaced.cert_pem != ca_pem
+
+
+def _issuers(bundle: bytes) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(bundle)
+
+
+def _trusted(leaf: x509.Certificate, bundle: bytes) -> bool:
+    for ca in _issuers(bundle):
+        try:
+            leaf.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        return True
+    return False
+
+
+def test_a_ca_rollover_trusts_the_old_ca_until_it_expires() -> None:
+    old_ca_secret, old_serving = secrets()
+    old_leaf = stored_pair(old_serving, "s").certificate
+    rollover = NOW + timedelta(days=3400)  # the CA has less than a leaf's lifetime left
+    new_ca, new_leaf = issue_pairs(old_ca_secret, WANTED, rollover, "s")
+
+    bundle = trust_bundle(new_ca, old_ca_secret, rollover, "s")
+    _, serving = secret_manifests("s", "ns", new_ca, new_leaf, bundle)
+
+    assert base64.b64decode(serving["data"]["ca.crt"]) == bundle
+    assert len(_issuers(bundle)) == 2
+    assert _trusted(old_leaf, bundle)  # pods not yet updated keep working
+    assert _trusted(new_leaf.certificate, bundle)
+    expired = NOW + timedelta(days=3651)
+    assert trust_bundle(new_ca, old_ca_secret, expired, "s") == new_ca.cert_pem
+
+
+def test_a_renewal_with_the_same_ca_trusts_that_ca_alone() -> None:
+    ca_secret, _ = secrets()
+    ca, _ = issue_pairs(ca_secret, WANTED, NOW + timedelta(days=340), "s")
+    assert trust_bundle(ca, ca_secret, NOW + timedelta(days=340), "s") == ca.cert_pem
+    assert trust_bundle(ca, None, NOW, "s") == ca.cert_pem
 
 
 def test_ca_bundle_patch_sets_every_entry_and_guards_by_name() -> None:

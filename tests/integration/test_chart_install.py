@@ -12,12 +12,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import yaml
 from cryptography import x509
 
+from certs import pem
 from gpupack import keys, seal
 from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
 from hack.localcluster.chart import service_account_user
@@ -169,6 +171,54 @@ def assert_uninstall_guard(cluster: LocalCluster, kube: Kube) -> None:
     kube.delete(f"/api/v1/namespaces/{ns}")
 
 
+def renewal_args(cluster: LocalCluster) -> tuple[list[str], str]:
+    """The renewal CronJob's arguments and ServiceAccount, as the chart renders them."""
+    rendered = helm(
+        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
+    )
+    (cronjob,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "CronJob"]
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return pod["containers"][0]["args"], pod["serviceAccountName"]
+
+
+def assert_renewed_in_cluster(cluster: LocalCluster, kube: Kube) -> None:
+    """The renewal CronJob's command, as its ServiceAccount, renews a certificate that is
+    about to expire, with the same CA, so caBundle does not change; no Helm involved."""
+    secrets = f"/api/v1/namespaces/{NS}/secrets"
+    assert kube.get(f"/apis/batch/v1/namespaces/{NS}/cronjobs/gpupack-certs-renewal")
+    ca_secret = kube.get(f"{secrets}/gpupack-webhook-tls-ca")
+    ca = pem.KeyPair(
+        base64.b64decode(ca_secret["data"]["tls.crt"]),
+        base64.b64decode(ca_secret["data"]["tls.key"]),
+    )
+    serving = kube.get(f"{secrets}/gpupack-webhook-tls")
+    names = dns_names(serving)
+    issued = datetime.now(UTC) - timedelta(days=360)
+    expiring = pem.issue(ca, names[0], now=issued, names=names, valid_for=timedelta(days=365))
+    serving["data"]["tls.crt"] = base64.b64encode(expiring.cert_pem).decode()
+    serving["data"]["tls.key"] = base64.b64encode(expiring.key_pem).decode()
+    kube.merge_patch(f"{secrets}/gpupack-webhook-tls", {"data": serving["data"]})
+    bundle_before = {w["clientConfig"]["caBundle"] for w in webhook_config(kube)["webhooks"]}
+
+    args, account = renewal_args(cluster)
+    user, groups = service_account_user(account, NS)
+    as_cronjob = cluster.user_kubeconfig(user, groups)
+    result = gpupack_certs(as_cronjob, *args)
+    assert result.returncode == 0, result.stderr
+    assert "in the renewal window" in result.stdout
+
+    renewed = kube.get(f"{secrets}/gpupack-webhook-tls")
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(renewed["data"]["tls.crt"]))
+    assert leaf.not_valid_after_utc > datetime.now(UTC) + timedelta(days=300)
+    assert renewed["data"]["ca.crt"] == serving["data"]["ca.crt"]
+    assert {w["clientConfig"]["caBundle"] for w in webhook_config(kube)["webhooks"]} == (
+        bundle_before
+    )
+    again = gpupack_certs(as_cronjob, *args)
+    assert again.returncode == 0, again.stderr
+    assert "kept" in again.stdout
+
+
 def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
     kube = chart_cluster.kube()
     secrets = f"/api/v1/namespaces/{NS}/secrets"
@@ -203,6 +253,7 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
         "real-time-mps",
         "training",
     ]
+    assert_renewed_in_cluster(chart_cluster, kube)
 
     renamed = ["--set=webhook.serviceName=gpupack-admission"]
     new_args = hook_args(chart_cluster, renamed)

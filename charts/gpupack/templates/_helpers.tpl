@@ -18,7 +18,7 @@ app.kubernetes.io/component: webhook
 
 {{- define "gpupack.webhook.name" -}}gpupack-webhook{{- end -}}
 
-{{/* The gpupack-certs arguments, shared by both hook Jobs. */}}
+{{/* The gpupack-certs arguments, shared by the hook Job and the renewal CronJob. */}}
 {{- define "gpupack.certs.args" -}}
 - --namespace={{ .Release.Namespace }}
 - --secret-name={{ .Values.certificates.secretName }}
@@ -32,6 +32,55 @@ app.kubernetes.io/component: webhook
 {{- range .Values.certificates.extraDnsNames }}
 - --dns-name={{ . }}
 {{- end }}
+{{- end -}}
+
+{{- /* What gpupack-certs may do, for the hook Job and the renewal CronJob alike: create
+Secrets in the release namespace and rewrite only its two; read the webhook Deployment
+(to own the Secrets); read and patch only the webhook's configuration (caBundle). */ -}}
+{{- define "gpupack.certs.rules" -}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  resourceNames: [{{ .Values.certificates.secretName }}, {{ printf "%s-ca" .Values.certificates.secretName }}]
+  verbs: [get, update, patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  resourceNames: [{{ include "gpupack.webhook.name" . }}]
+  verbs: [get]
+{{- end -}}
+
+{{- define "gpupack.certs.clusterRules" -}}
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [mutatingwebhookconfigurations]
+  resourceNames: [{{ include "gpupack.webhook.name" . }}]
+  verbs: [get, patch]
+{{- end -}}
+
+{{- /* The pod that runs gpupack-certs, given the ServiceAccount (dict "root" $ "sa" name). */ -}}
+{{- define "gpupack.certs.pod" -}}
+{{- $ := .root -}}
+metadata:
+  labels: {{- include "gpupack.labels" $ | nindent 4 }}
+    app.kubernetes.io/component: certificates
+spec:
+  serviceAccountName: {{ .sa }}
+  restartPolicy: Never
+  {{- with $.Values.imagePullSecrets }}
+  imagePullSecrets: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext: {runAsNonRoot: true, seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: gpupack-certs
+      image: {{ include "gpupack.image" $ }}
+      imagePullPolicy: {{ $.Values.image.pullPolicy }}
+      command: [gpupack-certs]
+      args: {{- include "gpupack.certs.args" $ | nindent 8 }}
+      resources:
+        requests: {cpu: 50m, memory: 64Mi}
+        limits: {memory: 128Mi}
+      securityContext: {{- include "gpupack.securityContext" $ | nindent 8 }}
 {{- end -}}
 
 {{- define "gpupack.securityContext" -}}
