@@ -23,6 +23,7 @@ from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.runtime import shell
 from gpupack.runtime.args import non_negative_seconds, positive_seconds
 from scheduler.cache import Cache, Dirty
+from scheduler.escapes import Escapes
 from scheduler.extender import Extender
 from scheduler.leadership import Follower
 from scheduler.metrics import Metrics
@@ -91,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster's own pod mix (default: %(default)s; see docs/scheduler.md)",
     )
     add("--workers", type=int, default=8, help="threads for capacity writes (default: %(default)s)")
+    add(
+        "--excluded-namespaces",
+        type=_names,
+        default=frozenset(),
+        metavar="NS,NS",
+        help="namespaces the webhook never rewrites, besides kube-system and --namespace (the "
+        "chart passes excludedNamespaces): their pods never count as escaped",
+    )
     election = parser.add_argument_group(
         "leadership (kube-scheduler's: housekeeping runs while it leads)"
     )
@@ -120,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(name.strip() for name in text.split(",") if name.strip())
+
+
 def make_scorer(name: str) -> Scorer:
     return FragmentationScorer() if name == "fragmentation" else PackingScorer()
 
@@ -131,10 +144,27 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         key = seal.load_key(file.read(), f"--decision-key-file {args.decision_key_file}")
     kube = process.connect(args.kubeconfig, "gpupack-scheduler")
     dirty = Dirty()
+
+    def pod_changed(key: str) -> None:  # informers start after `start` returns
+        dirty.pod(key)
+        escapes.pod(key)
+
+    def namespace_changed(key: str) -> None:
+        escapes.namespace(key)
+
     nodes = process.informer(kube, "/api/v1/nodes", name="nodes", on_change=dirty.node)
     pods = process.informer(
-        kube, "/api/v1/pods", {"fieldSelector": LIVE_PODS}, name="pods", on_change=dirty.pod
+        kube, "/api/v1/pods", {"fieldSelector": LIVE_PODS}, name="pods", on_change=pod_changed
     )
+    # Only the namespaces that carry the opt-in label: whether their pods escaped.
+    namespaces = process.informer(
+        kube,
+        "/api/v1/namespaces",
+        {"labelSelector": keys.OPTIMIZE},
+        name="namespaces",
+        on_change=namespace_changed,
+    )
+    escapes = Escapes(pods, namespaces, {"kube-system", args.namespace} | args.excluded_namespaces)
     cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace, key)
     settings = Settings(
         identity=args.identity,
@@ -149,7 +179,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     registry = CollectorRegistry()
     holder: list[Extender] = []
     metrics = Metrics(registry, lambda: holder[0].usage)
-    extender = Extender(kube, cache, make_scorer(args.scorer), settings, metrics)
+    extender = Extender(kube, cache, make_scorer(args.scorer), settings, metrics, escapes=escapes)
     holder.append(extender)
     synced = threading.Event()
     with shell.listening("the extender", args.port):

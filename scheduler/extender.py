@@ -39,6 +39,9 @@ from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
 from scheduler import wire, writer
 from scheduler.cache import Cache
+from scheduler.escapes import REASON as ESCAPED
+from scheduler.escapes import Escapes
+from scheduler.escapes import note as escape_note
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, pod_key
@@ -77,8 +80,10 @@ class Extender:
         settings: Settings,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        escapes: Escapes | None = None,
     ) -> None:
         self._kube = kube
+        self.escapes = escapes
         self.cache = cache
         self._scorer = scorer
         self._settings = settings
@@ -209,8 +214,24 @@ class Extender:
                 del self._mark_gates[holder]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
+            self._report_escapes()
             self._refresh_mix()
             self.usage = self._measure()
+
+    def _report_escapes(self) -> None:
+        """One Warning Event per escaped pod, written by the leader."""
+        if self.escapes is None:
+            return
+        self.escapes.refresh()
+        if not self.leading:
+            return
+        for pod in self.escapes.unreported():
+            meta = pod["metadata"]
+            text = escape_note(pod, self.escapes.namespace_of(pod), self._settings.namespace)
+            log.warning("%s/%s escaped gpupack: %s", meta["namespace"], meta["name"], text)
+            self._pool.submit(
+                writer.event, self._kube, pod, ESCAPED, text, warning=True, action="Admission"
+            )
 
     def run(self, stop: threading.Event) -> None:
         """`tick` every housekeeping interval until `stop`."""
@@ -348,6 +369,7 @@ class Extender:
             reservations=len(self.reservations),
             unhealthy=sum(1 for g in held if not g.healthy),
             overcommitted=len(self.cache.snapshot.overcommitted()),
+            escaped=0 if self.escapes is None else len(self.escapes.pods),
         )
 
 

@@ -26,6 +26,7 @@ class Usage:
     reservations: int = 0  # GPU shares held between filter and bind
     unhealthy: int = 0  # held GPUs the exporter reports unhealthy
     overcommitted: int = 0  # pods running on a GPU whose books cannot hold their share
+    escaped: int = 0  # opted-in pods holding a whole GPU that gpupack never rewrote
 
 
 class _UsageCollector(Collector):
@@ -76,6 +77,12 @@ class _UsageCollector(Collector):
             "Pods running on a GPU whose books cannot hold their share (not booked there; "
             "the GPU takes no new pods until they fit)",
             usage.overcommitted,
+        )
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_escaped_pods",
+            "Pods in an opted-in scope that ask for one GPU but were never rewritten (the "
+            "webhook was not reached or failed), so each holds a whole GPU",
+            usage.escaped,
         )
 
 

@@ -26,6 +26,7 @@ from typing import Any, Final
 from gpupack import keys, seal
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
+from gpupack.gpu_request import GpuScan, GpuSlot, scan_gpus
 from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
 from gpupack.policy import Policy, PolicySet, Sharing, UpdateMode
 from gpupack.pool import metadata_key, scheduling_metadata
@@ -116,7 +117,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     if request.operation != "CREATE":
         return skip(Reason.NOT_CREATE, f"operation {request.operation} is not handled")
     try:
-        gpus = scope.scan_gpus(spec)
+        gpus = scan_gpus(spec)
     except ContractError as exc:
         return skip(Reason.INVALID_GPU_REQUEST, str(exc))
     out = scope.gpu_out_of_scope(gpus)
@@ -266,7 +267,7 @@ def strip_ops(stripped: Iterable[str]) -> Iterator[JSON]:
     return (patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
 
 
-def _charge_ops(container: Container, slot: scope.GpuSlot, allocation: Allocation) -> list[JSON]:
+def _charge_ops(container: Container, slot: GpuSlot, allocation: Allocation) -> list[JSON]:
     """Charge the GPU container its share as the quota's extended resources, in limits and
     requests (an extended resource's request must equal its limit)."""
     charge = {
@@ -342,7 +343,7 @@ def build_patch(
     request: AdmissionRequest,
     spec: PodSpec,
     annotations: dict[str, str],
-    gpus: scope.GpuScan,
+    gpus: GpuScan,
     choice: PolicyChoice,
     allocation: Allocation,
     stripped: tuple[str, ...],

@@ -275,3 +275,39 @@ def test_pods_a_gpu_cannot_hold_any_more_are_reported_and_left_running(
     }
     labels = capacity_pods(kube)[holder]["metadata"].get("labels", {})
     assert labels.get(keys.HOSTING) == "true"
+
+
+def test_a_gpu_pod_created_while_the_webhook_was_down_is_reported_as_holding_a_whole_gpu(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+
+    def whole_gpu_pod(name: str, gpus: str) -> JSON:
+        limits = {keys.NVIDIA_GPU: gpus}
+        container = {"name": "c", "image": "x", "resources": {"limits": limits}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
+        }
+
+    scheduler.stop_webhook()  # failurePolicy Ignore: pods are created as written
+    try:
+        kube.create(f"/api/v1/namespaces/{ns}/pods", whole_gpu_pod("escaped", "1"))
+        kube.create(f"/api/v1/namespaces/{ns}/pods", whole_gpu_pod("two-gpus", "2"))
+    finally:
+        scheduler.reinstall_webhook()
+
+    reported = kube.wait_for(
+        "a NotRewrittenByGPUPack event",
+        lambda: events(kube, ns, "NotRewrittenByGPUPack"),
+        timeout=30,
+    )
+    time.sleep(2)  # (room for a wrong second Event)
+    reported = events(kube, ns, "NotRewrittenByGPUPack")
+    assert [e["regarding"]["name"] for e in reported] == ["escaped"]  # two GPUs stay whole
+    assert reported[0]["type"] == "Warning"
+    assert "holds a whole GPU" in reported[0]["note"]
+    stored = kube.get(f"/api/v1/namespaces/{ns}/pods/escaped")
+    assert stored["spec"]["schedulerName"] == "default-scheduler"  # really not rewritten

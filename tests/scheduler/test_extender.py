@@ -14,6 +14,7 @@ from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
+from scheduler.escapes import Escapes
 from scheduler.extender import Extender
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
@@ -426,3 +427,37 @@ def test_a_pod_larger_than_every_gpu_of_its_pool_gets_no_capacity() -> None:
 
     assert "insufficient GPU memory" in result["FailedAndUnresolvableNodes"]["n1"]
     assert created_capacity(extender, api) == []
+
+
+def test_only_the_leader_writes_the_event_of_an_escaped_pod_and_every_replica_counts_it() -> None:
+    nodes, pods, namespaces = Store(), Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    namespaces.objects["ml"] = {"metadata": {"name": "ml", "labels": {keys.OPTIMIZE: "enabled"}}}
+    whole = {"name": "c", "resources": {"limits": {keys.NVIDIA_GPU: "1"}}}
+    pods.objects["ml/escaped"] = {
+        "metadata": {"name": "escaped", "namespace": "ml", "uid": "u1"},
+        "spec": {"containers": [whole], "schedulerName": "default-scheduler"},
+    }
+    api = Api(pods)
+    escapes = Escapes(pods, namespaces, {"kube-system"})
+    extender = Extender(
+        api,
+        Cache(nodes, pods, Dirty(), key=KEY),
+        PackingScorer(),
+        Settings(workers=1),
+        escapes=escapes,
+    )
+
+    extender.tick()
+    assert extender.usage.escaped == 1
+    assert api.created == []  # a standby counts, but writes nothing
+
+    extender.leading = True
+    extender.tick()
+    extender.tick()
+    extender._pool.shutdown(wait=True)
+    events = [body for path, body in api.created if path.endswith("/events")]
+    assert len(events) == 1
+    assert events[0]["reason"] == "NotRewrittenByGPUPack"
+    assert events[0]["type"] == "Warning"
+    assert events[0]["regarding"]["name"] == "escaped"
