@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpupack.capacity import Allocation
 from gpupack.kube import JSON
@@ -370,7 +371,17 @@ class Extender:
             unhealthy=sum(1 for g in held if not g.healthy),
             overcommitted=len(self.cache.snapshot.overcommitted()),
             escaped=0 if self.escapes is None else len(self.escapes.pods),
+            oldest_pending=min((created(p.pod) for p in self.cache.pending.values()), default=None),
         )
+
+
+def created(pod: JSON) -> float:
+    """A pod's creationTimestamp in Unix seconds (now when it has none yet)."""
+    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
 
 
 def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:

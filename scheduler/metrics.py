@@ -4,6 +4,7 @@ Counters and the latency histogram are updated as things happen; the GPU gauges 
 read from the cache on every scrape by a collector, so they are never stale.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -27,11 +28,13 @@ class Usage:
     unhealthy: int = 0  # held GPUs the exporter reports unhealthy
     overcommitted: int = 0  # pods running on a GPU whose books cannot hold their share
     escaped: int = 0  # opted-in pods holding a whole GPU that gpupack never rewrote
+    oldest_pending: float | None = None  # creation time (Unix seconds) of the oldest one
 
 
 class _UsageCollector(Collector):
-    def __init__(self, read: Callable[[], Usage]) -> None:
+    def __init__(self, read: Callable[[], Usage], wall: Callable[[], float]) -> None:
         self._read = read
+        self._wall = wall
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         usage = self._read()
@@ -56,6 +59,12 @@ class _UsageCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gpupack_scheduler_pending_pods", "Pods waiting for a GPU", usage.pending_pods
+        )
+        oldest = usage.oldest_pending
+        yield GaugeMetricFamily(
+            "gpupack_scheduler_oldest_pending_pod_age_seconds",
+            "How long the oldest pod waiting for a GPU has existed (0 when none waits)",
+            0.0 if oldest is None else max(0.0, self._wall() - oldest),
         )
         yield GaugeMetricFamily(
             "gpupack_scheduler_leader",
@@ -87,7 +96,12 @@ class _UsageCollector(Collector):
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, usage: Callable[[], Usage]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        usage: Callable[[], Usage],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.filters = Counter(
             "gpupack_scheduler_filters",
             "Filter calls from kube-scheduler by result (placed: a GPU reserved; "
@@ -128,4 +142,4 @@ class Metrics:
             "Pods evicted because the capacity pod holding their GPU vanished",
             registry=registry,
         )
-        registry.register(_UsageCollector(usage))
+        registry.register(_UsageCollector(usage, wall))

@@ -233,6 +233,12 @@ class Admissions:
             self.metrics.error(ErrorKind.AUDIT)
 
 
+class TlsProblem(Protocol):
+    """`CertificateReloader.problem`: why the served certificate is unusable, or None."""
+
+    def __call__(self, *, check_files: bool = True) -> str | None: ...
+
+
 async def healthz(request: Request) -> Response:
     return json_response({"status": "ok"})
 
@@ -247,7 +253,7 @@ def create_app(
     clock: Callable[[], datetime] = utc_now,
     timer: Callable[[], float] = time.perf_counter,
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
-    tls_problem: Callable[[], str | None] = lambda: None,
+    tls_problem: TlsProblem | None = None,
     key: bytes = PROCESS_KEY,
 ) -> Starlette:
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
@@ -266,13 +272,22 @@ def create_app(
         key=key,
     )
 
-    async def readyz(request: Request) -> Response:
-        problem = tls_problem()
+    def unready(check_files: bool) -> str | None:
+        """Why this replica must not get admissions, or None."""
+        problem = None if tls_problem is None else tls_problem(check_files=check_files)
         if problem is not None:
-            return json_response({"ready": False, "reason": problem}, 503)
+            return problem
         if cluster is not None and not cluster.synced:
-            return json_response({"ready": False, "reason": "cluster caches not synced"}, 503)
+            return "cluster caches not synced"
+        return None
+
+    async def readyz(request: Request) -> Response:
+        reason = unready(check_files=True)
+        if reason is not None:
+            return json_response({"ready": False, "reason": reason}, 503)
         return json_response({"ready": True})
+
+    metrics.readiness(lambda: unready(check_files=False) is None)
 
     return Starlette(
         routes=[

@@ -6,6 +6,7 @@ cheap: the admission counter's label children are cached after first use, since 
 path of `POST /mutate` records one admission per request.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from threading import Thread
@@ -89,6 +90,11 @@ class WebhookMetrics:
             "When the serving certificate in use expires (notAfter), in Unix seconds.",
             registry=registry,
         )
+        self._ready = Gauge(
+            "gpupack_webhook_ready",
+            "1 while this replica is ready to admit pods (what /readyz answers), else 0.",
+            registry=registry,
+        )
         self._recommendations_applied = Counter(
             "gpupack_webhook_recommendations_applied",
             "Admitted pods whose allocation came (at least in part) from their workload's "
@@ -126,6 +132,10 @@ class WebhookMetrics:
 
     def error(self, kind: ErrorKind) -> None:
         self._error_children[kind].inc()
+
+    def readiness(self, ready: Callable[[], bool]) -> None:
+        """Read `ready` at every scrape for `gpupack_webhook_ready`."""
+        self._ready.set_function(lambda: float(ready()))
 
     def serving_certificate(self, validity: Validity) -> None:
         self._certificate_expiry.set(validity.not_after.timestamp())

@@ -226,13 +226,15 @@ class CertificateReloader:
         if self._on_serving is not None:
             self._on_serving(self.validity)
 
-    def problem(self) -> str | None:
+    def problem(self, *, check_files: bool = True) -> str | None:
         """Why the served certificate is unusable (expired, not yet valid), or None. Checks
-        the files first, so a renewed certificate makes the pod ready again at once."""
-        try:
-            self.maybe_reload()
-        except Exception:
-            log.exception("certificate reload check failed")
+        the files first, so a renewed certificate makes the pod ready again at once
+        (`check_files` False: only from the server's own thread, e.g. not a scrape)."""
+        if check_files:
+            try:
+                self.maybe_reload()
+            except Exception:
+                log.exception("certificate reload check failed")
         problem = self.validity.problem(self._wall())
         return None if problem is None else f"TLS certificate {self.cert_file!r}: {problem}"
 

@@ -352,9 +352,10 @@ def test_an_expired_certificate_at_startup_is_served_but_the_webhook_is_not_read
     expired = ca.issue(issued=datetime.now(UTC) - timedelta(days=10), valid_for=timedelta(days=1))
     expired.write(tmp_path / "tls.crt", tmp_path / "tls.key")
     tls = CertificateReloader(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    registry = CollectorRegistry()
     app = create_app(
         audit=AuditLog(stream=io.StringIO()),
-        metrics=WebhookMetrics(CollectorRegistry()),
+        metrics=WebhookMetrics(registry),
         tls_problem=tls.problem,
     )
     client = ssl.create_default_context(cadata=ca.pem.decode())
@@ -369,6 +370,18 @@ def test_an_expired_certificate_at_startup_is_served_but_the_webhook_is_not_read
     assert status == 503
     assert "expired at" in json.loads(body)["reason"]
     assert health == 200  # alive: restarting would not bring a valid certificate
+    assert registry.get_sample_value("gpupack_webhook_ready") == 0
+
+
+def test_a_ready_replica_says_so_in_its_metrics(serving_files: ServingFiles) -> None:
+    tls = CertificateReloader(str(serving_files.cert), str(serving_files.key))
+    registry = CollectorRegistry()
+    create_app(
+        audit=AuditLog(stream=io.StringIO()),
+        metrics=WebhookMetrics(registry),
+        tls_problem=tls.problem,
+    )
+    assert registry.get_sample_value("gpupack_webhook_ready") == 1
 
 
 def _get(port: int, path: str, client: ssl.SSLContext) -> tuple[int, bytes]:
