@@ -2,7 +2,7 @@
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,8 +17,8 @@ try:  # the docs extra
     from PIL import Image
 except ImportError:
     sys.exit("hack/dashboard_preview needs matplotlib: pip install -e '.[docs]'")
-from hack.dashboard_preview.promql import JSON, Results, drawn_panels, evaluate
-from hack.dashboard_preview.simulate import GIB, NOTE, ROWS, START, STEP, STEPS, Frame, Labels
+from hack.dashboard_preview.query import JSON, Results, drawn_panels
+from hack.dashboard_preview.simulate import GIB, NOTE, ROWS, START, STEP, STEPS, Labels
 
 # --- Drawing ------------------------------------------------------------------------
 
@@ -328,7 +328,8 @@ def draw_header(canvas: Canvas, dashboard: JSON) -> None:
 DRAW: Final = {"timeseries": draw_timeseries, "stat": draw_stat, "table": draw_table}
 
 
-def draw(dashboard: JSON, frames: Sequence[Frame], out: Path) -> None:
+def draw(dashboard: JSON, results: Callable[[JSON], Results], out: Path) -> None:
+    """Draw the ROWS of `dashboard` into `out`; `results(panel)` answers its queries."""
     panels = drawn_panels(dashboard)
     first = min(p["gridPos"]["y"] for p in panels)
     last = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in panels)
@@ -356,7 +357,7 @@ def draw(dashboard: JSON, frames: Sequence[Frame], out: Path) -> None:
             fontsize=9.5,
             weight="bold",
         )
-        DRAW[panel["type"]](canvas, panel, box, evaluate(panel, frames))
+        DRAW[panel["type"]](canvas, panel, box, results(panel))
     canvas.text(
         WIDTH / 2,
         canvas.height - FOOTER / 2,

@@ -27,8 +27,8 @@ DASHBOARD: Final = REPO / "charts" / "gpupack" / "dashboards" / "gpupack.json"
 OUT: Final = REPO / "docs" / "dashboard.png"
 ROWS: Final = ("Packing", "Per pod", "GPUs and exporters")  # the rows drawn
 NOTE: Final = (
-    "Preview rendered by hack/dashboard_preview from the dashboard's panels with "
-    "simulated exporter data; not a Grafana screenshot"
+    "Preview rendered by hack/dashboard_preview: each panel's PromQL answered by Prometheus "
+    "over simulated exporter data; not a Grafana screenshot"
 )
 STEP: Final = 30  # seconds of virtual time between scrapes
 STEPS: Final = 61  # half an hour, both ends included
