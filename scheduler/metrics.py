@@ -142,4 +142,11 @@ class Metrics:
             "Pods evicted because the capacity pod holding their GPU vanished",
             registry=registry,
         )
+        # Every label value known in advance starts at 0, so a rate or an increase over
+        # them answers 0 rather than nothing before the first event.
+        for result in ("placed", "unschedulable", "refused"):
+            self.filters.labels(result=result)
+        for result in ("scheduled", "error"):
+            self.attempts.labels(result=result)
+        self.capacity_deleted.labels(reason="empty")
         registry.register(_UsageCollector(usage, wall))

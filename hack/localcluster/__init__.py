@@ -16,6 +16,8 @@ One concept a module:
 - `components`: `LocalCluster`, the control plane plus gpupack's CRDs and components as
   local processes;
 - `gpus`: the node agent's stand-in that gives capacity pods fake GPU UUIDs;
+- `prometheus`: a real Prometheus, started on demand, scraping as the chart's
+  ServiceMonitor says;
 - `__main__`: `python -m hack.localcluster assign-gpus` (the demo runs it beside its
   cluster).
 """

@@ -27,6 +27,12 @@ from hack.localcluster.chart import SYSTEM_NAMESPACE, WEBHOOK_NAME
 from hack.localcluster.client import JSON
 from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
 from hack.localcluster.processes import Process, free_port
+from hack.localcluster.prometheus import (
+    Prometheus,
+    Target,
+    scrape_configs,
+    service_monitor_endpoint,
+)
 
 
 @dataclass
@@ -37,6 +43,8 @@ class LocalCluster(ControlPlane):
     namespace: str = SYSTEM_NAMESPACE
     _webhook_configuration: JSON | None = field(default=None, repr=False)
     _webhook_tls: tuple[Path, Path] = field(default=(Path(), Path()), repr=False)
+    # Each running component's metrics port, by process name: what Prometheus scrapes.
+    metrics_targets: dict[str, Target] = field(default_factory=dict)
 
     def service_account_kubeconfig(self, name: str) -> Path:
         """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
@@ -111,6 +119,9 @@ class LocalCluster(ControlPlane):
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self._wait_webhook_ready(process, "127.0.0.1", self.webhook_port)
+        self.metrics_targets[WEBHOOK_NAME] = Target(
+            self.metrics_service("templates/webhook.yaml"), WEBHOOK_NAME, self.webhook_metrics_port
+        )
         url = f"https://127.0.0.1:{self.webhook_port}/mutate"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
@@ -306,10 +317,34 @@ class LocalCluster(ControlPlane):
         return process
 
     def _stop(self, process_name: str) -> None:
+        self.metrics_targets.pop(process_name, None)
         process = self.processes.pop(process_name, None)
         if process is not None:
             process.stop()
         self.write_state()
+
+    def metrics_service(self, template: str) -> str:
+        """The name of the Service with a `metrics` port that `template` renders: the job
+        prometheus-operator gives the component's series."""
+        rendered = chart.render_chart(Path(self.binary("helm")), template, self.namespace)
+        for doc in yaml.safe_load_all(rendered):
+            if doc and doc.get("kind") == "Service":
+                ports = doc["spec"].get("ports") or []
+                if any(port.get("name") == "metrics" for port in ports):
+                    return str(doc["metadata"]["name"])
+        raise LookupError(f"{template} renders no Service with a metrics port")
+
+    def start_prometheus(self, *, extra: Sequence[Target] = (), interval: str = "1s") -> Prometheus:
+        """A Prometheus scraping every running component (and `extra` targets, such as an
+        exporter run in-process) the way the chart's ServiceMonitor says. Stop it."""
+        endpoint = service_monitor_endpoint(Path(self.binary("helm")), self.namespace)
+        targets = [*self.metrics_targets.values(), *extra]
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "scrape_configs": scrape_configs(endpoint, self.namespace, targets, interval),
+        }
+        prometheus = Prometheus(self.binary("prometheus"), self.workdir / "prometheus")
+        return prometheus.start(config)
 
     def install_scheduler(
         self,
@@ -329,7 +364,7 @@ class LocalCluster(ControlPlane):
         in a pod; here every replica shares this machine's hostname, so each replica's
         extender believes it leads (harmless with one replica; with two, both keep
         house)."""
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         sets = (*sets, f"scheduler.extenderPort={port}")
         extender = self._run_component(
             name,
@@ -340,12 +375,14 @@ class LocalCluster(ControlPlane):
                 f"--namespace={self.namespace}",
                 f"--port={port}",
                 f"--decision-key-file={self.decision_key_file}",
-                f"--metrics-port={free_port()}",
+                f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,
             ],
             sets=sets,
         )
+        service = self.metrics_service("templates/scheduler.yaml")
+        self.metrics_targets[name] = Target(service, name, metrics_port)
         config = chart.chart_scheduler_config(Path(self.binary("helm")), self.namespace, sets)
         config.setdefault("clientConnection", {})["kubeconfig"] = str(
             self.service_account_kubeconfig(chart.SCHEDULER_NAME)
@@ -424,7 +461,8 @@ class LocalCluster(ControlPlane):
         """Run `gpupack-recommender` as a local process with the RBAC the chart renders
         (rollouts granted), bound to the local user `gpupack-recommender`."""
         self.install_crds()
-        return self._run_component(
+        metrics_port = free_port()
+        process = self._run_component(
             name,
             chart.RECOMMENDER_NAME,
             "templates/recommender.yaml",
@@ -432,12 +470,15 @@ class LocalCluster(ControlPlane):
             [
                 f"--namespace={self.namespace}",
                 f"--identity={name}",
-                f"--metrics-port={free_port()}",
+                f"--metrics-port={metrics_port}",
                 "--metrics-address=127.0.0.1",
                 *extra_args,
             ],
             sets=("recommender.rollouts=true",),
         )
+        service = self.metrics_service("templates/recommender.yaml")
+        self.metrics_targets[name] = Target(service, name, metrics_port)
+        return process
 
     def stop_recommender(self, name: str = chart.RECOMMENDER_NAME) -> None:
         """SIGTERM: the recommender checkpoints every history and releases its Lease."""

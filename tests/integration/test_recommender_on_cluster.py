@@ -9,36 +9,23 @@ the test's pods; `gpupack-recommender` (a real process, with the chart's RBAC) s
 it. kwok nodes run no containers, so the fake processes stand in for them.
 """
 
-import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from exporter import server
-from exporter.agent import Agent, node_pods
-from exporter.cgroup import ProcessTable
-from exporter.collector import ExporterCollector
-from exporter.health import Health
-from exporter.pods import PodMap
-from exporter.readings import Device
-from exporter.sampler import Sampler
 from gpupack import keys
 from gpupack.quantity import format_memory, parse_compute, parse_memory
 from gpupack.recommendation import list_path, object_name
-from gpupack.runtime.transport import connect
 from hack.localcluster import (
     SYSTEM_NAMESPACE,
     Kube,
     LocalCluster,
     SimulatedGpuAssigner,
-    free_port,
 )
-from tests.exporter.fake_reader import A100, FakeReader, GiB
-from tests.exporter.procfs import containerd_v2, write_proc
+from tests.exporter.fake_reader import GiB
+from tests.integration.fakenode import FakeNode
 from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
@@ -52,97 +39,6 @@ SCHEDULER_ARGS = ["--grace-period=3", "--retry-period=1"]
 WINDOW = 60  # the test policies' history window: full confidence after a minute
 
 
-class NoKubelet:
-    """Discovery is the simulated GPU assigner's job here; the agent only scrapes."""
-
-    def list(self) -> list[Any]:
-        return []
-
-
-class FakeNode:
-    """The exporter of one node over a fake NVML, and the processes of the node's pods:
-    each Running pod of an app in `usage` gets a process on the GPU the scheduler gave
-    it, using that app's share of SMs and GPU memory."""
-
-    def __init__(self, cluster: LocalCluster, proc: Path) -> None:
-        self._kube = cluster.kube()
-        self._proc = proc
-        devices = [
-            Device(i, SimulatedGpuAssigner.fake_uuid(NODE, i), A100[0], A100[1])
-            for i in range(GPUS)
-        ]
-        self.reader = FakeReader(devices)
-        self.usage: dict[str, tuple[float, int]] = {}  # app label -> (SM ratio, bytes)
-        self._pids: dict[str, tuple[str, int]] = {}  # pod uid -> (gpu, pid)
-        self._next_pid = 50_000
-        health = Health()
-        self._client = connect(str(cluster.kubeconfig), user_agent="gpupack-exporter")
-        self._informer = node_pods(self._client, NODE)
-        self._sampler = Sampler(self.reader, health, interval=0.2, min_window=0.5, max_window=60)
-        agent = Agent(
-            self._client,
-            PodMap(self._informer, SYSTEM_NAMESPACE),
-            self._sampler,
-            ProcessTable(proc),
-            NoKubelet(),
-            health,
-        )
-        registry = CollectorRegistry()
-        registry.register(ExporterCollector(agent.scrape))
-        self.port = free_port()
-        self._http = server.make_server("127.0.0.1", self.port, registry, lambda: (True, {}))
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sync_loop, name="fake-node", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    def start(self) -> None:
-        self._informer.start()
-        self._sampler.start()
-        server.start(self._http)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._http.shutdown()
-        self._http.server_close()
-        self._sampler.stop()
-        self._informer.stop()
-        self._client.close()
-        self._kube.close()
-
-    def _sync_loop(self) -> None:
-        while not self._stop.wait(0.3):
-            try:
-                self.sync()
-            except Exception:  # the API server may blink; the next round catches up
-                continue
-
-    def sync(self) -> None:
-        pods = self._kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={NODE}")["items"]
-        self._kube.close()
-        live: set[str] = set()
-        for pod in pods:
-            app = (pod["metadata"].get("labels") or {}).get("app", "")
-            gpu = (pod["metadata"].get("annotations") or {}).get(keys.GPU_UUID)
-            if app not in self.usage or not gpu or pod["status"].get("phase") != "Running":
-                continue
-            uid = pod["metadata"]["uid"]
-            live.add(uid)
-            if uid not in self._pids:
-                self._next_pid += 1
-                self._pids[uid] = (gpu, self._next_pid)
-                write_proc(self._proc, self._next_pid, cgroup=containerd_v2(uid, uid[:12] * 5))
-            sm, memory = self.usage[app]
-            self.reader.set_process(gpu, self._pids[uid][1], memory=memory, sm=sm)
-        for uid in [u for u in self._pids if u not in live]:
-            gpu, pid = self._pids.pop(uid)
-            self.reader.remove_process(gpu, pid)
-
-
 @pytest.fixture(scope="module")
 def fake_node(
     cluster: LocalCluster | None,
@@ -151,7 +47,7 @@ def fake_node(
 ) -> Iterator[FakeNode]:
     if cluster is None:
         pytest.skip("feeds usage through an exporter over a fake NVML: needs the local cluster")
-    node = FakeNode(cluster, tmp_path_factory.mktemp("proc"))
+    node = FakeNode(cluster, NODE, GPUS, tmp_path_factory.mktemp("proc"))
     node.start()
     cluster.install_scheduler(extra_args=SCHEDULER_ARGS)
     cluster.install_recommender(

@@ -1,0 +1,127 @@
+"""TEST INFRASTRUCTURE: one GPU node's exporter over a fake NVML, for integration tests.
+
+The exporter's own sampler, PID-to-pod mapping, collector and HTTP server run in the test
+process over a fake NVML (tests/exporter/fake_reader.py) whose processes belong, through
+a fake /proc, to the node's pods. kwok nodes run no containers and have no GPUs, so the
+fake processes stand in for them; GPUs are named on capacity pods by the harness's
+SimulatedGpuAssigner, not by this exporter (NoKubelet).
+"""
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from exporter import server
+from exporter.agent import Agent, node_pods
+from exporter.cgroup import ProcessTable
+from exporter.collector import ExporterCollector
+from exporter.health import Health
+from exporter.pods import PodMap
+from exporter.readings import Device
+from exporter.sampler import Sampler
+from gpupack import keys
+from gpupack.runtime.transport import connect
+from hack.localcluster import SYSTEM_NAMESPACE, LocalCluster, SimulatedGpuAssigner, free_port
+from tests.exporter.fake_reader import A100, FakeReader
+from tests.exporter.procfs import containerd_v2, write_proc
+
+
+class NoKubelet:
+    """Discovery is the simulated GPU assigner's job here; the agent only scrapes."""
+
+    def list(self) -> list[Any]:
+        return []
+
+
+class FakeNode:
+    """The exporter of one node over a fake NVML, and the processes of the node's pods:
+    each Running pod of an app in `usage` gets a process on the GPU the scheduler gave
+    it, using that app's share of SMs and GPU memory. `host_process` adds a process that
+    belongs to no pod (a profiler on the host)."""
+
+    def __init__(
+        self, cluster: LocalCluster, node: str, gpus: int, proc: Path, model: tuple[str, int] = A100
+    ) -> None:
+        self._kube = cluster.kube()
+        self._proc = proc
+        self.node = node
+        self.devices = [
+            Device(i, SimulatedGpuAssigner.fake_uuid(node, i), model[0], model[1])
+            for i in range(gpus)
+        ]
+        self.reader = FakeReader(self.devices)
+        self.usage: dict[str, tuple[float, int]] = {}  # app label -> (SM ratio, bytes)
+        self._pids: dict[str, tuple[str, int]] = {}  # pod uid -> (gpu, pid)
+        self._next_pid = 50_000
+        health = Health()
+        self._client = connect(str(cluster.kubeconfig), user_agent="gpupack-exporter")
+        self._informer = node_pods(self._client, node)
+        self._sampler = Sampler(self.reader, health, interval=0.2, min_window=0.5, max_window=60)
+        agent = Agent(
+            self._client,
+            PodMap(self._informer, SYSTEM_NAMESPACE),
+            self._sampler,
+            ProcessTable(proc),
+            NoKubelet(),
+            health,
+        )
+        registry = CollectorRegistry()
+        registry.register(ExporterCollector(agent.scrape))
+        self.port = free_port()
+        self._http = server.make_server("127.0.0.1", self.port, registry, lambda: (True, {}))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sync_loop, name="fake-node", daemon=True)
+
+    def host_process(self, gpu: int, pid: int, *, memory: int, sm: float) -> None:
+        write_proc(self._proc, pid, cgroup="0::/system.slice/nvidia-profiler.service\n")
+        self.reader.set_process(self.devices[gpu].uuid, pid, memory=memory, sm=sm)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def start(self) -> None:
+        self._informer.start()
+        self._sampler.start()
+        server.start(self._http)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._http.shutdown()
+        self._http.server_close()
+        self._sampler.stop()
+        self._informer.stop()
+        self._client.close()
+        self._kube.close()
+
+    def _sync_loop(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                self.sync()
+            except Exception:  # the API server may blink; the next round catches up
+                continue
+
+    def sync(self) -> None:
+        pods = self._kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={self.node}")["items"]
+        self._kube.close()
+        live: set[str] = set()
+        for pod in pods:
+            app = (pod["metadata"].get("labels") or {}).get("app", "")
+            gpu = (pod["metadata"].get("annotations") or {}).get(keys.GPU_UUID)
+            if app not in self.usage or not gpu or pod["status"].get("phase") != "Running":
+                continue
+            uid = pod["metadata"]["uid"]
+            live.add(uid)
+            if uid not in self._pids:
+                self._next_pid += 1
+                self._pids[uid] = (gpu, self._next_pid)
+                write_proc(self._proc, self._next_pid, cgroup=containerd_v2(uid, uid[:12] * 5))
+            sm, memory = self.usage[app]
+            self.reader.set_process(gpu, self._pids[uid][1], memory=memory, sm=sm)
+        for uid in [u for u in self._pids if u not in live]:
+            gpu, pid = self._pids.pop(uid)
+            self.reader.remove_process(gpu, pid)
