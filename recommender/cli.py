@@ -166,6 +166,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         checkpoint_interval=args.checkpoint_interval,
         rollout_drift=args.rollout_drift,
         rollout_cooldown=args.rollout_cooldown,
+        identity=args.identity,
     )
     registry = CollectorRegistry()
     holder: list[Recommender] = []

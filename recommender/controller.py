@@ -28,11 +28,12 @@ from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import DEFAULT_POLICY, Policy, PolicySet, UpdateMode, effective_policies
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.quantity import format_compute, format_memory
-from gpupack.recommendation import list_path
+from gpupack.recommendation import API_VERSION, KIND, list_path
+from gpupack.runtime import events
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.transport import JSON_PATCH, MERGE_PATCH, Body
 from recommender.metrics import RecommenderMetrics
-from recommender.recommend import History, drift, recommend
+from recommender.recommend import History, Target, drift, recommend
 from recommender.state import (
     Workload,
     WorkloadKey,
@@ -79,6 +80,7 @@ class Settings:
     checkpoint_interval: float = 300.0  # longest a history goes unsaved while it grows
     rollout_drift: float = 0.5  # updateMode Auto: restart when 1.5x apart
     rollout_cooldown: float = 3600.0  # at most one restart per workload per this long
+    identity: str = "gpupack-recommender"  # this replica, as its Events name it
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +207,7 @@ class Recommender:
                 continue
             workload.running = running_of(pods, memory_used.get(key.namespace, {}))
             target = recommend(workload.history, policy, workload.running)
+            previous = workload.target
             is_change = workload.update(target, policy.name, now)
             rolled = self._maybe_roll_out(workload, policy, now)
             due = key in self._unsaved and now - self._saved.get(key, 0.0) >= (
@@ -220,6 +223,13 @@ class Recommender:
                     "recommendation changed",
                     extra={"workload": str(key), "policy": policy.name, "reason": workload.reason},
                 )
+                if target is not None:
+                    self._event(
+                        recommendation_ref(key),
+                        "RecommendationChanged",
+                        f"{key.kind} {key.name}: {change_text(previous, target)} "
+                        f"({policy.name}): {workload.reason}",
+                    )
         self._write_policy_statuses(policy_set)
         result = TickResult(samples, unmatched, collected.errors, written, changed, rollouts)
         if self._metrics is not None:
@@ -352,20 +362,44 @@ class Recommender:
         stamp = rfc3339(now)
         body = {"spec": {"template": {"metadata": {"annotations": {keys.RESTARTED_AT: stamp}}}}}
         path = f"/apis/apps/v1/namespaces/{key.namespace}/{plural}/{key.name}"
+        regarding = {
+            "apiVersion": "apps/v1",
+            "kind": key.kind,
+            "metadata": {"name": key.name, "namespace": key.namespace},
+        }
         try:
             self._kube.patch(path, body, MERGE_PATCH)
         except ApiError as exc:
             workload.rollout_message = f"cannot restart the {key.kind}: {exc}"
             log.warning("rollout of %s failed: %s", key, exc)
+            self._event(regarding, "RestartFailed", workload.rollout_message, warning=True)
             if self._metrics is not None:
                 self._metrics.rollouts.labels("error").inc()
             return True
         workload.last_rollout = now
         workload.rollout_message = f"restarted at {stamp}: {why}"
         log.info("restarted a workload onto its recommendation: %s: %s", key, why)
+        self._event(
+            regarding,
+            "RestartedForRecommendation",
+            f"restarted onto its GPU recommendation ({format_compute(target.compute)}, "
+            f"{format_memory(target.memory)}): {why}",
+        )
         if self._metrics is not None:
             self._metrics.rollouts.labels("ok").inc()
         return True
+
+    def _event(self, regarding: JSON, reason: str, note: str, *, warning: bool = False) -> None:
+        events.event(
+            self._kube,
+            regarding,
+            reason,
+            note,
+            controller=REPORTING_CONTROLLER,
+            instance=self.settings.identity,
+            action="Recommending",
+            warning=warning,
+        )
 
     def _write_policy_statuses(self, policy_set: PolicySet) -> None:
         namespace = self.settings.namespace
@@ -383,3 +417,23 @@ class Recommender:
                 continue
             if desired["valid"] == "False":
                 log.warning("GPUPolicy %s is invalid: %s", name, desired["message"])
+
+
+REPORTING_CONTROLLER: Final = "gpupack.io/recommender"
+
+
+def recommendation_ref(key: WorkloadKey) -> JSON:
+    """The GPURecommendation of `key`, as an Event's `regarding` needs it."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": key.object_name, "namespace": key.namespace},
+    }
+
+
+def change_text(before: Target | None, after: Target) -> str:
+    now = f"{format_compute(after.compute)} compute, {format_memory(after.memory)} memory"
+    if before is None:
+        return f"recommends {now}"
+    was = f"{format_compute(before.compute)}, {format_memory(before.memory)}"
+    return f"recommends {now} (was {was})"

@@ -9,13 +9,12 @@
 - `evict`: through the Eviction API, so PodDisruptionBudgets are honoured.
 """
 
-import datetime
 import logging
-import time
 from typing import Final
 
 from gpupack import keys
 from gpupack.kube import JSON
+from gpupack.runtime import events
 from gpupack.runtime.api import ApiError, retry
 from scheduler.kube import Kube
 from scheduler.ledger import request_of
@@ -25,10 +24,6 @@ log = logging.getLogger(__name__)
 
 REPORTING_CONTROLLER: Final = "gpupack.io/scheduler"
 DO_NOT_EVICT: Final = {keys.CA_SAFE_TO_EVICT: "false", keys.KARPENTER_DO_NOT_DISRUPT: "true"}
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _pod_path(namespace: str, name: str) -> str:
@@ -91,37 +86,17 @@ def event(
     action: str = "Scheduling",
     instance: str = "",
 ) -> None:
-    """Record an Event; a failure is logged, never raised (events are best effort)."""
-    meta = regarding.get("metadata") or {}
-    namespace = meta.get("namespace") or "default"
-    body = {
-        "apiVersion": "events.k8s.io/v1",
-        "kind": "Event",
-        # client-go's naming: the object's name and a timestamp (generateName must itself
-        # be a valid name, so "pod." is refused).
-        "metadata": {
-            "name": f"{meta.get('name', 'gpupack')}.{time.time_ns():x}",
-            "namespace": namespace,
-        },
-        "eventTime": _now(),
-        "reportingController": REPORTING_CONTROLLER,
-        "reportingInstance": instance or "gpupack-scheduler",
-        "action": action,
-        "reason": reason,
-        "note": note[:1024],
-        "type": "Warning" if warning else "Normal",
-        "regarding": {
-            "apiVersion": regarding.get("apiVersion", "v1"),
-            "kind": regarding.get("kind", "Pod"),
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-        },
-    }
-    try:
-        kube.create(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body)
-    except ApiError as error:
-        log.warning("could not record event %s on %s: %s", reason, meta.get("name"), error)
+    """Record an Event as the scheduler (`gpupack.runtime.events`); never raises."""
+    events.event(
+        kube,
+        regarding,
+        reason,
+        note,
+        controller=REPORTING_CONTROLLER,
+        instance=instance or "gpupack-scheduler",
+        action=action,
+        warning=warning,
+    )
 
 
 def delete_capacity(kube: Kube, pod: JSON) -> bool:

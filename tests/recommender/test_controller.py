@@ -182,7 +182,7 @@ def test_an_unchanged_recommendation_is_checkpointed_only_every_checkpoint_inter
     recommender = rig.recommender()
     rig.feed(0.2, 2 * GiB, "web-a")
     recommender.tick()  # first write: create
-    assert len(rig.api.of("create")) == 1
+    assert len(rig.api.of("create", REC_PATH)) == 1
     writes = len(rig.api.of("patch", REC_PATH))
     for _ in range(3):  # the target does not move within minutes: nothing is due
         rig.clock.now += 60
@@ -349,3 +349,53 @@ def test_pods_not_admitted_by_the_webhook_are_not_recorded() -> None:
     rig.feed(0.2, GiB, "web-a")
     result = rig.recommender().tick()
     assert (result.samples, result.unmatched, result.written) == (0, 1, 0)
+
+
+def events(rig: "Rig", reason: str) -> list[JSON]:
+    return [
+        body
+        for _, path, body in rig.api.of("create", "/apis/events.k8s.io/v1/namespaces/ml/events")
+        if body["reason"] == reason
+    ]
+
+
+def test_a_changed_recommendation_and_the_restart_onto_it_are_events() -> None:
+    auto = gpupolicy("auto", updateMode="Auto", historyWindowSeconds=60)
+    rig = Rig([pod("web-a", policy="auto", memory="4Gi")], policies=[auto])
+    recommender = rig.recommender()
+    rig.feed(0.2, int(3.8 * GiB), "web-a")
+    recommender.tick()
+
+    (changed,) = events(rig, "RecommendationChanged")
+    assert changed["type"] == "Normal"
+    assert changed["reportingController"] == "gpupack.io/recommender"
+    assert changed["regarding"]["kind"] == "GPURecommendation"
+    assert changed["regarding"]["name"] == "deployment-web"
+    assert changed["note"].startswith("Deployment web: recommends ")
+    assert "(auto)" in changed["note"]
+
+    rig.clock.now += 1
+    recommender.tick()
+    (restarted,) = events(rig, "RestartedForRecommendation")
+    assert restarted["regarding"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "web",
+        "namespace": "ml",
+    }
+    assert "restarted onto its GPU recommendation" in restarted["note"]
+    assert len(events(rig, "RecommendationChanged")) == 1  # unchanged since: no new Event
+
+
+def test_a_failed_restart_is_a_warning_event() -> None:
+    auto = gpupolicy("auto", updateMode="Auto")
+    rig = Rig([pod("web-a", policy="auto", memory="4Gi")], policies=[auto])
+    rig.api.fail_patch["/apis/apps"] = ApiError(403, "Forbidden", "no patch on deployments")
+    recommender = rig.recommender()
+    rig.feed(0.2, int(3.8 * GiB), "web-a")
+    recommender.tick()
+    rig.clock.now += 1
+    recommender.tick()
+    (failed,) = events(rig, "RestartFailed")
+    assert failed["type"] == "Warning"
+    assert "Forbidden" in failed["note"]
