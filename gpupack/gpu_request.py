@@ -4,13 +4,17 @@ containers, and any other GPU-like resource (MIG profiles, other vendors).
 The contract between the webhook, which rewrites a pod that asks for exactly one
 `nvidia.com/gpu`, and the scheduler, which notices such a pod that was never rewritten
 (it escaped gpupack): both read requests with this one scan, so they agree on which
-pods gpupack would take.
+pods gpupack would take, and which pods escaped it (in an opted-in scope, asking for
+one GPU, never rewritten).
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gpupack import keys
-from gpupack.kube import Container, PodSpec
+from gpupack.codec import read_optimize
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, Container, PodSpec, labels_of
 from gpupack.quantity import parse_count
 
 CONTAINER_FIELDS = ("containers", "initContainers")
@@ -90,3 +94,30 @@ def shareable(scan: GpuScan) -> bool:
     """Whether gpupack would share this pod's GPU: exactly one `nvidia.com/gpu` in all,
     and no other GPU-like resource."""
     return scan.total == 1 and not scan.other
+
+
+def opted_in(pod: JSON, namespace: JSON | None) -> bool:
+    """The webhook's scope: the pod's own label wins over its namespace's."""
+    try:
+        choice = read_optimize(labels_of(pod))
+        if choice is not None:
+            return choice
+        return namespace is not None and read_optimize(labels_of(namespace)) is True
+    except ContractError:
+        return False  # the webhook skips an unusable label too
+
+
+def escaped(pod: JSON, namespace: JSON | None, excluded: Collection[str]) -> bool:
+    """Whether `pod` (with its Namespace, None when not opted in or unknown) escaped."""
+    meta = pod.get("metadata") or {}
+    if meta.get("namespace") in excluded:
+        return False
+    spec: PodSpec = pod.get("spec") or {}
+    if (spec.get("schedulerName") or keys.DEFAULT_SCHEDULER) != keys.DEFAULT_SCHEDULER:
+        return False
+    try:
+        if not shareable(scan_gpus(spec)):
+            return False
+    except ContractError:
+        return False
+    return opted_in(pod, namespace)

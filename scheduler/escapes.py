@@ -9,8 +9,8 @@ every live pod; this module picks those out so that each gets one Warning Event 
 why it holds a whole GPU, and `gpupack_scheduler_escaped_pods` counts them for as long
 as they run.
 
-What counts is what the webhook would take (`gpupack.gpu_request.shareable`, the scan it
-uses itself) in the scope its two registrations select: the pod labelled
+What counts is what the webhook would take (`gpupack.gpu_request.escaped`, over the scan
+it uses itself) in the scope its two registrations select: the pod labelled
 `gpupack.io/optimize=enabled`, or its namespace labelled so and the pod not `disabled`;
 never in an excluded namespace; still addressed to the default scheduler. Pods the
 webhook leaves whole on purpose (more than one GPU, another GPU resource, another
@@ -24,40 +24,11 @@ from collections.abc import Collection
 from typing import Final
 
 from gpupack import keys
-from gpupack.codec import read_optimize
-from gpupack.errors import ContractError
-from gpupack.gpu_request import scan_gpus, shareable
-from gpupack.kube import JSON, PodSpec, labels_of
+from gpupack.gpu_request import escaped
+from gpupack.kube import JSON, labels_of
 from scheduler.cache import Store
 
 REASON: Final = "NotRewrittenByGPUPack"
-
-
-def opted_in(pod: JSON, namespace: JSON | None) -> bool:
-    """The webhook's scope: the pod's own label wins over its namespace's."""
-    try:
-        choice = read_optimize(labels_of(pod))
-        if choice is not None:
-            return choice
-        return namespace is not None and read_optimize(labels_of(namespace)) is True
-    except ContractError:
-        return False  # the webhook skips an unusable label too
-
-
-def escaped(pod: JSON, namespace: JSON | None, excluded: Collection[str]) -> bool:
-    """Whether `pod` (with its Namespace, None when not opted in or unknown) escaped."""
-    meta = pod.get("metadata") or {}
-    if meta.get("namespace") in excluded:
-        return False
-    spec: PodSpec = pod.get("spec") or {}
-    if (spec.get("schedulerName") or keys.DEFAULT_SCHEDULER) != keys.DEFAULT_SCHEDULER:
-        return False
-    try:
-        if not shareable(scan_gpus(spec)):
-            return False
-    except ContractError:
-        return False
-    return opted_in(pod, namespace)
 
 
 def note(pod: JSON, namespace: JSON | None, system_namespace: str) -> str:

@@ -5,7 +5,8 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from scheduler.escapes import Escapes, escaped, note
+from gpupack.gpu_request import escaped
+from scheduler.escapes import Escapes, note
 
 JSON = dict[str, Any]
 ENABLED = {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED}
