@@ -38,16 +38,7 @@ COLUMNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="*", metavar="FILE", help="audit log files (default: stdin)")
     parser.add_argument("-n", "--namespace", help="only this namespace")
-    parser.add_argument("-w", "--workload", help="only this workload: NAME or KIND/NAME")
-    parser.add_argument("--outcome", choices=[o.value for o in Outcome], help="only this outcome")
-    parser.add_argument("--reason", help="only this reason, e.g. no-gpu or opted-out")
-    parser.add_argument(
-        "--since", type=_time_arg, help="only at or after: 30m, 2h, 1d or an ISO time"
-    )
-    parser.add_argument(
-        "--until", type=_time_arg, help="only before: a duration ago or an ISO time"
-    )
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_filters(parser)
     parser.set_defaults(run=run)
 
 
@@ -138,10 +129,38 @@ def table(records: list[JSON], out: TextIO) -> None:
         )
 
 
-def run(args: argparse.Namespace) -> int:
-    selected = Filter(
-        args.namespace, args.workload, args.outcome, args.reason, args.since, args.until
+def add_filters(parser: argparse.ArgumentParser) -> None:
+    """The filters and the output format, without the files (`kubectl gpupack decisions`
+    reads the webhook pods' logs instead)."""
+    parser.add_argument("-w", "--workload", help="only this workload: NAME or KIND/NAME")
+    parser.add_argument("--outcome", choices=[o.value for o in Outcome], help="only this outcome")
+    parser.add_argument("--reason", help="only this reason, e.g. no-gpu or opted-out")
+    parser.add_argument(
+        "--since", type=_time_arg, help="only at or after: 30m, 2h, 1d or an ISO time"
     )
+    parser.add_argument(
+        "--until", type=_time_arg, help="only before: a duration ago or an ISO time"
+    )
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+
+
+def selection(args: argparse.Namespace) -> Filter:
+    return Filter(args.namespace, args.workload, args.outcome, args.reason, args.since, args.until)
+
+
+def show(records: list[JSON], output: str) -> None:
+    """Print `records` as a table, or as JSON lines."""
+    if output == "json":
+        for record in records:
+            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
+    elif records:
+        table(records, sys.stdout)
+    else:
+        print("no decisions matched", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    selected = selection(args)
     records: list[JSON] = []
     sources = args.files or ["-"]
     for source in sources:
@@ -154,11 +173,5 @@ def run(args: argparse.Namespace) -> int:
             return 2
         with stream:
             records.extend(r for r in parse_lines(stream) if selected.matches(r))
-    if args.output == "json":
-        for record in records:
-            sys.stdout.write(json.dumps(record, separators=(",", ":")) + "\n")
-    elif records:
-        table(records, sys.stdout)
-    else:
-        print("no decisions matched", file=sys.stderr)
+    show(records, args.output)
     return 0

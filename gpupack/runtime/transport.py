@@ -163,6 +163,17 @@ class Transport:
     def delete(self, path: str, body: JSON | None = None) -> JSON:
         return self._call("DELETE", path, body=body)
 
+    def text(self, path: str, params: Mapping[str, str] | None = None) -> str:
+        """A plain-text answer, such as a container's log (`.../pods/NAME/log`)."""
+        response = self._send("GET", path, params=params)
+        try:
+            data = response.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, "ConnectionError", f"GET {path}: {exc}") from exc
+        finally:
+            response.release_conn()
+        return data.decode("utf-8", errors="replace")
+
     def close(self) -> None:
         """Release the pooled connections; the transport is not used afterwards."""
         self._pool.clear()
