@@ -237,6 +237,7 @@ RECOMMENDATIONS: set[Grant] = {
     ("gpupack.io", "gpurecommendations", verb, ())
     for verb in ("get", "list", "watch", "create", "patch", "delete")
 }
+EVENTS: set[Grant] = {("events.k8s.io", "events", "create", ())}
 ROLLOUTS: set[Grant] = {
     ("apps", "deployments", "patch", ()),
     ("apps", "statefulsets", "patch", ()),
@@ -246,9 +247,11 @@ ROLLOUTS: set[Grant] = {
 @pytest.mark.parametrize(
     ("values", "expected"),
     [
-        pytest.param([], READ | RECOMMENDATIONS, id="default"),
+        pytest.param([], READ | RECOMMENDATIONS | EVENTS, id="default"),
         pytest.param(
-            ["--set=recommender.rollouts=true"], READ | RECOMMENDATIONS | ROLLOUTS, id="rollouts"
+            ["--set=recommender.rollouts=true"],
+            READ | RECOMMENDATIONS | EVENTS | ROLLOUTS,
+            id="rollouts",
         ),
     ],
 )
