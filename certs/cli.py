@@ -28,6 +28,7 @@ from certs.plan import (
 )
 from gpupack.runtime import config
 from gpupack.runtime.api import ApiError, retry
+from gpupack.runtime.args import conventions
 from gpupack.runtime.transport import JSON_PATCH, STRATEGIC_PATCH, Body, connect
 
 JSON = dict[str, Any]
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "deleted with it (the chart passes the webhook's); skipped while it does not exist",
     )
     parser.add_argument("--kubeconfig", metavar="PATH", help=f"order: {config.ORDER}")
-    return parser
+    return conventions(parser)
 
 
 def _days(text: str) -> int:

@@ -28,7 +28,7 @@ from exporter.podresources import PodResourcesClient, PodResourcesError
 from exporter.pods import PodMap
 from exporter.sampler import Sampler
 from gpupack.runtime import shell
-from gpupack.runtime.args import positive_seconds
+from gpupack.runtime.args import conventions, positive_seconds
 
 log = logging.getLogger("exporter.cli")
 
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the host's /proc (the exporter runs with hostPID; default: %(default)s)",
     )
     shell.add_arguments(parser)
-    return parser
+    return conventions(parser)
 
 
 def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:

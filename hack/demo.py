@@ -48,6 +48,20 @@ def kubectl(cluster: LocalCluster, *args: str) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout  # noqa: S603
 
 
+def kubectl_gpupack(cluster: LocalCluster, *args: str) -> str:
+    """The plugin as a user runs it: kubectl finds kubectl-gpupack on PATH."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    command = [cluster.binary("kubectl"), "gpupack", *args]
+    result = subprocess.run(  # noqa: S603 (our kubectl, fixed arguments)
+        command, capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    return result.stdout + result.stderr
+
+
 def gpus_asked(pod: JSON) -> int:
     """GPUs the pod asked for before gpupack: its original-resources record, else its spec."""
     original = (pod["metadata"].get("annotations") or {}).get("gpupack.io/original-resources")
@@ -191,6 +205,12 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         f"  {plural(len(untouched), 'pod')} left alone (not opted in, or no "
         f"GPU) {'holds' if len(untouched) == 1 else 'hold'} {plural(whole, 'whole GPU')}.\n"
     )
+    out.write("\n== kubectl gpupack status\n")
+    out.write(kubectl_gpupack(cluster, "status"))
+    out.write(
+        "\n== kubectl gpupack what-if: the GPU pods gpupack does not manage, as if opted in\n"
+    )
+    out.write(kubectl_gpupack(cluster, "what-if"))
     out.write("\n== Where to look\n")
     out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
     out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")
@@ -198,6 +218,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     out.write(
         f"  decisions:        .venv/bin/gpupack-webhook decisions {cluster.audit_log} -n ml\n"
     )
+    out.write("  the plugin:       PATH=$PWD/.venv/bin:$PATH kubectl gpupack status\n")
     out.write("  scheduler events: kubectl get events -n ml --field-selector reason=Scheduled\n")
     out.write(f"  scheduler config: {cluster.workdir / 'gpupack-scheduler-kube-scheduler.yaml'}\n")
     out.write(f"  component logs:   {cluster.workdir / 'logs'}/\n")
@@ -233,7 +254,7 @@ def start(workdir: Path) -> int:
         for manifest in MANIFESTS:
             log(f"kubectl apply -f {manifest.relative_to(REPO)}")
             kubectl(cluster, "apply", "-f", str(manifest))
-        wait_settled(cluster.kube(), expected_pods=9 + 2 + 1 + 1 + 1)
+        wait_settled(cluster.kube(), expected_pods=9 + 2 + 1 + 1 + 1 + 4 + 3 + 1)
         time.sleep(1)  # let the last audit lines land
         report(cluster)
     except BaseException:

@@ -23,7 +23,7 @@ from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.recommendation import list_path
 from gpupack.runtime import leader, shell
-from gpupack.runtime.args import positive_number, positive_seconds
+from gpupack.runtime.args import conventions, positive_number, positive_seconds
 from gpupack.runtime.informer import Informer
 from recommender.controller import Recommender, Settings
 from recommender.metrics import RecommenderMetrics
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     leader.add_arguments(parser, "gpupack-recommender")
     shell.add_arguments(parser, metrics_port=9092)
-    return parser
+    return conventions(parser)
 
 
 def make_source(args: argparse.Namespace, exporters: Informer | None) -> UsageSource:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.runtime import shell
-from gpupack.runtime.args import non_negative_seconds, positive_seconds
+from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.extender import Extender
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often the Lease is read (default: %(default)s)",
     )
     shell.add_arguments(parser, metrics_port=9090)
-    return parser
+    return conventions(parser)
 
 
 def _names(text: str) -> frozenset[str]:

@@ -20,9 +20,10 @@ from typing import Final
 from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
+from gpupack.runtime.args import conventions
 from gpupack.runtime.config import ConfigError
 from gpupack.runtime.logs import configure_logging
-from gpupack.runtime.shell import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from gpupack.runtime.shell import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_log_arguments
 from gpupack.runtime.transport import Transport, connect
 from gpupack.shares import is_live
 
@@ -90,11 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gpupack's namespace (default: %(default)s)",
     )
     parser.add_argument("--scheduler-name", default=keys.SCHEDULER_NAME)
-    parser.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info"
-    )
-    args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    add_log_arguments(parser)
+    args = conventions(parser).parse_args(argv)
+    configure_logging(args.log_level, fmt=args.log_format)
     try:
         kube = connect(args.kubeconfig, user_agent="gpupack-scheduler-uninstall")
     except ConfigError as error:

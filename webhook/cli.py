@@ -4,6 +4,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gpupack.runtime.args import conventions
 from webhook import audit_reader, explain, serve
 
 
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
             "-n gpupack-system deploy/gpupack-webhook | gpupack-webhook decisions --namespace ml",
         )
     )
-    return parser
+    return conventions(parser)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

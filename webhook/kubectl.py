@@ -26,6 +26,7 @@ from gpupack.policy import effective_policies
 from gpupack.quantity import format_compute, format_memory, parse_memory
 from gpupack.runtime import config
 from gpupack.runtime.api import ApiError
+from gpupack.runtime.args import conventions
 from gpupack.runtime.transport import Transport, connect
 from webhook import audit_reader, explain, report
 
@@ -93,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what_if.add_argument("-o", "--output", choices=("table", "json"), default="table")
     what_if.set_defaults(run=run_what_if)
-    return parser
+    return conventions(parser)
 
 
 # Reading the cluster.
@@ -164,11 +165,12 @@ def run_status(args: argparse.Namespace, kube: Transport) -> int:
     print()
     _table(rows)
     if result.waiting:
-        print(f"\n{len(result.waiting)} pods wait for a GPU share:")
+        print(f"\n{_count(len(result.waiting), 'pod')} waiting for a GPU share:")
         for waiting in result.waiting:
             print(f"  {waiting.pod}: {waiting.why}")
     if result.escaped:
-        print(f"\n{len(result.escaped)} opted-in pods hold a whole GPU (never rewritten):")
+        escaped = _count(len(result.escaped), "opted-in pod")
+        print(f"\n{escaped} holding a whole GPU (never rewritten):")
         for pod in result.escaped:
             print(f"  {pod}")
     return 0
@@ -251,11 +253,15 @@ def run_what_if(args: argparse.Namespace, kube: Transport) -> int:
     if not result.gpus_now:
         print("no pod asks for nvidia.com/gpu")
         return 0
-    print(f"GPU pods today hold {result.gpus_now} GPUs on {result.nodes_now} GPU nodes.")
     print(
-        f"Under gpupack they would need {result.gpus_needed} GPUs on "
-        f"{result.nodes_needed} GPU nodes: {result.gpus_now - result.gpus_needed} GPUs and "
-        f"{result.nodes_now - result.nodes_needed} nodes fewer."
+        f"GPU pods today hold {_count(result.gpus_now, 'GPU')} on "
+        f"{_count(result.nodes_now, 'GPU node')}."
+    )
+    print(
+        f"Under gpupack they would need {_count(result.gpus_needed, 'GPU')} on "
+        f"{_count(result.nodes_needed, 'GPU node')}: "
+        f"{_count(result.gpus_now - result.gpus_needed, 'GPU')} and "
+        f"{_count(result.nodes_now - result.nodes_needed, 'node')} fewer."
     )
     rows = [["NAMESPACE", "POLICY", "PODS", "GPUS TODAY", "COMPUTE", "MEMORY"]]
     for (namespace, policy), group in sorted(result.groups.items()):
@@ -267,7 +273,7 @@ def run_what_if(args: argparse.Namespace, kube: Transport) -> int:
     print()
     _table(rows)
     if result.whole:
-        print(f"\n{len(result.whole)} pods would keep whole GPUs:")
+        print(f"\n{_count(len(result.whole), 'pod')} would keep whole GPUs:")
         for pod, why in result.whole[:20]:
             print(f"  {pod}: {why}")
     print(
@@ -275,6 +281,10 @@ def run_what_if(args: argparse.Namespace, kube: Transport) -> int:
         "recommender shrinks them once it has measured. Placement rules can add GPUs."
     )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _table(rows: list[list[str]]) -> None:

@@ -26,6 +26,7 @@ from gpupack import keys, seal
 from gpupack.runtime import config
 from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds
 from gpupack.runtime.logs import configure_logging
+from gpupack.runtime.shell import add_log_arguments
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import Drain, GuardedProtocol, Limits
@@ -34,7 +35,6 @@ from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"
-LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 LIMIT_CONCURRENCY: Final = 1000
@@ -157,12 +157,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "drain and exit (the chart passes webhook.shutdownDelaySeconds; "
         "default: %(default)s)",
     )
-    parser.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        default="info",
-        help="level of the server's JSON logs on stderr (default: %(default)s)",
-    )
+    add_log_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -276,7 +271,7 @@ async def serve(server: uvicorn.Server, cluster: ClusterPort | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, fmt=args.log_format)
     registry = CollectorRegistry()
     metrics = WebhookMetrics(registry)
     try:

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import functools
 import logging
-import os
 import signal
 import sys
 import threading
@@ -35,7 +34,7 @@ from gpupack import keys
 from gpupack.runtime import config, leader
 from gpupack.runtime.api import ListWatch
 from gpupack.runtime.informer import Indexer, Informer
-from gpupack.runtime.logs import configure_logging
+from gpupack.runtime.logs import LOG_FORMATS, configure_logging
 from gpupack.runtime.transport import Transport, connect
 
 log = logging.getLogger(__name__)
@@ -84,12 +83,24 @@ def add_arguments(parser: argparse.ArgumentParser, *, metrics_port: int | None =
             default=metrics_port,
             help="Prometheus metrics port, 0 to disable (default: %(default)s)",
         )
+    add_log_arguments(parser)
+
+
+def add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--log-level` and `--log-format`, as every binary that logs spells them."""
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
         type=str.lower,
-        default=os.environ.get("GPUPACK_LOG_LEVEL", "info").lower(),
-        help="level of the JSON logs on stderr (default: $GPUPACK_LOG_LEVEL or info)",
+        default="info",
+        help="level of the logs on stderr (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="json",
+        help="json: one object per line, for log pipelines; text: for a terminal "
+        "(default: %(default)s)",
     )
 
 
@@ -223,7 +234,7 @@ def run(
 ) -> int:
     """Parse, configure logging, `start`, then run the service; the exit code."""
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, fmt=args.log_format)
     process = Process(parser.prog, sync_timeout)
     try:
         try:

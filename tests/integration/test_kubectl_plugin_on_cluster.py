@@ -70,7 +70,7 @@ def test_status_and_what_if_through_kubectl(
     assert [w["pod"] for w in report["stayWhole"]] == [f"{plain}/two"]
     table = kubectl_gpupack(scheduler, "what-if", "-n", plain).stdout
     assert "GPU pods today hold 4 GPUs on" in table
-    assert f"Under gpupack they would need {report['gpusNeeded']} GPUs" in table
+    assert f"Under gpupack they would need {report['gpusNeeded']} GPU" in table
 
     name = pods[0]["metadata"]["name"]
     pending = kubectl_gpupack(scheduler, "why-pending", name, "-n", ns)
