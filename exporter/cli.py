@@ -29,6 +29,7 @@ from exporter.pods import PodMap
 from exporter.sampler import Sampler
 from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, positive_seconds
+from gpupack.runtime.endpoints import ANY
 
 log = logging.getLogger("exporter.cli")
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NODE_NAME", ""),
         help="this node's name (default: $NODE_NAME, set from the downward API)",
     )
-    add("--address", default="0.0.0.0", help="listen address")  # noqa: S104
+    add("--address", default=ANY, help="listen address (default: %(default)s, IPv4 and IPv6)")
     add(
         "--port",
         type=int,
@@ -58,14 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval",
         type=positive_seconds,
         default=1.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="NVML sampling interval (default: %(default)s)",
     )
     add(
         "--min-window",
         type=positive_seconds,
         default=5.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="per-process compute is averaged since the previous scrape, over at least this "
         "long (default: %(default)s)",
     )
@@ -73,14 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-window",
         type=positive_seconds,
         default=60.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="and at most this long (default: %(default)s)",
     )
     add(
         "--discovery-interval",
         type=positive_seconds,
         default=10.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="how often kubelet is asked which GPU each capacity pod holds (default: "
         "%(default)s; sooner when a capacity pod changes)",
     )

@@ -16,6 +16,7 @@ from typing import Final
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from exporter import exposition
+from gpupack.runtime.endpoints import DualStackServer
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,7 @@ def make_server(
         def log_message(self, format: str, *args: object) -> None:
             pass  # scrapes every few seconds are not news
 
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    return server
+    return DualStackServer(address, port, Handler)
 
 
 def start(server: ThreadingHTTPServer) -> threading.Thread:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpupack import keys
 from gpupack.policy import API_VERSION as POLICY_API
@@ -53,14 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval",
         type=positive_seconds,
         default=60.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="how often usage is collected (default: %(default)s)",
     )
     add(
         "--checkpoint-interval",
         type=positive_seconds,
         default=300.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="longest a growing history goes unsaved in its GPURecommendation; a crash loses "
         "at most this much, a clean shutdown nothing (default: %(default)s)",
     )
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scrape-timeout",
         type=positive_seconds,
         default=5.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="timeout of one exporter scrape or Prometheus query (default: %(default)s)",
     )
     rollout = parser.add_argument_group("rollouts (policies with updateMode: Auto)")
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout-cooldown",
         type=positive_seconds,
         default=3600.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="at most one restart per workload per this long (default: %(default)s)",
     )
     leader.add_arguments(parser, "gpupack-recommender")
@@ -177,9 +177,11 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     metrics = RecommenderMetrics(registry, state)
     recommender = Recommender(kube, pods, policies, recommendations, source, settings, metrics)
     holder.append(recommender)
-    if args.metrics_port:
-        with shell.listening("metrics", args.metrics_port):
-            start_http_server(args.metrics_port, args.metrics_address, registry)
+    process.serve_endpoints(
+        args.metrics_address,
+        args.metrics_port,
+        lambda: (generate_latest(registry), CONTENT_TYPE_LATEST),
+    )
     log.info("collecting usage from %s", source.describe())
     return shell.Service(work=recommender.run, election=election)
 

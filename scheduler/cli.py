@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace-period",
         type=non_negative_seconds,
         default=300.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="how long a capacity pod may hold a GPU nothing uses before it is deleted "
         "(default: %(default)s)",
     )
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--orphan-grace",
         type=non_negative_seconds,
         default=30.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="how long a pod may sit on a GPU whose capacity pod is gone before it is "
         "evicted (default: %(default)s)",
     )
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--reservation-timeout",
         type=positive_seconds,
         default=60.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="how long a GPU share chosen at filter is held for kube-scheduler's bind "
         "(default: %(default)s)",
     )
@@ -110,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="follow kube-scheduler's Lease; off: this replica always does housekeeping",
     )
     election.add_argument(
-        "--lease-name", default=keys.SCHEDULER_NAME, help="kube-scheduler's Lease"
+        "--leader-elect-resource-name",
+        "--lease-name",
+        dest="lease_name",
+        default=keys.SCHEDULER_NAME,
+        help="kube-scheduler's Lease (default: %(default)s)",
     )
     election.add_argument(
         "--identity",
@@ -119,11 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         "name in the Lease (default: this hostname, the pod's name in a pod)",
     )
     election.add_argument(
+        "--leader-elect-retry-period",
         "--retry-period",
+        dest="retry_period",
         type=positive_seconds,
         default=2.0,
-        metavar="SECONDS",
-        help="how often the Lease is read (default: %(default)s)",
+        metavar="DURATION",
+        help="how often the Lease is read (default: 2s)",
     )
     shell.add_arguments(parser, metrics_port=9090)
     return conventions(parser)
@@ -185,9 +191,11 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     with shell.listening("the extender", args.port):
         server = make_server(args.address, args.port, extender, synced.is_set)
     process.defer(server.server_close)
-    if args.metrics_port:
-        with shell.listening("metrics", args.metrics_port):
-            start_http_server(args.metrics_port, args.metrics_address, registry)
+    process.serve_endpoints(
+        args.metrics_address,
+        args.metrics_port,
+        lambda: (generate_latest(registry), CONTENT_TYPE_LATEST),
+    )
     follower = (
         Follower(kube, args.namespace, args.lease_name, args.identity)
         if args.leader_elect

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 from gpupack import keys, seal
 from gpupack.runtime import config
 from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds
+from gpupack.runtime.endpoints import ANY, listen_family
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
@@ -47,8 +48,9 @@ log = logging.getLogger("webhook.serve")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host",
-        default="0.0.0.0",  # noqa: S104 - a pod listens on its own IP, whatever it is
-        help="address to listen on for HTTPS (default: %(default)s)",
+        default=ANY,
+        help="address to listen on for HTTPS and metrics (default: %(default)s, every IPv4 "
+        "and IPv6 address; 0.0.0.0 where the node has no IPv6)",
     )
     parser.add_argument(
         "--port", type=int, default=8443, help="HTTPS port for /mutate (default: %(default)s)"
@@ -104,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--capacity-timeout",
         type=positive_seconds,
         default=DEFAULT_CAPACITY_TIMEOUT,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="longest an admission waits for the capacity check; the pod is admitted "
         "either way (default: %(default)s)",
     )
@@ -126,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--idle-timeout",
         type=positive_seconds,
         default=limits.idle_seconds,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="a new connection that sends nothing this long is closed (after an answer: "
         "--keep-alive-timeout) (default: %(default)s)",
     )
@@ -134,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--request-timeout",
         type=positive_seconds,
         default=limits.request_seconds,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="a request must arrive whole within this long of its first byte, else 408 "
         "(default: %(default)s)",
     )
@@ -142,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep-alive-timeout",
         type=positive_seconds,
         default=limits.keep_alive_seconds,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="a connection idle this long after an answer is closed; keep it above the "
         "API server's own idle timeout (90 s) so the client closes first "
         "(default: %(default)s)",
@@ -151,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shutdown-delay",
         type=non_negative_seconds,
         default=0.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="after SIGTERM, keep serving this long, closing each connection after its "
         "answer, so the API server moves to other replicas before this one stops; then "
         "drain and exit (the chart passes webhook.shutdownDelaySeconds; "
@@ -313,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         drain = Drain()
         config = build_uvicorn_config(
             app,
-            host=args.host,
+            host=listen_family(args.host)[1],
             port=args.port,
             ssl_context=tls.context,
             limits=limits,
@@ -321,7 +323,9 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.metrics_port:
             try:
-                metrics_server = start_metrics_server(registry, args.host, args.metrics_port)
+                metrics_server = start_metrics_server(
+                    registry, listen_family(args.host)[1], args.metrics_port
+                )
             except OSError as exc:
                 log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
                 return EXIT_CONFIG

@@ -23,7 +23,7 @@ from typing import Final, Protocol
 
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
-from gpupack.runtime.args import positive_seconds
+from gpupack.runtime.args import format_duration, positive_seconds
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,9 @@ class Timing:
 
 
 def add_arguments(parser: argparse.ArgumentParser, lease_name: str) -> None:
-    """The leader-election options every leader-elected gpupack binary takes."""
+    """The leader-election options every leader-elected gpupack binary takes, spelt as
+    Kubernetes' own components spell them (`--leader-elect-lease-duration=15s`); the
+    shorter names of earlier releases still work."""
     election = parser.add_argument_group("leader election")
     election.add_argument(
         "--leader-elect",
@@ -65,18 +67,32 @@ def add_arguments(parser: argparse.ArgumentParser, lease_name: str) -> None:
         default=True,
         help="elect a leader through a Lease; turn off only for a single replica",
     )
-    election.add_argument("--lease-name", default=lease_name)
+    election.add_argument(
+        "--leader-elect-resource-name",
+        "--lease-name",
+        dest="lease_name",
+        default=lease_name,
+        help="the Lease, in --namespace (default: %(default)s)",
+    )
     election.add_argument(
         "--identity",
         default=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
         help="this replica's name in the Lease (default: hostname and a random suffix)",
     )
-    for flag, default in (
-        ("--lease-duration", 15.0),
-        ("--renew-deadline", 10.0),
-        ("--retry-period", 2.0),
+    for flag, old, default, meaning in (
+        ("lease-duration", "--lease-duration", 15.0, "how long a Lease holds without renewal"),
+        ("renew-deadline", "--renew-deadline", 10.0, "how long the leader keeps trying to renew"),
+        ("retry-period", "--retry-period", 2.0, "how often candidates and the leader try"),
     ):
-        election.add_argument(flag, type=positive_seconds, default=default, metavar="SECONDS")
+        election.add_argument(
+            f"--leader-elect-{flag}",
+            old,
+            dest=flag.replace("-", "_"),
+            type=positive_seconds,
+            default=default,
+            metavar="DURATION",
+            help=f"{meaning} (default: {format_duration(default)})",
+        )
 
 
 def timing_of(args: argparse.Namespace) -> Timing:

@@ -33,6 +33,7 @@ from typing import Final
 from gpupack import keys
 from gpupack.runtime import config, leader
 from gpupack.runtime.api import ListWatch
+from gpupack.runtime.endpoints import ANY, Endpoints, Render
 from gpupack.runtime.informer import Indexer, Informer
 from gpupack.runtime.logs import LOG_FORMATS, configure_logging
 from gpupack.runtime.transport import Transport, connect
@@ -74,14 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, metrics_port: int | None =
     if metrics_port is not None:
         parser.add_argument(
             "--metrics-address",
-            default="0.0.0.0",  # noqa: S104 - a pod listens on its own IP, whatever it is
-            help="Prometheus metrics listen address (default: %(default)s)",
+            default=ANY,
+            help="listen address of /metrics, /healthz and /readyz (default: %(default)s, "
+            "every IPv4 and IPv6 address)",
         )
         parser.add_argument(
             "--metrics-port",
             type=int,
             default=metrics_port,
-            help="Prometheus metrics port, 0 to disable (default: %(default)s)",
+            help="port of /metrics, /healthz and /readyz, 0 to disable (default: %(default)s)",
         )
     add_log_arguments(parser)
 
@@ -124,6 +126,7 @@ class Process:
         self._sync_timeout = sync_timeout
         self._informers: list[tuple[Informer, bool]] = []
         self._cleanups: list[Callable[[], object]] = []
+        self.synced = threading.Event()
 
     def connect(self, kubeconfig: str | None, user_agent: str) -> Transport:
         """The transport (closed at exit). ConfigError (a ValueError) when there is none."""
@@ -180,7 +183,32 @@ class Process:
                     informer.error or "no answer",
                 )
                 return False
+        self.synced.set()
         return True
+
+    def unready(self) -> str | None:
+        """Why this process should not get traffic yet (`/readyz`), or None."""
+        if self.stop.is_set():
+            return "stopping"
+        if not self.synced.is_set():
+            return "caches not synced"
+        return None
+
+    def serve_endpoints(self, address: str, port: int, render: Render) -> Endpoints | None:
+        """`/metrics` (from `render`), `/healthz` and `/readyz` on `port` (0: none), from
+        `start`; closed at exit. An address or port that cannot be opened is exit 2."""
+        if not port:
+            return None
+        with listening("/metrics, /healthz and /readyz", port):
+            endpoints = Endpoints(
+                address,
+                port,
+                render=render,
+                ready=self.unready,
+                alive=lambda: not self.stop.is_set(),
+            )
+        self.defer(endpoints.close)
+        return endpoints.start()
 
     def _stop_informers(self) -> None:
         for informer, _ in self._informers:

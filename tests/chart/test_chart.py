@@ -482,3 +482,20 @@ def test_every_binary_takes_gpupack_namespace_from_the_release() -> None:
     text = json.dumps(policies)
     assert "system:serviceaccount:gpu-sharing:gpupack-scheduler" in text
     assert "gpupack-system" not in text
+
+
+def test_every_gpupack_container_is_probed_for_liveness_and_readiness() -> None:
+    docs = render("--set=webhook.replicas=2")
+    probed = {}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            probed[f"{doc['metadata']['name']}/{container['name']}"] = (
+                container.get("livenessProbe", {}).get("httpGet", {}).get("path"),
+                container.get("readinessProbe", {}).get("httpGet", {}).get("path"),
+            )
+    assert probed["gpupack-scheduler/extender"] == ("/healthz", "/readyz")
+    assert probed["gpupack-recommender/recommender"] == ("/healthz", "/readyz")
+    assert probed["gpupack-webhook/webhook"][1] == "/readyz"
+    assert all(live for live, _ in probed.values()), probed

@@ -30,7 +30,9 @@ def test_a_busy_metrics_port_is_a_usage_error_naming_the_port(
         ]
 
         assert main(argv) == EXIT_USAGE
-    assert f"cannot serve metrics on port {port}: " in capsys.readouterr().err
+    assert (
+        f"cannot serve /metrics, /healthz and /readyz on port {port}: " in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(("content", "why"), [(None, "No such file"), ("short", "at least 32")])
