@@ -31,7 +31,7 @@ from gpupack.runtime.transport import Transport, connect
 from webhook import audit_reader, explain, report
 
 PROG = "kubectl gpupack"
-WEBHOOK_PODS = "app.kubernetes.io/name=gpupack,app.kubernetes.io/component=webhook"
+WEBHOOK_PODS = "app.kubernetes.io/part-of=gpupack,app.kubernetes.io/component=webhook"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,13 +1,34 @@
+{{- /* The chart's name (nameOverride) and the prefix of every object it names
+(fullnameOverride, else the release name, suffixed with the chart's name unless it
+already contains it: `helm install gpupack` names objects gpupack-*). */ -}}
+{{- define "gpupack.name" -}}
+{{- .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpupack.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "gpupack.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gpupack.labels" -}}
-app.kubernetes.io/name: gpupack
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: gpupack
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "gpupack.webhook.selector" -}}
-app.kubernetes.io/name: gpupack
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: webhook
 {{- end -}}
@@ -16,7 +37,7 @@ app.kubernetes.io/component: webhook
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{- define "gpupack.webhook.name" -}}gpupack-webhook{{- end -}}
+{{- define "gpupack.webhook.name" -}}{{ include "gpupack.fullname" . }}-webhook{{- end -}}
 
 {{/* The gpupack-certs arguments, shared by the hook Job and the renewal CronJob. */}}
 {{- define "gpupack.certs.args" -}}
@@ -58,6 +79,22 @@ Secrets in the release namespace and rewrite only its two; read the webhook Depl
   verbs: [get, patch]
 {{- end -}}
 
+{{- /* Where hook Jobs and the renewal CronJob run (values `hooks`), as pod spec keys. */ -}}
+{{- define "gpupack.hooks.scheduling" -}}
+{{- with .Values.hooks.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.hooks.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.hooks.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.hooks.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- /* The pod that runs gpupack-certs, given the ServiceAccount (dict "root" $ "sa" name). */ -}}
 {{- define "gpupack.certs.pod" -}}
 {{- $ := .root -}}
@@ -67,6 +104,7 @@ metadata:
 spec:
   serviceAccountName: {{ .sa }}
   restartPolicy: Never
+  {{- include "gpupack.hooks.scheduling" $ | nindent 2 }}
   {{- with $.Values.imagePullSecrets }}
   imagePullSecrets: {{- toYaml . | nindent 4 }}
   {{- end }}
@@ -93,26 +131,26 @@ capabilities: {drop: [ALL]}
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
 
-{{- define "gpupack.scheduler.name" -}}gpupack-scheduler{{- end -}}
+{{- define "gpupack.scheduler.name" -}}{{ include "gpupack.fullname" . }}-scheduler{{- end -}}
 
 {{- define "gpupack.scheduler.selector" -}}
-app.kubernetes.io/name: gpupack
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: scheduler
 {{- end -}}
 
-{{- define "gpupack.exporter.name" -}}gpupack-exporter{{- end -}}
+{{- define "gpupack.exporter.name" -}}{{ include "gpupack.fullname" . }}-exporter{{- end -}}
 
 {{- define "gpupack.exporter.selector" -}}
-app.kubernetes.io/name: gpupack
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: exporter
 {{- end -}}
 
-{{- define "gpupack.recommender.name" -}}gpupack-recommender{{- end -}}
+{{- define "gpupack.recommender.name" -}}{{ include "gpupack.fullname" . }}-recommender{{- end -}}
 
 {{- define "gpupack.recommender.selector" -}}
-app.kubernetes.io/name: gpupack
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: recommender
 {{- end -}}
@@ -207,6 +245,11 @@ NVIDIA_VISIBLE_DEVICES (the assigned GPU, from the downward API) on a pod it rew
 and the values that select none. */ -}}
 {{- define "gpupack.cel.noDeviceEnv" -}}
 {{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES', 'NVIDIA_MIG_MONITOR_DEVICES', 'NVIDIA_IMEX_CHANNELS']) || (has(e.value) && e.value in ['void', 'none']) || (!has(e.value) && !has(e.valueFrom)) || (e.name == 'NVIDIA_VISIBLE_DEVICES' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.valueFrom) && has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath == "metadata.annotations['gpupack.io/gpu-uuid']")))
+{{- end -}}
+
+{{- /* CEL: whether container `.` asks for nvidia.com/gpu in its limits or requests. */ -}}
+{{- define "gpupack.cel.asksGpu" -}}
+has({{ . }}.resources) && ((has({{ . }}.resources.limits) && 'nvidia.com/gpu' in {{ . }}.resources.limits) || (has({{ . }}.resources.requests) && 'nvidia.com/gpu' in {{ . }}.resources.requests))
 {{- end -}}
 
 {{- define "gpupack.decisionKey.secret" -}}
