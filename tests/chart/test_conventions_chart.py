@@ -34,7 +34,8 @@ def workload(docs: list[JSON], component: str, prefix: str = "gpupack") -> JSON:
 def container(docs: list[JSON], component: str) -> JSON:
     pod = workload(docs, component)["spec"]["template"]["spec"]
     (found,) = [c for c in pod["containers"] if c["name"] == COMPONENTS[component][2]]
-    return found
+    result: JSON = found
+    return result
 
 
 @pytest.mark.parametrize(
