@@ -219,6 +219,70 @@ def assert_renewed_in_cluster(cluster: LocalCluster, kube: Kube) -> None:
     assert "kept" in again.stdout
 
 
+def assert_crds_upgraded(cluster: LocalCluster, kube: Kube) -> None:
+    """An upgrade's pre-upgrade hook (gpupack-crds with the Job's arguments, as its
+    ServiceAccount) puts back a field an older CRD lacked; nothing else may run it."""
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpupolicies.gpupack.io"
+    spec_path = ("spec", "versions", 0, "schema", "openAPIV3Schema", "properties", "spec")
+
+    def update_mode_in_schema() -> bool:
+        node: Any = kube.get(path)
+        for step in spec_path:
+            node = node[step]
+        return "updateMode" in node["properties"]
+
+    stale = kube.get(path)  # as an older release left it: without updateMode
+    node: Any = stale
+    for step in spec_path:
+        node = node[step]
+    del node["properties"]["updateMode"]
+    kube.request("PUT", path, stale)
+    assert not update_mode_in_schema()
+
+    rendered = helm(
+        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
+    )
+    (job,) = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d and d["kind"] == "Job" and d["metadata"]["name"] == "gpupack-crds"
+    ]
+    pod = job["spec"]["template"]["spec"]
+    user, groups = service_account_user(pod["serviceAccountName"], NS)
+    # The hook's ServiceAccount and RBAC exist only while hooks run: create its RBAC as
+    # rendered, for the duration of this check.
+    rbac = [
+        d
+        for d in yaml.safe_load_all(rendered)
+        if d
+        and d["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        and d["metadata"]["name"].startswith("gpupack-crds")
+    ]
+    for obj in rbac:
+        kube.apply(obj)
+    try:
+        kubeconfig = cluster.user_kubeconfig(user, groups)
+        command = [sys.executable, "-m", "webhook.crds", str(CHART / "crds")]
+        result = subprocess.run(
+            [*command, f"--kubeconfig={kubeconfig}"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "CustomResourceDefinition gpupolicies.gpupack.io: applied" in result.stdout
+        assert update_mode_in_schema()
+        nobody = cluster.user_kubeconfig("nobody", [])
+        refused = subprocess.run(
+            [*command, f"--kubeconfig={nobody}"],
+            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
+        )  # fmt: skip
+        assert refused.returncode == 1
+        assert "403" in refused.stderr
+    finally:
+        for obj in rbac:
+            kind = "clusterroles" if obj["kind"] == "ClusterRole" else "clusterrolebindings"
+            kube.delete(f"/apis/rbac.authorization.k8s.io/v1/{kind}/{obj['metadata']['name']}")
+
+
 def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
     kube = chart_cluster.kube()
     secrets = f"/api/v1/namespaces/{NS}/secrets"
@@ -254,6 +318,7 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
         "training",
     ]
     assert_renewed_in_cluster(chart_cluster, kube)
+    assert_crds_upgraded(chart_cluster, kube)
 
     renamed = ["--set=webhook.serviceName=gpupack-admission"]
     new_args = hook_args(chart_cluster, renamed)
