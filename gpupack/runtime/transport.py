@@ -123,20 +123,24 @@ class Transport:
             response.release_conn()
         raise status_error(response.status, str(response.reason or ""), data)
 
-    def _call(self, method: str, path: str, **kw: Any) -> JSON:
+    def _read(self, method: str, path: str, **kw: Any) -> tuple[int, bytes]:
+        """The status and the whole body of a successful call."""
         response = self._send(method, path, **kw)
         try:
-            data = response.read()
+            return response.status, response.read()
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "ConnectionError", f"{method} {path}: {exc}") from exc
         finally:
             response.release_conn()
+
+    def _call(self, method: str, path: str, **kw: Any) -> JSON:
+        status, data = self._read(method, path, **kw)
         try:
             doc = json.loads(data)
         except ValueError as exc:
-            raise ApiError(response.status, "BadResponse", f"{method} {path}: not JSON") from exc
+            raise ApiError(status, "BadResponse", f"{method} {path}: not JSON") from exc
         if not isinstance(doc, dict):
-            raise ApiError(response.status, "BadResponse", f"{method} {path}: not an object")
+            raise ApiError(status, "BadResponse", f"{method} {path}: not an object")
         return doc
 
     def list(self, path: str, params: Mapping[str, str]) -> JSON:
@@ -165,13 +169,7 @@ class Transport:
 
     def text(self, path: str, params: Mapping[str, str] | None = None) -> str:
         """A plain-text answer, such as a container's log (`.../pods/NAME/log`)."""
-        response = self._send("GET", path, params=params)
-        try:
-            data = response.read()
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ApiError(0, "ConnectionError", f"GET {path}: {exc}") from exc
-        finally:
-            response.release_conn()
+        _, data = self._read("GET", path, params=params)
         return data.decode("utf-8", errors="replace")
 
     def close(self) -> None:

@@ -298,6 +298,9 @@ def test_a_failed_restart_is_recorded_on_the_recommendation() -> None:
     rig.clock.now += 1
     recommender.tick()
     assert "Forbidden" in rig.stored()["status"]["rolloutMessage"]
+    (failed,) = events(rig, "RestartFailed")  # and a Warning Event on the workload
+    assert failed["type"] == "Warning"
+    assert "Forbidden" in failed["note"]
 
 
 def test_initial_mode_never_restarts_anything() -> None:
@@ -385,17 +388,3 @@ def test_a_changed_recommendation_and_the_restart_onto_it_are_events() -> None:
     }
     assert "restarted onto its GPU recommendation" in restarted["note"]
     assert len(events(rig, "RecommendationChanged")) == 1  # unchanged since: no new Event
-
-
-def test_a_failed_restart_is_a_warning_event() -> None:
-    auto = gpupolicy("auto", updateMode="Auto")
-    rig = Rig([pod("web-a", policy="auto", memory="4Gi")], policies=[auto])
-    rig.api.fail_patch["/apis/apps"] = ApiError(403, "Forbidden", "no patch on deployments")
-    recommender = rig.recommender()
-    rig.feed(0.2, int(3.8 * GiB), "web-a")
-    recommender.tick()
-    rig.clock.now += 1
-    recommender.tick()
-    (failed,) = events(rig, "RestartFailed")
-    assert failed["type"] == "Warning"
-    assert "Forbidden" in failed["note"]
