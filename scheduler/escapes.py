@@ -19,14 +19,14 @@ why. A pod created with `spec.nodeName` already set is counted: nothing distingu
 from an escaped pod once bound, and it holds a whole GPU all the same.
 """
 
-import threading
 from collections.abc import Collection
 from typing import Final
 
 from gpupack import keys
 from gpupack.gpu_request import escaped
 from gpupack.kube import JSON, labels_of
-from scheduler.cache import Store
+from gpupack.runtime.informer import object_key
+from scheduler.cache import Dirty, Store
 
 REASON: Final = "NotRewrittenByGPUPack"
 
@@ -60,31 +60,24 @@ class Escapes:
         self._pods = pods
         self._namespaces = namespaces
         self.excluded = frozenset(excluded)
-        self._lock = threading.Lock()
-        self._dirty: set[str] = set()
-        self._everything = True
+        # Which pods changed since the last refresh; a relist (or a namespace change,
+        # which can change the scope of every pod) means all of them.
+        self._dirty = Dirty()
         self.pods: dict[str, JSON] = {}  # key -> the escaped pod
         self._reported: set[str] = set()  # uids whose Event this process wrote
 
     def pod(self, key: str) -> None:
-        with self._lock:
-            if key:
-                self._dirty.add(key)
-            else:
-                self._everything = True
+        self._dirty.pod(key)
 
     def namespace(self, key: str) -> None:
-        with self._lock:
-            self._everything = True
+        self._dirty.pod("")
 
     def refresh(self) -> None:
-        with self._lock:
-            dirty, everything = self._dirty, self._everything
-            self._dirty, self._everything = set(), False
+        _, dirty, everything = self._dirty.take()
         if everything:
             self.pods = {}
             for pod in self._pods.items():
-                self._examine(_key(pod), pod)
+                self._examine(object_key(pod), pod)
         else:
             for key in dirty:
                 self._examine(key, self._pods.get(key))
@@ -110,15 +103,3 @@ class Escapes:
                 self._reported.add(uid)
                 fresh.append(pod)
         return fresh
-
-    def by_namespace(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for key in self.pods:
-            namespace = key.split("/", 1)[0]
-            counts[namespace] = counts.get(namespace, 0) + 1
-        return counts
-
-
-def _key(pod: JSON) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
