@@ -136,15 +136,9 @@ def _policies(kube: Transport, namespace: str) -> Any:
 
 def run_status(args: argparse.Namespace, kube: Transport) -> int:
     pods = _pods(kube, None)
-    capacity = _pods(kube, args.gpupack_namespace)
-    events = (
-        _items(kube, f"/api/v1/namespaces/{args.namespace}/events")
-        if args.namespace
-        else (_items(kube, "/api/v1/events", fieldSelector="reason=FailedScheduling"))
-    )
+    where = f"/api/v1/namespaces/{args.namespace}/events" if args.namespace else "/api/v1/events"
+    events = _items(kube, where, fieldSelector="reason=FailedScheduling")
     namespaces = _by_name(_items(kube, "/api/v1/namespaces", labelSelector=keys.OPTIMIZE))
-    seen = {(p["metadata"].get("namespace"), p["metadata"].get("name")) for p in pods}
-    pods += [p for p in capacity if (p["metadata"]["namespace"], p["metadata"]["name"]) not in seen]
     result = report.status(pods, namespaces, events, system_namespace=args.gpupack_namespace)
     if args.namespace:
         result.namespaces = {k: v for k, v in result.namespaces.items() if k == args.namespace}
