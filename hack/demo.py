@@ -10,7 +10,6 @@ capacity pods, GPUs held versus GPUs asked for, and where the logs are.
 
 import argparse
 import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from hack.localcluster import (
     Process,
     log,
 )
-from webhook.audit_reader import parse_lines, table
+from webhook.audit_reader import parse_lines, table, write_rows
+from webhook.report import gpus_asked
 
 REPO = Path(__file__).resolve().parents[1]
 WORKDIR = REPO / ".cache" / "demo"
@@ -48,34 +48,17 @@ def kubectl(cluster: LocalCluster, *args: str) -> str:
     return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout  # noqa: S603
 
 
-def kubectl_gpupack(cluster: LocalCluster, *args: str) -> str:
-    """The plugin as a user runs it: kubectl finds kubectl-gpupack on PATH."""
+def kubectl_gpupack(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The plugin as a user runs it: kubectl finds kubectl-gpupack on PATH (this
+    environment's, where `pip install` put it)."""
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     command = [cluster.binary("kubectl"), "gpupack", *args]
-    result = subprocess.run(  # noqa: S603 (our kubectl, fixed arguments)
+    return subprocess.run(  # noqa: S603 (our kubectl, fixed arguments)
         command, capture_output=True, text=True, env=env, timeout=120, check=False
-    )
-    return result.stdout + result.stderr
-
-
-def gpus_asked(pod: JSON) -> int:
-    """GPUs the pod asked for before gpupack: its original-resources record, else its spec."""
-    original = (pod["metadata"].get("annotations") or {}).get("gpupack.io/original-resources")
-    if original:
-        doc = json.loads(original)
-        return sum(
-            int(section.get("nvidia.com/gpu", 0))
-            for containers in (doc.get("containers", {}), doc.get("initContainers", {}))
-            for sections in containers.values()
-            for section in [sections.get("limits", sections.get("requests", {}))]
-        )
-    return sum(
-        int((c.get("resources", {}).get("limits") or {}).get("nvidia.com/gpu", 0))
-        for c in pod["spec"]["containers"]
     )
 
 
@@ -125,12 +108,6 @@ def anti_affine(pods: list[JSON]) -> dict[str, list[str]]:
     return out
 
 
-def write_table(rows: list[list[str]], out: Any) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
-
-
 def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     kube = cluster.kube()
     pods = workload_pods(kube)
@@ -161,7 +138,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
                 annotations.get("gpupack.io/gpu-memory", "-"),
             ]
         )
-    write_table(rows, out)
+    write_rows(rows, out)
 
     out.write("\n== Placement rules (kube-scheduler enforces them, gpupack picks the GPU)\n")
     for owner, nodes in sorted(anti_affine(rewritten).items()):
@@ -183,7 +160,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
                 annotations.get("gpupack.io/gpu-uuid", "(waiting for the node agent)"),
             ]
         )
-    write_table(rows, out)
+    write_rows(rows, out)
 
     in_use = {
         (p["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid") for p in rewritten
@@ -206,11 +183,13 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
         f"GPU) {'holds' if len(untouched) == 1 else 'hold'} {plural(whole, 'whole GPU')}.\n"
     )
     out.write("\n== kubectl gpupack status\n")
-    out.write(kubectl_gpupack(cluster, "status"))
+    status = kubectl_gpupack(cluster, "status")
+    out.write(status.stdout + status.stderr)
     out.write(
         "\n== kubectl gpupack what-if: the GPU pods gpupack does not manage, as if opted in\n"
     )
-    out.write(kubectl_gpupack(cluster, "what-if"))
+    what_if = kubectl_gpupack(cluster, "what-if")
+    out.write(what_if.stdout + what_if.stderr)
     out.write("\n== Where to look\n")
     out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
     out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")

@@ -118,15 +118,18 @@ def _cell(record: JSON, field: str) -> str:
     return "-" if value in (None, "") else str(value)
 
 
+def write_rows(rows: list[list[str]], out: TextIO) -> None:
+    """Rows as aligned columns, the first row the header: how every gpupack table looks."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
 def table(records: list[JSON], out: TextIO) -> None:
     rows = [[title for title, _ in COLUMNS]]
     rows += [[_cell(record, field) for _, field in COLUMNS] for record in records]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    for row in rows:
-        out.write(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            + "\n"
-        )
+    write_rows(rows, out)
 
 
 def add_filters(parser: argparse.ArgumentParser) -> None:

@@ -157,7 +157,7 @@ def run_status(args: argparse.Namespace, kube: Transport) -> int:
              format_memory(share.memory)]
         )  # fmt: skip
     print()
-    _table(rows)
+    audit_reader.write_rows(rows, sys.stdout)
     if result.waiting:
         print(f"\n{_count(len(result.waiting), 'pod')} waiting for a GPU share:")
         for waiting in result.waiting:
@@ -265,7 +265,7 @@ def run_what_if(args: argparse.Namespace, kube: Transport) -> int:
              format_memory(group.memory) if policy else "-"]
         )  # fmt: skip
     print()
-    _table(rows)
+    audit_reader.write_rows(rows, sys.stdout)
     if result.whole:
         print(f"\n{_count(len(result.whole), 'pod')} would keep whole GPUs:")
         for pod, why in result.whole[:20]:
@@ -279,14 +279,6 @@ def run_what_if(args: argparse.Namespace, kube: Transport) -> int:
 
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _table(rows: list[list[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

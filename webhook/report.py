@@ -53,14 +53,16 @@ def _key(pod: JSON) -> str:
     return f"{_meta(pod).get('namespace', '')}/{_meta(pod).get('name', '')}"
 
 
-def _whole_gpus(pod: JSON) -> int:
-    """The whole GPUs a pod asked for before gpupack rewrote it (1 when unknown)."""
+def gpus_asked(pod: JSON) -> int:
+    """The whole GPUs a pod holds or asks for: what it asked for before gpupack rewrote it
+    (its `gpupack.io/original-resources`), else its spec's `nvidia.com/gpu` (0 if none
+    or unreadable)."""
     try:
         original = read_original_resources(annotations_of(pod))
+        if original is None:
+            return scan_gpus(cast(PodSpec, pod.get("spec") or {})).total
     except ContractError:
-        return 1
-    if original is None:
-        return 1
+        return 0
     total = 0
     for resources in (*original.containers.values(), *original.init_containers.values()):
         counts = [
@@ -69,7 +71,7 @@ def _whole_gpus(pod: JSON) -> int:
             if isinstance(section, dict) and keys.NVIDIA_GPU in section
         ]
         total += max(counts, default=0)
-    return max(1, total)
+    return total
 
 
 @dataclass(slots=True)
@@ -145,7 +147,7 @@ def status(
         if spec.get("schedulerName") == keys.SCHEDULER_NAME and keys.DECISION in annotations:
             share = report.namespaces.setdefault(str(meta.get("namespace")), Share())
             share.pods += 1
-            asked = _whole_gpus(pod)
+            asked = max(1, gpus_asked(pod))  # a fractional pod asked for one at least
             share.gpus_asked += asked
             report.asked += asked
             try:
