@@ -2,42 +2,16 @@
 after `pip install gpupack`), against a real API server with the scheduler placing pods."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpupack import keys
+from hack.demo import kubectl_gpupack
 from hack.localcluster import Kube, LocalCluster
 from tests.integration.scheduling import create, wait_bound
-from tests.integration.workloads import deployment
+from tests.integration.workloads import deployment, gpu_pod
 
 pytestmark = pytest.mark.integration
-
-
-def kubectl_gpupack(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
-    return subprocess.run(
-        [cluster.binary("kubectl"), "gpupack", *args],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )  # fmt: skip
-
-
-def whole_gpu_pod(name: str, gpus: str) -> dict[str, Any]:
-    container = {"name": "c", "image": "x", "resources": {"limits": {keys.NVIDIA_GPU: gpus}}}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
-    }
 
 
 def test_status_and_what_if_through_kubectl(
@@ -47,7 +21,7 @@ def test_status_and_what_if_through_kubectl(
     create(kube, deployment(ns, "shares", 3, "300m", memory="10Gi"))
     pods = wait_bound(kube, ns, "shares", 3)
     for name, gpus in (("one-a", "1"), ("one-b", "1"), ("two", "2")):
-        kube.create(f"/api/v1/namespaces/{plain}/pods", whole_gpu_pod(name, gpus))
+        kube.create(f"/api/v1/namespaces/{plain}/pods", gpu_pod(name, gpus))
 
     result = kubectl_gpupack(scheduler, "status", "-n", ns, "-o", "json")
     assert result.returncode == 0, result.stderr

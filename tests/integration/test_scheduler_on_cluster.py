@@ -23,7 +23,7 @@ from tests.integration.scheduling import (
     pods_of,
     wait_bound,
 )
-from tests.integration.workloads import deployment
+from tests.integration.workloads import deployment, gpu_pod
 
 pytestmark = pytest.mark.integration
 
@@ -282,20 +282,10 @@ def test_a_gpu_pod_created_while_the_webhook_was_down_is_reported_as_holding_a_w
 ) -> None:
     ns = opted_in_namespace
 
-    def whole_gpu_pod(name: str, gpus: str) -> JSON:
-        limits = {keys.NVIDIA_GPU: gpus}
-        container = {"name": "c", "image": "x", "resources": {"limits": limits}}
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
-        }
-
     scheduler.stop_webhook()  # failurePolicy Ignore: pods are created as written
     try:
-        kube.create(f"/api/v1/namespaces/{ns}/pods", whole_gpu_pod("escaped", "1"))
-        kube.create(f"/api/v1/namespaces/{ns}/pods", whole_gpu_pod("two-gpus", "2"))
+        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod("escaped", "1"))
+        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod("two-gpus", "2"))
     finally:
         scheduler.reinstall_webhook()
 

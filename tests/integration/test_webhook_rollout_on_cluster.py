@@ -23,12 +23,13 @@ import pytest
 import yaml
 
 from gpupack import keys
-from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
+from hack.localcluster import ApiError, Kube, LocalCluster
 from hack.localcluster.processes import routable_address
-from tests.integration.tools import REPO
+from tests.integration.tools import REPO, SMALL, cluster_of_its_own
+from tests.integration.workloads import gpu_pod
 
 pytestmark = pytest.mark.integration
-SMALL = (NodePool("cpu", 1, 0, "none", 0, "16", "64Gi"),)
+SHARE = {keys.GPU_COMPUTE: "250m"}  # a pinned share: each pod is decided the same way
 
 
 def shutdown_delay() -> float:
@@ -57,7 +58,10 @@ class Burst:
                 name = f"burst-{worker}-{index}"
                 index += 1
                 try:
-                    pod = kube.create(f"/api/v1/namespaces/{self.namespace}/pods", gpu_pod(name))
+                    pod = kube.create(
+                        f"/api/v1/namespaces/{self.namespace}/pods",
+                        gpu_pod(name, annotations=SHARE),
+                    )
                 except ApiError as error:
                     with self._lock:
                         self.failed.append(f"{name}: {error}")
@@ -75,24 +79,6 @@ class Burst:
         self._stop.set()
 
 
-def gpu_pod(name: str) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {keys.GPU_COMPUTE: "250m"}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                }
-            ],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
-
-
 def audited(cluster: LocalCluster, name: str) -> int:
     path = cluster.workdir / "logs" / f"{name}.audit.log"
     return len(path.read_text().splitlines()) if path.exists() else 0
@@ -102,9 +88,7 @@ def audited(cluster: LocalCluster, name: str) -> int:
 def rollout_cluster(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[LocalCluster]:
-    if cluster is None:
-        pytest.skip("registers the webhook by Service in a cluster of its own")
-    with LocalCluster(tmp_path_factory.mktemp("rollout"), node_pools=SMALL) as local:
+    with cluster_of_its_own(tmp_path_factory, cluster, "rollout", node_pools=SMALL) as local:
         local.install_webhook()
         yield local
 
@@ -122,7 +106,10 @@ def test_a_rolling_update_during_a_burst_loses_no_admission(
     ns = kube.create_namespace("it-rollout", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
 
     def routed() -> bool:
-        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"probe-{time.monotonic_ns()}"))
+        kube.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            gpu_pod(f"probe-{time.monotonic_ns()}", annotations=SHARE),
+        )
         return audited(cluster, "webhook-old") > 0
 
     kube.wait_for("the Service's endpoint to admit pods", routed, timeout=60)

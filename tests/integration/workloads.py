@@ -56,3 +56,18 @@ def deployment(
             },
         },
     }
+
+
+def gpu_pod(name: str, gpus: str = "1", annotations: dict[str, str] | None = None) -> JSON:
+    """A bare Pod asking for `gpus` whole nvidia.com/gpu, gone at once when deleted."""
+    container = {
+        "name": "cuda",
+        "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+        "resources": {"limits": {keys.NVIDIA_GPU: gpus}},
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": dict(annotations or {})},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
+    }
