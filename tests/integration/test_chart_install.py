@@ -9,10 +9,10 @@ cluster's webhook registration.
 
 import base64
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,23 +21,20 @@ from cryptography import x509
 
 from certs import pem
 from gpupack import keys, seal
-from hack.localcluster import ApiError, Kube, LocalCluster, NodePool
+from hack.localcluster import ApiError, Kube, LocalCluster
 from hack.localcluster.chart import service_account_user
-from tests.integration.tools import REPO, gpupack_certs
+from tests.integration.tools import REPO, SMALL, cluster_of_its_own, gpupack_certs, run_module
 
 pytestmark = pytest.mark.integration
 CHART = REPO / "charts" / "gpupack"
 NS = "gpupack-system"
-SMALL = (NodePool("cpu", 1, 0, "none", 0, "16", "64Gi"),)
 
 
 @pytest.fixture(scope="module")
 def chart_cluster(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[LocalCluster]:
-    if cluster is None:
-        pytest.skip("installs into a cluster of its own: needs the local control plane")
-    with LocalCluster(tmp_path_factory.mktemp("chart"), node_pools=SMALL) as local:
+    with cluster_of_its_own(tmp_path_factory, cluster, "chart", node_pools=SMALL) as local:
         yield local
 
 
@@ -48,22 +45,33 @@ def helm(cluster: LocalCluster, *args: str) -> str:
     return result.stdout
 
 
-def hook_args(cluster: LocalCluster, values: list[str]) -> list[str]:
-    rendered = helm(
-        cluster,
-        "template",
-        "gpupack",
-        str(CHART),
-        f"--namespace={NS}",
-        "--kube-version=1.35.0",
+def rendered(cluster: LocalCluster, *values: str) -> list[dict[str, Any]]:
+    """What `helm template` renders for this release and `values`."""
+    text = helm(
+        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0",
         *values,
-    )
-    (job,) = [
-        d
-        for d in yaml.safe_load_all(rendered)
-        if d and d["kind"] == "Job" and d["metadata"]["name"] == "gpupack-certs"
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def pod_of(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The pod spec of the Job or CronJob `name` among `docs`."""
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    spec = found["spec"]["jobTemplate"]["spec"] if kind == "CronJob" else found["spec"]
+    pod: dict[str, Any] = spec["template"]["spec"]
+    return pod
+
+
+def as_service_account(cluster: LocalCluster, pod: dict[str, Any]) -> Path:
+    """A kubeconfig for the ServiceAccount `pod` runs as."""
+    user, groups = service_account_user(pod["serviceAccountName"], NS)
+    return cluster.user_kubeconfig(user, groups)
+
+
+def hook_args(cluster: LocalCluster, values: list[str]) -> list[str]:
+    args: list[str] = pod_of(rendered(cluster, *values), "Job", "gpupack-certs")["containers"][0][
+        "args"
     ]
-    args: list[str] = job["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
 
 
@@ -98,26 +106,9 @@ def gone(kube: Kube, path: str) -> bool:
 
 def uninstall_hook(cluster: LocalCluster) -> tuple[int, str]:
     """The pre-delete hook's command with the Job's arguments, as its ServiceAccount."""
-    rendered = helm(
-        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
-    )
-    (job,) = [
-        d
-        for d in yaml.safe_load_all(rendered)
-        if d and d["kind"] == "Job" and d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
-    ]
-    pod = job["spec"]["template"]["spec"]
-    user, groups = service_account_user(pod["serviceAccountName"], NS)
-    command = [sys.executable, "-m", "scheduler.uninstall", *pod["containers"][0]["args"]]
-    kubeconfig = cluster.user_kubeconfig(user, groups)
-    result = subprocess.run(
-        [*command, f"--kubeconfig={kubeconfig}"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+    pod = pod_of(rendered(cluster), "Job", "gpupack-uninstall")
+    args = pod["containers"][0]["args"]
+    result = run_module("scheduler.uninstall", as_service_account(cluster, pod), *args)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -171,14 +162,10 @@ def assert_uninstall_guard(cluster: LocalCluster, kube: Kube) -> None:
     kube.delete(f"/api/v1/namespaces/{ns}")
 
 
-def renewal_args(cluster: LocalCluster) -> tuple[list[str], str]:
-    """The renewal CronJob's arguments and ServiceAccount, as the chart renders them."""
-    rendered = helm(
-        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
-    )
-    (cronjob,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "CronJob"]
-    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    return pod["containers"][0]["args"], pod["serviceAccountName"]
+def renewal_args(cluster: LocalCluster) -> tuple[list[str], dict[str, Any]]:
+    """The renewal CronJob's arguments and pod, as the chart renders them."""
+    pod = pod_of(rendered(cluster), "CronJob", "gpupack-certs-renewal")
+    return pod["containers"][0]["args"], pod
 
 
 def assert_renewed_in_cluster(cluster: LocalCluster, kube: Kube) -> None:
@@ -200,9 +187,8 @@ def assert_renewed_in_cluster(cluster: LocalCluster, kube: Kube) -> None:
     kube.merge_patch(f"{secrets}/gpupack-webhook-tls", {"data": serving["data"]})
     bundle_before = {w["clientConfig"]["caBundle"] for w in webhook_config(kube)["webhooks"]}
 
-    args, account = renewal_args(cluster)
-    user, groups = service_account_user(account, NS)
-    as_cronjob = cluster.user_kubeconfig(user, groups)
+    args, pod = renewal_args(cluster)
+    as_cronjob = as_service_account(cluster, pod)
     result = gpupack_certs(as_cronjob, *args)
     assert result.returncode == 0, result.stderr
     assert "in the renewal window" in result.stdout
@@ -239,42 +225,25 @@ def assert_crds_upgraded(cluster: LocalCluster, kube: Kube) -> None:
     kube.request("PUT", path, stale)
     assert not update_mode_in_schema()
 
-    rendered = helm(
-        cluster, "template", "gpupack", str(CHART), f"--namespace={NS}", "--kube-version=1.35.0"
-    )
-    (job,) = [
-        d
-        for d in yaml.safe_load_all(rendered)
-        if d and d["kind"] == "Job" and d["metadata"]["name"] == "gpupack-crds"
-    ]
-    pod = job["spec"]["template"]["spec"]
-    user, groups = service_account_user(pod["serviceAccountName"], NS)
+    docs = rendered(cluster)
+    pod = pod_of(docs, "Job", "gpupack-crds")
     # The hook's ServiceAccount and RBAC exist only while hooks run: create its RBAC as
     # rendered, for the duration of this check.
     rbac = [
         d
-        for d in yaml.safe_load_all(rendered)
-        if d
-        and d["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        for d in docs
+        if d["kind"] in ("ClusterRole", "ClusterRoleBinding")
         and d["metadata"]["name"].startswith("gpupack-crds")
     ]
     for obj in rbac:
         kube.apply(obj)
     try:
-        kubeconfig = cluster.user_kubeconfig(user, groups)
-        command = [sys.executable, "-m", "webhook.crds", str(CHART / "crds")]
-        result = subprocess.run(
-            [*command, f"--kubeconfig={kubeconfig}"],
-            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
-        )  # fmt: skip
+        crds = str(CHART / "crds")  # what the Job's ConfigMap holds (tests/chart checks)
+        result = run_module("webhook.crds", as_service_account(cluster, pod), crds)
         assert result.returncode == 0, result.stderr
         assert "CustomResourceDefinition gpupolicies.gpupack.io: applied" in result.stdout
         assert update_mode_in_schema()
-        nobody = cluster.user_kubeconfig("nobody", [])
-        refused = subprocess.run(
-            [*command, f"--kubeconfig={nobody}"],
-            capture_output=True, text=True, timeout=60, check=False, cwd=REPO,
-        )  # fmt: skip
+        refused = run_module("webhook.crds", cluster.user_kubeconfig("nobody", []), crds)
         assert refused.returncode == 1
         assert "403" in refused.stderr
     finally:

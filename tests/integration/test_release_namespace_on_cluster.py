@@ -14,6 +14,7 @@ import pytest
 from gpupack import keys
 from hack.localcluster import ApiError, Kube, LocalCluster, SimulatedGpuAssigner
 from tests.integration.scheduling import FAST, FAST_LEASE, create, wait_bound
+from tests.integration.tools import cluster_of_its_own
 from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
@@ -24,9 +25,9 @@ RELEASE_NAMESPACE = "gpu-sharing"
 def released(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[LocalCluster]:
-    if cluster is None:
-        pytest.skip("installs into a cluster of its own: needs the local control plane")
-    with LocalCluster(tmp_path_factory.mktemp("released"), namespace=RELEASE_NAMESPACE) as local:
+    with cluster_of_its_own(
+        tmp_path_factory, cluster, "released", namespace=RELEASE_NAMESPACE
+    ) as local:
         local.install_webhook()
         local.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
         writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
