@@ -29,6 +29,7 @@ from gpupack.gpu_request import escaped, scan_gpus
 from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
 from gpupack.policy import PolicySet
 from gpupack.quantity import parse_compute, parse_count, parse_memory
+from gpupack.runtime.informer import object_key
 from webhook.decision import Outcome
 from webhook.mutate import MutationContext, decide
 from webhook.review import AdmissionRequest
@@ -47,10 +48,6 @@ def _live(pod: JSON) -> bool:
     return (pod.get("status") or {}).get("phase") not in TERMINAL and not _meta(pod).get(
         "deletionTimestamp"
     )
-
-
-def _key(pod: JSON) -> str:
-    return f"{_meta(pod).get('namespace', '')}/{_meta(pod).get('name', '')}"
 
 
 def gpus_asked(pod: JSON) -> int:
@@ -159,12 +156,12 @@ def status(
                 if annotations.get(keys.GPU_UUID):
                     in_use.add(annotations[keys.GPU_UUID])
             else:
-                why = last_scheduling_failure(events, _key(pod)) or "not tried yet"
-                report.waiting.append(Waiting(_key(pod), why))
+                why = last_scheduling_failure(events, object_key(pod)) or "not tried yet"
+                report.waiting.append(Waiting(object_key(pod), why))
             continue
         namespace = namespaces.get(str(meta.get("namespace")))
         if escaped(pod, namespace, {system_namespace, *excluded}):
-            report.escaped.append(_key(pod))
+            report.escaped.append(object_key(pod))
     report.in_use = len(in_use)
     return report
 
@@ -233,7 +230,7 @@ def what_if(
             group.pods += 1
             group.gpus_now += scan.total
             whole_gpus += scan.total
-            report.whole.append((_key(pod), decision.message))
+            report.whole.append((object_key(pod), decision.message))
             continue
         demand = decision.demand
         group = report.groups.setdefault((namespace, decision.policy or ""), Group())
@@ -243,7 +240,7 @@ def what_if(
         group.memory += demand.memory
         pools[demand.pool].append(
             Allocation(
-                _key(pod),
+                object_key(pod),
                 demand.compute,
                 demand.memory,
                 f"{namespace}/{demand.workload}",
@@ -270,7 +267,7 @@ def what_if(
 
 def _request(pod: JSON, namespace: str) -> AdmissionRequest:
     return AdmissionRequest(
-        uid=f"what-if/{_key(pod)}",
+        uid=f"what-if/{object_key(pod)}",
         operation="CREATE",
         namespace=namespace,
         name=str(_meta(pod).get("name", "")),
@@ -336,7 +333,7 @@ def what_if_json(result: WhatIf) -> JSON:
 def why_pending(pod: JSON, events: Sequence[JSON], capacity: Sequence[JSON]) -> list[str]:
     """Lines that say why `pod` waits, from its own state, its last FailedScheduling
     Event and the capacity pods of its pool."""
-    key, spec = _key(pod), pod.get("spec") or {}
+    key, spec = object_key(pod), pod.get("spec") or {}
     annotations = annotations_of(pod)
     phase = (pod.get("status") or {}).get("phase", "")
     if spec.get("nodeName"):

@@ -78,12 +78,10 @@ def prometheus_over(frames: Sequence[Frame], bin_dir: Path) -> Iterator[Promethe
             capture_output=True,
             timeout=300,
         )
-        prometheus = Prometheus(str(bin_dir / "prometheus"), work)
-        prometheus.start({"global": {}}, storage=data, retention="100y")
-        try:
+        with Prometheus(str(bin_dir / "prometheus"), work).start(
+            {"global": {}}, storage=data, retention="100y"
+        ) as prometheus:
             yield prometheus
-        finally:
-            prometheus.stop()
 
 
 def as_grafana(expr: str) -> str:
