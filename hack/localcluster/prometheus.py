@@ -84,7 +84,7 @@ def scrape_configs(
     jobs = []
     for service, members in sorted(by_service.items()):
         job: JSON = {
-            "job_name": f"serviceMonitor/{namespace}/gpupack-webhook/{service}",
+            "job_name": service,  # the `job` label: the Service's name, as the operator sets it
             "scrape_interval": interval,
             "scrape_timeout": interval,
             "metrics_path": endpoint.get("path", "/metrics"),
@@ -93,7 +93,6 @@ def scrape_configs(
                 {
                     "targets": [f"{t.host}:{t.port}"],
                     "labels": {
-                        "job": service,
                         "namespace": namespace,
                         "service": service,
                         "pod": t.pod,
