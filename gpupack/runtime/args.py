@@ -4,7 +4,8 @@
   (`15s`, `1m30s`, `500ms`, `2h`; a plain number is seconds), positive numbers. A bad
   value is argparse's usage error naming the value and the accepted form, the same
   wording in every binary.
-- `conventions(parser)`, called last by every binary's `build_parser`: `--version`, and
+- `conventions(parser)`, called last by every binary's `build_parser`: `--version`,
+  durations' defaults shown as durations in the help (`5m`), and
   every option also settable by an environment variable named after its first long
   option (`--grace-period` is `GPUPACK_GRACE_PERIOD`), which the help shows. A flag on the
   command line wins over the environment; a bad value in the environment is a usage
@@ -167,7 +168,12 @@ def _environment(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
         if name is None:
             continue
         if action.help is not argparse.SUPPRESS:
-            action.help = f"{action.help or ''} [env {name}]".strip()
+            text = action.help or ""
+            if action.type in (positive_seconds, non_negative_seconds) and isinstance(
+                action.default, int | float
+            ):  # a duration's default as it is written: 5m, not 300.0
+                text = text.replace("%(default)s", format_duration(action.default))
+            action.help = f"{text} [env {name}]".strip()
         if name in env:
             action.default = _from_environment(parser, action, name, env[name])
             action.required = False

@@ -80,7 +80,9 @@ def test_a_bad_value_names_itself(parse: Callable[[str], float], text: str, mess
 
 def parser(environ: dict[str, str]) -> argparse.ArgumentParser:
     built = argparse.ArgumentParser(prog="gpupack-test")
-    built.add_argument("--grace-period", type=positive_seconds, default=300.0)
+    built.add_argument(
+        "--grace-period", type=positive_seconds, default=300.0, help="(default: %(default)s)"
+    )
     built.add_argument("--log-level", choices=("info", "debug"), default="info")
     built.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     built.add_argument("--dns-name", action="append", default=[])
@@ -126,7 +128,7 @@ def test_a_bad_variable_is_a_usage_error_naming_it(
 
 def test_version_and_the_variables_are_in_the_help(capsys: pytest.CaptureFixture[str]) -> None:
     built = parser({})
-    assert "[env GPUPACK_GRACE_PERIOD]" in built.format_help()
+    assert "(default: 5m) [env GPUPACK_GRACE_PERIOD]" in " ".join(built.format_help().split())
     with pytest.raises(SystemExit) as exit_:
         built.parse_args(["--version"])
     assert exit_.value.code == 0
