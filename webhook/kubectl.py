@@ -51,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     status = commands.add_parser("status", help="GPUs held vs asked for, shares, waiting pods")
-    status.add_argument("-n", "--namespace", help="only this namespace's shares and pods")
+    status.add_argument(
+        "-n",
+        "--namespace",
+        help="only this namespace's pods (GPUs held stay the cluster's: they serve every "
+        "namespace)",
+    )
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     status.set_defaults(run=run_status)
 
@@ -135,21 +140,24 @@ def _policies(kube: Transport, namespace: str) -> Any:
 
 
 def run_status(args: argparse.Namespace, kube: Transport) -> int:
-    pods = _pods(kube, None)
+    pods = _pods(kube, args.namespace)
+    if args.namespace and args.namespace != args.gpupack_namespace:
+        pods += _pods(kube, args.gpupack_namespace)  # the capacity pods serve every namespace
     where = f"/api/v1/namespaces/{args.namespace}/events" if args.namespace else "/api/v1/events"
     events = _items(kube, where, fieldSelector="reason=FailedScheduling")
     namespaces = _by_name(_items(kube, "/api/v1/namespaces", labelSelector=keys.OPTIMIZE))
     result = report.status(pods, namespaces, events, system_namespace=args.gpupack_namespace)
-    if args.namespace:
-        result.namespaces = {k: v for k, v in result.namespaces.items() if k == args.namespace}
-        result.waiting = [w for w in result.waiting if w.pod.startswith(f"{args.namespace}/")]
-        result.escaped = [p for p in result.escaped if p.startswith(f"{args.namespace}/")]
     if args.output == "json":
-        print(json.dumps(_status_json(result), indent=2))
+        print(json.dumps(_status_json(result, args.namespace), indent=2))
         return 0
-    print(f"GPUs held       {result.held} (+{result.coming} coming)   in use {result.in_use}")
-    print(f"GPUs asked for  {result.asked} (one whole GPU per fractional pod)")
-    print(f"GPUs saved      {result.saved}")
+    if args.namespace:  # held GPUs serve every namespace: no saving of one namespace alone
+        print(f"{args.namespace}: {_count(result.asked, 'whole GPU')} asked for, shared on "
+              f"{_count(result.in_use, 'GPU')}; gpupack holds {result.held} "
+              f"(+{result.coming} coming) for all namespaces")  # fmt: skip
+    else:
+        print(f"GPUs held       {result.held} (+{result.coming} coming)   in use {result.in_use}")
+        print(f"GPUs asked for  {result.asked} (one whole GPU per fractional pod)")
+        print(f"GPUs saved      {result.saved}")
     rows = [["NAMESPACE", "PODS", "GPUS ASKED", "COMPUTE", "MEMORY"]]
     for name, share in sorted(result.namespaces.items()):
         rows.append(
@@ -170,13 +178,14 @@ def run_status(args: argparse.Namespace, kube: Transport) -> int:
     return 0
 
 
-def _status_json(result: report.Status) -> JSON:
+def _status_json(result: report.Status, namespace: str | None) -> JSON:
     return {
+        "namespace": namespace,  # None: every namespace; else the counts below but held
         "gpusHeld": result.held,
         "gpusComing": result.coming,
         "gpusInUse": result.in_use,
         "gpusAskedFor": result.asked,
-        "gpusSaved": result.saved,
+        "gpusSaved": None if namespace else result.saved,
         "namespaces": {
             name: {
                 "pods": share.pods,

@@ -30,7 +30,10 @@ def test_status_and_what_if_through_kubectl(
     assert status["namespaces"][ns]["gpusAskedFor"] == 3
     assert status["namespaces"][ns]["compute"] == "900m"
     assert status["gpusHeld"] >= 1
-    assert "GPUs saved" in kubectl_gpupack(scheduler, "status", "-n", ns).stdout
+    assert status["gpusSaved"] is None  # held GPUs serve every namespace
+    line = kubectl_gpupack(scheduler, "status", "-n", ns).stdout.splitlines()[0]
+    assert line.startswith(f"{ns}: 3 whole GPUs asked for, shared on ")
+    assert "GPUs saved" in kubectl_gpupack(scheduler, "status").stdout
 
     def bound_what_if() -> dict[str, Any] | None:
         result = kubectl_gpupack(scheduler, "what-if", "-n", plain, "-o", "json")
