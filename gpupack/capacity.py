@@ -23,17 +23,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from gpupack import keys
+from gpupack import keys, mps
 from gpupack.kube import JSON
+from gpupack.pool import is_mps
 
 FULL_GPU: Final = 1000  # compute millis in one GPU
 NAME_PREFIX: Final = "gpupack-capacity"
 CONTAINER_NAME: Final = "capacity"
 DEFAULT_IMAGE: Final = "registry.k8s.io/pause:3.10"
+GPUPACK_IMAGE: Final = "ghcr.io/gpupack/gpupack"  # MPS pools' capacity pods run gpupack's
 CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked for the GPU
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 COMPONENT: Final = "app.kubernetes.io/component"
 PAUSE_USER: Final = 65535  # the pause image's nobody user
+SHARING: Final = f"{keys.DOMAIN}/sharing"  # label on an MPS pool's capacity pods: "mps"
 HOSTNAME: Final = "kubernetes.io/hostname"
 INHERITED: Final = (
     "nodeSelector",
@@ -206,6 +209,11 @@ def plan(
     return Plan(tuple(b.freeze() for b in bins), tuple(oversized))
 
 
+def default_mps_image(version: str) -> str:
+    """gpupack's own image at `version`: what an MPS pool's capacity pods run."""
+    return f"{GPUPACK_IMAGE}:{version}"
+
+
 def capacity_name(pool: str, index: int) -> str:
     return f"{NAME_PREFIX}-{pool}-{index}"
 
@@ -270,11 +278,14 @@ def capacity_pod(
     index: int,
     created_for: str,
     image: str = DEFAULT_IMAGE,
+    mps_image: str | None = None,
     namespace: str = keys.SYSTEM_NAMESPACE,
     steer: Sequence[str] = (),
     packed: Sequence[str] = (),
 ) -> JSON:
-    """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else.
+    """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else,
+    or, for an MPS pool (`gpupack.pool.is_mps`), runs the GPU's MPS control daemon
+    (`mps_daemon_container`, in `mps_image`, gpupack's own).
 
     It inherits the workload's scheduling metadata (nodeSelector, node affinity,
     tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
@@ -288,6 +299,9 @@ def capacity_pod(
     No owner reference: owners cannot cross namespaces.
     """
     one_gpu = {keys.NVIDIA_GPU: "1"}
+    daemon = is_mps(scheduling)
+    if daemon and not mps_image:
+        raise ValueError("an MPS pool's capacity pod needs an image with gpupack-mps-daemon")
     container: JSON = {
         "name": CONTAINER_NAME,
         "image": image,
@@ -313,6 +327,16 @@ def capacity_pod(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         **{k: copy.deepcopy(v) for k, v in scheduling.items() if k in INHERITED},
     }
+    labels = {
+        keys.ROLE: keys.ROLE_CAPACITY,
+        keys.POOL: pool,
+        MANAGED_BY: "gpupack",
+        COMPONENT: "capacity",
+    }
+    if daemon:
+        spec["containers"] = [mps_daemon_container(container, str(mps_image))]
+        spec["volumes"] = [mps.volume()]
+        labels[SHARING] = mps.SHARING_MPS
     _prefer(spec, steer, packed)
     return {
         "apiVersion": "v1",
@@ -320,13 +344,55 @@ def capacity_pod(
         "metadata": {
             "name": capacity_name(pool, index),
             "namespace": namespace,
-            "labels": {
-                keys.ROLE: keys.ROLE_CAPACITY,
-                keys.POOL: pool,
-                MANAGED_BY: "gpupack",
-                COMPONENT: "capacity",
-            },
+            "labels": labels,
             "annotations": {CREATED_FOR: created_for},
         },
         "spec": spec,
+    }
+
+
+DAEMON_USER: Final = 0
+# What nvidia-cuda-mps-control needs beyond a plain process: it starts each MPS server
+# as the user of the client that asked for it (setuid, setgid), and that server writes
+# the shared pipe and log directories it does not own.
+DAEMON_CAPABILITIES: Final = ("SETUID", "SETGID", "CHOWN", "DAC_OVERRIDE", "FOWNER")
+
+
+def mps_daemon_container(holder: JSON, image: str) -> JSON:
+    """The capacity container of an MPS pool: it holds the GPU as the pause container does
+    and runs `gpupack-mps-daemon`, which supervises the GPU's MPS control daemon.
+
+    The NVIDIA container runtime mounts `nvidia-cuda-mps-control` into the container
+    (driver capability `compute`). The daemon runs as root, because MPS starts each
+    server as the user of its clients, with only the capabilities that needs; no
+    privilege. Ready once the daemon answers on its pipe (`--check`)."""
+    check = {"exec": {"command": [mps.DAEMON_COMMAND, "--check"]}}
+    return {
+        **holder,
+        "image": image,
+        "command": [mps.DAEMON_COMMAND],
+        "env": [
+            {"name": keys.ENV_DRIVER_CAPABILITIES, "value": mps.DAEMON_DRIVER_CAPABILITIES},
+            *mps.environment(),
+        ],
+        "volumeMounts": mps.volume_mounts(),
+        "resources": {
+            "limits": {keys.NVIDIA_GPU: "1"},
+            "requests": {keys.NVIDIA_GPU: "1", "cpu": "10m", "memory": "64Mi"},
+        },
+        "readinessProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 5},
+        "livenessProbe": {
+            **check,
+            "initialDelaySeconds": 30,
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "runAsUser": DAEMON_USER,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"], "add": list(DAEMON_CAPABILITIES)},
+        },
     }

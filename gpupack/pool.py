@@ -1,10 +1,11 @@
 """The pool key: pods whose inherited scheduling metadata is equal share capacity pods.
 
 A capacity pod inherits the workload's nodeSelector, node affinity, tolerations,
-priorityClassName and runtimeClassName (DESIGN.md, Capacity pods). The key is a stable
-hash of exactly those fields, so the webhook and the scheduler agree on it across
-processes, restarts and releases. Order that Kubernetes treats as a set (tolerations,
-map keys) does not change the key.
+priorityClassName and runtimeClassName (docs/architecture.md). The key is
+a stable hash of exactly those fields, plus a mark for `real-time-mps` pods (their GPUs
+run an MPS daemon and must never take other pods), so the webhook and the scheduler
+agree on it across processes, restarts and releases. Order that Kubernetes treats as a
+set (tolerations, map keys) does not change the key.
 """
 
 import hashlib
@@ -12,12 +13,17 @@ import json
 from typing import Any, Final
 
 from gpupack.kube import JSON, PodSpec
+from gpupack.mps import SHARING_MPS
 
 KEY_LENGTH: Final = 16  # hex characters; fits in a label value and a pod name
+# Not a pod field: an MPS pool's metadata says so, which gives it a key of its own (its
+# GPUs run an MPS daemon and take only MPS pods) and tells `capacity_pod` what to build.
+SHARING: Final = "sharing"
 
 
-def scheduling_metadata(spec: PodSpec) -> JSON:
-    """The fields of a pod spec that a capacity pod inherits, with empty values dropped."""
+def scheduling_metadata(spec: PodSpec, *, mps: bool = False) -> JSON:
+    """The fields of a pod spec that a capacity pod inherits, with empty values dropped;
+    with `mps`, the mark of an MPS pool."""
     inherited: JSON = {}
     if spec.get("nodeSelector"):
         inherited["nodeSelector"] = dict(spec["nodeSelector"])
@@ -30,7 +36,14 @@ def scheduling_metadata(spec: PodSpec) -> JSON:
         value = spec.get(field)
         if value:
             inherited[field] = value
+    if mps:
+        inherited[SHARING] = SHARING_MPS
     return inherited
+
+
+def is_mps(inherited: JSON) -> bool:
+    """Scheduling metadata of an MPS pool."""
+    return inherited.get(SHARING) == SHARING_MPS
 
 
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -44,9 +57,9 @@ _MEMO_SIZE: Final = 4096
 _memo: dict[str, str] = {}  # repr of the metadata -> key; the admission hot path
 
 
-def pool_key(spec: PodSpec) -> str:
-    """Stable hex digest of the inherited scheduling metadata."""
-    return metadata_key(scheduling_metadata(spec))
+def pool_key(spec: PodSpec, *, mps: bool = False) -> str:
+    """Stable hex digest of the inherited scheduling metadata (and the MPS mark)."""
+    return metadata_key(scheduling_metadata(spec, mps=mps))
 
 
 def metadata_key(inherited: JSON) -> str:

@@ -13,8 +13,9 @@ from typing import Final, cast
 from gpupack import codec, keys
 from gpupack.capacity import Allocation
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, annotations_of, workload_of
+from gpupack.kube import JSON, Pod, PodSpec, annotations_of, workload_of
 from gpupack.policy import BUILTIN, Sharing
+from gpupack.pool import metadata_key, scheduling_metadata
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,17 @@ def is_exclusive(annotations: dict[str, str]) -> bool:
         return enforcement == Sharing.MPS.value
     policy = BUILTIN.get(annotations.get(keys.POLICY, ""))
     return policy is not None and policy.sharing is Sharing.MPS
+
+
+def scheduling_of(pod: JSON) -> JSON:
+    """The scheduling metadata a fractional pod's capacity pods inherit, MPS mark included."""
+    spec = cast(PodSpec, pod.get("spec") or {})
+    return scheduling_metadata(spec, mps=is_exclusive(annotations_of(pod)))
+
+
+def pool_of(pod: JSON) -> str:
+    """The pool of a fractional pod: the key of `scheduling_of`."""
+    return metadata_key(scheduling_of(pod))
 
 
 def pod_allocation(pod: JSON) -> Allocation | None:

@@ -19,9 +19,9 @@ from typing import Final
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpupack import keys, seal
-from gpupack.capacity import DEFAULT_IMAGE
+from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
 from gpupack.runtime import shell
-from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds
+from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds, version
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.extender import Extender
@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
+    add(
+        "--mps-image",
+        default=default_mps_image(version()),
+        help="image of the capacity pods of real-time-mps GPUs, which run the GPU's MPS "
+        "daemon: gpupack's own",
+    )
     add(
         "--scorer",
         choices=("fragmentation", "packing"),
@@ -179,6 +185,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         grace_period=args.grace_period,
         orphan_grace=args.orphan_grace,
         capacity_image=args.capacity_image,
+        mps_image=args.mps_image,
         workers=max(1, args.workers),
         reservation_timeout=args.reservation_timeout,
     )

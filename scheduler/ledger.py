@@ -188,7 +188,7 @@ def request_of(pod: JSON, key: bytes | None = None) -> Request | NotOurs:
         compute=allocation.compute,
         gpu_memory=allocation.memory,
         gpus=1,
-        pool=pool_key(spec),
+        pool=pool_key(spec, mps=allocation.exclusive),
         owner=allocation.owner,
         exclusive=allocation.exclusive,
     )

@@ -36,10 +36,9 @@ from gpupack import keys
 from gpupack.capacity import Allocation, holding_nodes, plan
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
-from gpupack.pool import scheduling_metadata
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.capacity import CapacityCreator
-from gpupack.shares import workload
+from gpupack.shares import scheduling_of, workload
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
@@ -75,7 +74,10 @@ class Lifecycle:
         self._submit = submit
         self._metrics = metrics
         self._creator = CapacityCreator(
-            kube, namespace=settings.namespace, image=settings.capacity_image
+            kube,
+            namespace=settings.namespace,
+            image=settings.capacity_image,
+            mps_image=settings.mps_image,
         )
         self._empty_since: dict[str, float] = {}
         self._orphan_since: dict[str, float] = {}
@@ -99,7 +101,7 @@ class Lifecycle:
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
         names = self._creator.claim(pool, missing, used)
-        spec = scheduling_metadata(example.get("spec") or {})
+        spec = scheduling_of(example)
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
         packed = holding_nodes(c.pod for c in self.cache.capacity.values()) if names else []
         for name in names:

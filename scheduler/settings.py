@@ -14,6 +14,7 @@ class Settings:
     grace_period: float = 300.0  # seconds a capacity pod may stay empty
     orphan_grace: float = 30.0  # seconds before a pod on a vanished GPU is evicted
     capacity_image: str = DEFAULT_IMAGE
+    mps_image: str | None = None  # MPS pools' capacity pods
     workers: int = 8  # threads for capacity writes
     housekeeping_interval: float = 2.0
     reservation_timeout: float = 60.0  # seconds a GPU share is held from filter for a bind

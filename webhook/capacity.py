@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol, cast
+from typing import Final, Protocol
 
 from gpupack import keys
 from gpupack.capacity import (
@@ -33,10 +33,9 @@ from gpupack.capacity import (
     holding_nodes,
     plan,
 )
-from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
-from gpupack.pool import pool_key
+from gpupack.kube import JSON, annotations_of, labels_of
 from gpupack.runtime.capacity import CREATE_BUDGET, CapacityCreator, Created
-from gpupack.shares import gpu_memory, is_live, pod_allocation
+from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient
 
@@ -80,7 +79,7 @@ def capacity_pool(pod: JSON) -> list[str]:
 
 
 def fractional_pool(pod: JSON) -> list[str]:
-    return [pool_key(cast(PodSpec, pod.get("spec") or {}))]
+    return [pool_of(pod)]
 
 
 def decision_of(pod: JSON) -> list[str]:
@@ -120,6 +119,7 @@ class CapacityManager:
         fractional_pods: PodCache,
         *,
         image: str = DEFAULT_IMAGE,
+        mps_image: str | None = None,
         namespace: str = keys.SYSTEM_NAMESPACE,
         ttl: float = RESERVATION_TTL,
         clock: Callable[[], float] = time.monotonic,
@@ -137,6 +137,7 @@ class CapacityManager:
             client,
             namespace=namespace,
             image=image,
+            mps_image=mps_image,
             ttl=ttl,
             clock=clock,
             sleep=sleep,

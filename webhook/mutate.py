@@ -14,7 +14,9 @@ initial allocation; memory capped at the GPU the nodeSelector picks. User-suppli
 values of the scheduler-only and webhook-only annotations are stripped on every path,
 skipped pods included. A rewritten pod is sealed (`gpupack.io/seal`) and charged its
 share as extended resources on its GPU container (`gpupack.io/gpu-compute-milli`,
-`gpupack.io/gpu-memory`), so ResourceQuotas bind."""
+`gpupack.io/gpu-memory`), so ResourceQuotas bind. A `real-time-mps` pod also gets its
+MPS limits and wiring (`webhook.mps`): the CSI volume that holds its GPU's MPS pipes
+and shared memory, mounted in each GPU container."""
 
 import math
 import secrets
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpupack import keys, seal
+from gpupack import mps as gpupack_mps
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
 from gpupack.gpu_request import GpuScan, GpuSlot, scan_gpus
@@ -32,7 +35,7 @@ from gpupack.policy import Policy, PolicySet, Sharing, UpdateMode
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
-from webhook import patch, scope
+from webhook import mps, patch, scope
 from webhook.decision import Decision, Demand, Outcome, Reason
 from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
@@ -143,9 +146,14 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
     ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped, ctx)
+    warnings = choice.warnings
+    if choice.policy.sharing is Sharing.MPS:
+        wired = mps.wiring(spec, gpus.slots)
+        ops += wired.ops
+        warnings += wired.warnings
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
-    scheduling = scheduling_metadata(spec)
+    scheduling = scheduling_metadata(spec, mps=choice.policy.sharing is Sharing.MPS)
     return Decision(
         Outcome.MUTATED,
         Reason.MUTATED,
@@ -163,7 +171,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         owner_kind=owner_kind,
         owner_name=owner_name,
         stripped=stripped,
-        warnings=choice.warnings,
+        warnings=warnings,
         demand=Demand(
             decision_id=request.uid,
             pool=metadata_key(scheduling),
@@ -303,6 +311,7 @@ def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
         env.append(_env_var(keys.ENV_MPS_THREAD_PERCENTAGE, str(percentage)))
         limit_mib = max(1, allocation.memory // MIB)
         env.append(_env_var(keys.ENV_MPS_MEMORY_LIMIT, f"0={limit_mib}M"))
+        env.extend(gpupack_mps.environment())
     return env
 
 

@@ -383,9 +383,9 @@ def why_pending(pod: JSON, events: Sequence[JSON], capacity: Sequence[JSON]) -> 
 
 
 def _pool_of(pod: JSON) -> str:
-    from gpupack.pool import metadata_key, scheduling_metadata  # noqa: PLC0415
+    from gpupack.shares import pool_of  # noqa: PLC0415
 
     try:
-        return metadata_key(scheduling_metadata(cast(PodSpec, pod.get("spec") or {})))
+        return pool_of(pod)
     except (ContractError, KeyError, TypeError):
         return ""

@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from gpupack import keys, seal
+from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
 from gpupack.runtime import config
-from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds
+from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds, version
 from gpupack.runtime.endpoints import ANY, listen_family
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments
@@ -35,7 +36,6 @@ from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metr
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
 
-DEFAULT_CAPACITY_IMAGE: Final = "registry.k8s.io/pause:3.10"
 EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 LIMIT_CONCURRENCY: Final = 1000
@@ -112,9 +112,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--capacity-image",
-        default=DEFAULT_CAPACITY_IMAGE,
+        default=DEFAULT_IMAGE,
         metavar="IMAGE",
         help="image of the capacity pods that hold a GPU (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mps-image",
+        default=default_mps_image(version()),
+        metavar="IMAGE",
+        help="image of the capacity pods of real-time-mps GPUs, which run the GPU's MPS "
+        "daemon: gpupack's own (default: %(default)s)",
     )
     limits = DEFAULT_LIMITS
     parser.add_argument(
@@ -253,6 +260,7 @@ def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> Cluste
     cluster: ClusterPort | None = connect(
         args.kubeconfig,
         capacity_image=args.capacity_image,
+        mps_image=args.mps_image,
         system_namespace=args.namespace,
         on_capacity_created=metrics.capacity_pods_created,
         on_capacity_failed=lambda _detail: metrics.error(ErrorKind.CAPACITY),

@@ -59,6 +59,7 @@ class CapacityCreator:
     client: PodCreator
     namespace: str = keys.SYSTEM_NAMESPACE
     image: str = DEFAULT_IMAGE
+    mps_image: str | None = None  # MPS pools' capacity pods (gpupack's image)
     ttl: float = IN_FLIGHT_TTL
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
@@ -128,6 +129,7 @@ class CapacityCreator:
                 index=index,
                 created_for=created_for,
                 image=self.image,
+                mps_image=self.mps_image,
                 namespace=self.namespace,
                 steer=steer,
                 packed=packed,

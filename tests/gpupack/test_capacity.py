@@ -273,6 +273,38 @@ def test_capacity_pod_holds_one_gpu_and_inherits_the_scheduling_metadata() -> No
     assert spec["enableServiceLinks"] is False
 
 
+def test_an_mps_pools_capacity_pod_runs_the_daemon_on_the_shared_mps_volume() -> None:
+    scheduling = {**SCHEDULING, "sharing": "mps"}
+    pod = capacity_pod(POOL, scheduling, index=0, created_for="ml/Deployment/llm", mps_image="g:1")
+
+    kubernetes_validate.validate(pod, "1.34", strict=True)
+    assert pod["metadata"]["labels"]["gpupack.io/sharing"] == "mps"
+    assert "sharing" not in pod["spec"]  # a mark of the pool, not a pod field
+    assert pod["spec"]["volumes"] == [{"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}}]
+    (container,) = pod["spec"]["containers"]
+    assert (container["image"], container["command"]) == ("g:1", ["gpupack-mps-daemon"])
+    assert container["resources"]["limits"] == {keys.NVIDIA_GPU: "1"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpupack/mps/pipe",
+        "CUDA_MPS_LOG_DIRECTORY": "/run/gpupack/mps/log",
+    }
+    mounts = {m["mountPath"]: m.get("subPath") for m in container["volumeMounts"]}
+    assert mounts == {"/run/gpupack/mps": None, "/dev/shm": "shm"}
+    assert container["readinessProbe"]["exec"]["command"] == ["gpupack-mps-daemon", "--check"]
+    security = container["securityContext"]
+    assert security.get("privileged") is not True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert "SYS_ADMIN" not in security["capabilities"]["add"]
+
+
+def test_an_mps_pool_without_a_daemon_image_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="MPS pool"):
+        capacity_pod(POOL, {"sharing": "mps"}, index=0, created_for="ml/Deployment/llm")
+
+
 def test_capacity_pod_prefers_where_the_pod_may_go_then_nodes_already_holding_gpus() -> None:
     """Both preferences are node affinity, so their weights add in one plugin: a node of
     `steer` (100) beats one merely holding capacity pods (50); one in both wins (150).

@@ -85,3 +85,11 @@ def test_the_key_leaves_the_metadata_it_was_given_as_it_was() -> None:
     before = repr(inherited)
     assert metadata_key(inherited) == pool_key(spec)
     assert repr(inherited) == before  # tolerations keep the user's order
+
+
+def test_an_mps_pool_is_a_pool_of_its_own_and_other_pools_keep_their_keys() -> None:
+    assert pool_key(SPEC, mps=True) != pool_key(SPEC)
+    assert pool_key(SPEC, mps=False) == pool_key(SPEC)
+    # Existing pools keep their keys across the upgrade that added MPS pools.
+    assert pool_key({"containers": []}, mps=True) != "44136fa355b3678a"
+    assert scheduling_metadata(SPEC, mps=True)["sharing"] == "mps"

@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 
 from gpupack import keys
+from gpupack.shares import pool_of
 from scheduler.ledger import (
     NotOurs,
     assignment_of,
@@ -111,6 +112,19 @@ def test_an_admitted_pod_becomes_a_request_of_its_pool_and_workload() -> None:
     assert request.owner == "ml/Pod/p"
     assert request.pool
     assert not request.exclusive
+
+
+def test_an_mps_pod_asks_for_a_gpu_of_its_own_pool_the_pool_the_webhook_planned() -> None:
+    shares = {keys.DECISION: "uid-1", keys.GPU_COMPUTE: "300m", keys.GPU_MEMORY: "8Gi"}
+    plain = request_of(fractional(shares, nodeSelector={"a": "b"}))
+    pod = fractional({**shares, keys.ENFORCEMENT: "mps"}, nodeSelector={"a": "b"})
+    mps = request_of(pod)
+
+    assert isinstance(plain, Request)
+    assert isinstance(mps, Request)
+    assert mps.exclusive
+    assert mps.pool != plain.pool  # so no other pod ever lands on an MPS GPU
+    assert mps.pool == pool_of(pod)  # the webhook's informer indexes it by the same key
 
 
 def test_a_pod_without_a_decision_is_not_placed_whatever_it_claims() -> None:

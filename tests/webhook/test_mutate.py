@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
+import kubernetes_validate
 import pytest
 
 from gpupack import keys, seal
@@ -132,6 +133,23 @@ def env_names_are(names: list[str], index: int = 0, field_name: str = "container
         assert [e["name"] for e in env_of(pod, index, field_name)] == names
 
     return check
+
+
+MPS_VOLUME = {"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}}
+MPS_MOUNTS = [
+    {"name": "gpupack-mps", "mountPath": "/run/gpupack/mps"},
+    {"name": "gpupack-mps", "mountPath": "/dev/shm", "subPath": "shm"},
+]
+
+
+def mps_wired(pod: Pod, decision: Decision) -> None:
+    assert pod["spec"]["volumes"].count(MPS_VOLUME) == 1
+    (container,) = pod["spec"]["containers"]
+    for mount in MPS_MOUNTS:
+        assert container["volumeMounts"].count(mount) == 1
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpupack/mps/pipe"
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/gpupack/mps/log"
 
 
 def mps_limits(percentage: str, memory: str) -> Check:
@@ -690,7 +708,7 @@ CASES = [
             ),
             Outcome.MUTATED,
             Reason.MUTATED,
-            checks=[mps_limits("25", "0=10240M")],
+            checks=[mps_limits("25", "0=10240M"), mps_wired],
         ),
         id="mps-limits",
     ),
@@ -860,3 +878,53 @@ def test_the_share_is_charged_as_quota_resources_on_the_gpu_container() -> None:
         assert resources[section][keys.RESOURCE_COMPUTE] == "250"
         assert resources[section][keys.RESOURCE_MEMORY] == "3Gi"
         assert keys.NVIDIA_GPU not in resources[section]
+
+
+def mps_pod(**spec: Any) -> Pod:
+    pod = annotated(deployment_pod(), {keys.POLICY: "real-time-mps"})
+    pod["spec"].update(spec)
+    return pod
+
+
+def test_an_mps_pod_keeps_its_volumes_and_mounts_beside_the_mps_wiring() -> None:
+    pod = mps_pod(volumes=[{"name": "model", "emptyDir": {}}])
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "model", "mountPath": "/model"}]
+    decision = decide(request(pod), MutationContext())
+    result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
+
+    assert result["spec"]["volumes"] == [{"name": "model", "emptyDir": {}}, MPS_VOLUME]
+    mounts = result["spec"]["containers"][0]["volumeMounts"]
+    assert mounts == [{"name": "model", "mountPath": "/model"}, *MPS_MOUNTS]
+    assert decision.warnings == ()
+    kubernetes_validate.validate(result, "1.34", strict=True)
+
+
+def test_an_mps_pods_own_dev_shm_gives_way_to_the_servers_and_the_decision_says_so() -> None:
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
+    pod = mps_pod(volumes=[shm])
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    decision = decide(request(pod), MutationContext())
+    result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
+
+    assert result["spec"]["containers"][0]["volumeMounts"] == MPS_MOUNTS
+    assert result["spec"]["volumes"] == [shm, MPS_VOLUME]  # unused now, but not lost
+    (warning,) = decision.warnings
+    assert "'dshm' is no longer mounted at /dev/shm" in warning
+    kubernetes_validate.validate(result, "1.34", strict=True)
+
+
+def test_a_pod_of_another_policy_gets_no_mps_wiring() -> None:
+    pod = annotated(deployment_pod(), {keys.POLICY: "real-time"})
+    result: Pod = jsonpatch.apply_patch(pod, list(decide(request(pod), MutationContext()).patch))
+    assert "volumes" not in result["spec"]
+    assert not any(e["name"].startswith("CUDA_MPS") for e in env_of(result))
+
+
+def test_an_mps_pods_gpu_init_container_is_wired_too() -> None:
+    pod = mps_pod()
+    pod["spec"]["initContainers"] = [pod["spec"]["containers"][0]]
+    pod["spec"]["containers"] = [{"name": "sidecar", "image": "busybox"}]
+    decision = decide(request(pod), MutationContext())
+    result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
+    assert result["spec"]["initContainers"][0]["volumeMounts"] == MPS_MOUNTS
+    assert "volumeMounts" not in result["spec"]["containers"][0]
