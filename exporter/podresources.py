@@ -9,7 +9,7 @@ This module owns three things:
 
 - the values (`PodResources`, `ContainerResources`, `ContainerDevices`): the part of the
   API's messages gpupack reads;
-- the codec: those messages in the protobuf wire format, encoded and decoded by hand so
+- the codec: those messages in the protobuf wire format (`exporter.protowire`), by hand so
   the exporter needs neither the `protobuf` runtime nor generated code. Fields gpupack
   does not model (cpu_ids, memory, dynamic_resources, topology, any added later) are
   skipped; malformed input raises `PodResourcesError` naming what was wrong;
@@ -35,6 +35,7 @@ Field numbers, from api.proto in k8s.io/kubelet v0.35.4:
                                    repeated ContainerMemory memory = 3; }
 """
 
+import contextlib
 import os
 import stat
 import threading
@@ -42,9 +43,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self, TypeAlias, TypeVar
+from typing import Final, Self, TypeVar
 
 import grpc
+
+from exporter import protowire as wire
 
 DEFAULT_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 SERVICE: Final = "v1.PodResourcesLister"
@@ -97,148 +100,69 @@ class PodResources:
         return tuple(dict.fromkeys(ids))
 
 
-# --- protobuf wire format -----------------------------------------------------------
-
-_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = range(6)
-# A field's value: a varint or fixed-width number, or a length-delimited payload.
-_Value: TypeAlias = int | memoryview
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(payload)) + payload
-
-
-def _str_field(number: int, text: str) -> bytes:
-    return _len_field(number, text.encode())
-
-
-def _read_varint(data: memoryview, pos: int, message: str) -> tuple[int, int]:
-    start, result = pos, 0
-    for shift in range(0, 70, 7):  # at most 10 bytes
-        if pos >= len(data):
-            raise PodResourcesError(f"{message}: truncated varint at byte {pos}")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            if result >> 64:
-                break
-            return result, pos
-    raise PodResourcesError(f"{message}: varint longer than 64 bits at byte {start}")
-
-
-def _fields(data: memoryview, message: str) -> Iterator[tuple[int, int, _Value]]:
-    """Each (field number, wire type, value) of one message, in the order sent."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _read_varint(data, pos, message)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise PodResourcesError(f"{message}: field number 0 at byte {pos - 1}")
-        value: _Value
-        if wire_type == _VARINT:
-            value, pos = _read_varint(data, pos, message)
-        elif wire_type in (_I64, _I32):
-            size = 8 if wire_type == _I64 else 4
-            if pos + size > len(data):
-                raise PodResourcesError(f"{message}: field {number}: truncated fixed{size * 8}")
-            value = int.from_bytes(data[pos : pos + size], "little")
-            pos += size
-        elif wire_type == _LEN:
-            length, pos = _read_varint(data, pos, message)
-            if length > len(data) - pos:
-                raise PodResourcesError(
-                    f"{message}: field {number}: length {length} runs past the end "
-                    f"({len(data) - pos} bytes left)"
-                )
-            value = data[pos : pos + length]
-            pos += length
-        elif wire_type in (_SGROUP, _EGROUP):
-            raise PodResourcesError(
-                f"{message}: field {number}: groups (wire type 3/4) unsupported"
-            )
-        else:
-            raise PodResourcesError(f"{message}: field {number}: invalid wire type {wire_type}")
-        yield number, wire_type, value
-
-
-def _payload(wire_type: int, value: _Value, field: str) -> memoryview:
-    if wire_type != _LEN or not isinstance(value, memoryview):
-        raise PodResourcesError(f"{field}: wire type {wire_type}, expected 2 (length-delimited)")
-    return value
-
-
-def _text(wire_type: int, value: _Value, field: str) -> str:
+@contextlib.contextmanager
+def _malformed() -> Iterator[None]:
     try:
-        return str(_payload(wire_type, value, field), "utf-8")
-    except UnicodeDecodeError as error:
-        raise PodResourcesError(f"{field}: not valid UTF-8 ({error.reason})") from None
+        yield
+    except wire.WireError as error:
+        raise PodResourcesError(str(error)) from None
 
 
 # --- messages -----------------------------------------------------------------------
 
 
 def _encode_devices(devices: ContainerDevices) -> bytes:
-    out = [_str_field(1, devices.resource_name)] if devices.resource_name else []
-    out.extend(_str_field(2, device_id) for device_id in devices.device_ids)
+    out = [wire.str_field(1, devices.resource_name)] if devices.resource_name else []
+    out.extend(wire.len_field(2, device_id.encode()) for device_id in devices.device_ids)
     return b"".join(out)
 
 
 def _decode_devices(data: memoryview) -> ContainerDevices:
     resource_name, device_ids = "", []
-    for number, wire_type, value in _fields(data, "ContainerDevices"):
+    for number, wire_type, value in wire.fields(data, "ContainerDevices"):
         if number == 1:
-            resource_name = _text(wire_type, value, "ContainerDevices.resource_name")
+            resource_name = wire.text(wire_type, value, "ContainerDevices.resource_name")
         elif number == 2:
-            device_ids.append(_text(wire_type, value, "ContainerDevices.device_ids"))
+            device_ids.append(wire.text(wire_type, value, "ContainerDevices.device_ids"))
     return ContainerDevices(resource_name, tuple(device_ids))
 
 
 def _encode_container(container: ContainerResources) -> bytes:
-    out = [_str_field(1, container.name)] if container.name else []
-    out.extend(_len_field(2, _encode_devices(devices)) for devices in container.devices)
+    out = [wire.str_field(1, container.name)] if container.name else []
+    out.extend(wire.len_field(2, _encode_devices(devices)) for devices in container.devices)
     return b"".join(out)
 
 
 def _decode_container(data: memoryview) -> ContainerResources:
     name, devices = "", []
-    for number, wire_type, value in _fields(data, "ContainerResources"):
+    for number, wire_type, value in wire.fields(data, "ContainerResources"):
         if number == 1:
-            name = _text(wire_type, value, "ContainerResources.name")
+            name = wire.text(wire_type, value, "ContainerResources.name")
         elif number == 2:
             devices.append(
-                _decode_devices(_payload(wire_type, value, "ContainerResources.devices"))
+                _decode_devices(wire.payload(wire_type, value, "ContainerResources.devices"))
             )
     return ContainerResources(name, tuple(devices))
 
 
 def _encode_pod(pod: PodResources) -> bytes:
-    out = [_str_field(1, pod.name)] if pod.name else []
+    out = [wire.str_field(1, pod.name)] if pod.name else []
     if pod.namespace:
-        out.append(_str_field(2, pod.namespace))
-    out.extend(_len_field(3, _encode_container(container)) for container in pod.containers)
+        out.append(wire.str_field(2, pod.namespace))
+    out.extend(wire.len_field(3, _encode_container(container)) for container in pod.containers)
     return b"".join(out)
 
 
 def _decode_pod(data: memoryview) -> PodResources:
     name, namespace, containers = "", "", []
-    for number, wire_type, value in _fields(data, "PodResources"):
+    for number, wire_type, value in wire.fields(data, "PodResources"):
         if number == 1:
-            name = _text(wire_type, value, "PodResources.name")
+            name = wire.text(wire_type, value, "PodResources.name")
         elif number == 2:
-            namespace = _text(wire_type, value, "PodResources.namespace")
+            namespace = wire.text(wire_type, value, "PodResources.namespace")
         elif number == 3:
             containers.append(
-                _decode_container(_payload(wire_type, value, "PodResources.containers"))
+                _decode_container(wire.payload(wire_type, value, "PodResources.containers"))
             )
     return PodResources(name, namespace, tuple(containers))
 
@@ -253,39 +177,46 @@ def decode_empty(data: bytes) -> tuple[()]:
 
     Fields a newer client sends are ignored; malformed bytes raise `PodResourcesError`.
     """
-    for _ in _fields(memoryview(data), "request"):
-        pass
+    with _malformed():
+        for _ in wire.fields(memoryview(data), "request"):
+            pass
     return ()
 
 
 def encode_list_response(pods: Iterable[PodResources]) -> bytes:
     """ListPodResourcesResponse, byte for byte as Go's protobuf marshals the same values."""
-    return b"".join(_len_field(1, _encode_pod(pod)) for pod in pods)
+    return b"".join(wire.len_field(1, _encode_pod(pod)) for pod in pods)
 
 
 def decode_list_response(data: bytes) -> tuple[PodResources, ...]:
     """ListPodResourcesResponse; raises `PodResourcesError` on a malformed message."""
     field = "ListPodResourcesResponse.pod_resources"
-    return tuple(
-        _decode_pod(_payload(wire_type, value, field))
-        for number, wire_type, value in _fields(memoryview(data), "ListPodResourcesResponse")
-        if number == 1
-    )
+    with _malformed():
+        return tuple(
+            _decode_pod(wire.payload(wire_type, value, field))
+            for number, wire_type, value in wire.fields(
+                memoryview(data), "ListPodResourcesResponse"
+            )
+            if number == 1
+        )
 
 
 def encode_allocatable_response(devices: Iterable[ContainerDevices]) -> bytes:
     """AllocatableResourcesResponse with its devices only."""
-    return b"".join(_len_field(1, _encode_devices(each)) for each in devices)
+    return b"".join(wire.len_field(1, _encode_devices(each)) for each in devices)
 
 
 def decode_allocatable_response(data: bytes) -> tuple[ContainerDevices, ...]:
     """AllocatableResourcesResponse's devices; raises `PodResourcesError` when malformed."""
     field = "AllocatableResourcesResponse.devices"
-    return tuple(
-        _decode_devices(_payload(wire_type, value, field))
-        for number, wire_type, value in _fields(memoryview(data), "AllocatableResourcesResponse")
-        if number == 1
-    )
+    with _malformed():
+        return tuple(
+            _decode_devices(wire.payload(wire_type, value, field))
+            for number, wire_type, value in wire.fields(
+                memoryview(data), "AllocatableResourcesResponse"
+            )
+            if number == 1
+        )
 
 
 # --- client -------------------------------------------------------------------------
