@@ -17,7 +17,7 @@ ANSWERS = {"get_default_active_thread_percentage": "100.0", "get_server_list": "
 
 
 def _socket_path() -> Path:
-    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"  # noqa: S108
+    return Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")) / "control"
 
 
 def daemon() -> int:
