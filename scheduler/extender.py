@@ -48,6 +48,8 @@ from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, pod_key
 from scheduler.lifecycle import Lifecycle, Waiting
 from scheduler.metrics import Metrics, Usage
+from scheduler.mps_health import RESTARTED, MpsHealth, daemon_ready, is_mps
+from scheduler.mps_health import note as mps_note
 from scheduler.placement import Placement, Scorer, place, refusal
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
@@ -85,6 +87,7 @@ class Extender:
     ) -> None:
         self._kube = kube
         self.escapes = escapes
+        self._mps = MpsHealth()
         self.cache = cache
         self._scorer = scorer
         self._settings = settings
@@ -216,6 +219,7 @@ class Extender:
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
             self._report_escapes()
+            self._report_mps_restarts()
             self._refresh_mix()
             self.usage = self._measure()
 
@@ -233,6 +237,25 @@ class Extender:
             self._pool.submit(
                 writer.event, self._kube, pod, ESCAPED, text, warning=True, action="Admission"
             )
+
+    def _report_mps_restarts(self) -> None:
+        """An MPS daemon that restarted: a Warning Event on its capacity pod and on each
+        pod on its GPU, written by the leader."""
+        restarted = self._mps.restarted(c.pod for c in self.cache.capacity.values())
+        if not self.leading:
+            return
+        bookings = self.cache.snapshot.bookings
+        for restart in restarted:
+            capacity = self.cache.capacity.get(restart.pod["metadata"].get("name", ""))
+            gpu = capacity.gpu if capacity is not None else None
+            hosted = [k for k, b in bookings.items() if gpu is not None and gpu in b.named]
+            text = mps_note(restart.pod, hosted)
+            log.warning("%s", text)
+            regarding = [restart.pod, *filter(None, (self.cache.pod(k) for k in hosted))]
+            for pod in regarding:
+                self._pool.submit(
+                    writer.event, self._kube, pod, RESTARTED, text, warning=True, action="MPS"
+                )
 
     def run(self, stop: threading.Event) -> None:
         """`tick` every housekeeping interval until `stop`."""
@@ -360,6 +383,11 @@ class Extender:
     def _measure(self) -> Usage:
         gpus = list(self.cache.snapshot.gpus.values())
         held = [g for g in gpus if not g.coming]
+        mps = [
+            c.pod
+            for c in self.cache.capacity.values()
+            if is_mps(c.pod) and (c.pod.get("status") or {}).get("phase") == "Running"
+        ]
         return Usage(
             gpus_held=len(held),
             gpus_coming=len(self.cache.capacity) - len(held),
@@ -371,6 +399,8 @@ class Extender:
             unhealthy=sum(1 for g in held if not g.healthy),
             overcommitted=len(self.cache.snapshot.overcommitted()),
             escaped=0 if self.escapes is None else len(self.escapes.pods),
+            mps_daemons_ready=sum(1 for p in mps if daemon_ready(p)),
+            mps_daemons=len(mps),
             oldest_pending=min((created(p.pod) for p in self.cache.pending.values()), default=None),
         )
 

@@ -18,6 +18,7 @@ from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
 from gpupack.pool import pool_key
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
 from gpupack.shares import gpu_memory, is_live, pod_allocation
+from scheduler.mps_health import daemon_ready
 from scheduler.snapshot import Gpu, Node, Request
 
 MiB: Final = 2**20
@@ -91,7 +92,8 @@ def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
         pool=labels_of(pod).get(keys.POOL, ""),
         holder=str(meta.get("name", "")),
         coming=not running,
-        healthy=not annotations.get(keys.GPU_UNHEALTHY),
+        # Unhealthy: the exporter says so, or its MPS daemon does not answer.
+        healthy=not annotations.get(keys.GPU_UNHEALTHY) and daemon_ready(pod),
     )
 
 

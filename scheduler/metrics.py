@@ -28,6 +28,8 @@ class Usage:
     unhealthy: int = 0  # held GPUs the exporter reports unhealthy
     overcommitted: int = 0  # pods running on a GPU whose books cannot hold their share
     escaped: int = 0  # opted-in pods holding a whole GPU that gpupack never rewrote
+    mps_daemons: int = 0  # running capacity pods of MPS pools
+    mps_daemons_ready: int = 0  # of which the MPS daemon answers its probe
     oldest_pending: float | None = None  # creation time (Unix seconds) of the oldest one
 
 
@@ -93,6 +95,15 @@ class _UsageCollector(Collector):
             "webhook was not reached or failed), so each holds a whole GPU",
             usage.escaped,
         )
+        daemons = GaugeMetricFamily(
+            "gpupack_scheduler_mps_daemons",
+            "MPS control daemons of real-time-mps GPUs (one per running capacity pod of an "
+            "MPS pool) by state: ready, or not_ready (not answering: its GPU takes no new pods)",
+            labels=["state"],
+        )
+        daemons.add_metric(["ready"], usage.mps_daemons_ready)
+        daemons.add_metric(["not_ready"], usage.mps_daemons - usage.mps_daemons_ready)
+        yield daemons
 
 
 class Metrics:

@@ -461,3 +461,44 @@ def test_only_the_leader_writes_the_event_of_an_escaped_pod_and_every_replica_co
     assert events[0]["reason"] == "NotRewrittenByGPUPack"
     assert events[0]["type"] == "Warning"
     assert events[0]["regarding"]["name"] == "escaped"
+
+
+def test_an_mps_daemon_that_restarts_is_reported_on_its_gpu_and_its_pods_and_takes_no_pods() -> (
+    None
+):
+    nodes, pods = Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    holder = capacity(0)
+    holder["metadata"]["labels"]["gpupack.io/sharing"] = "mps"
+    holder["metadata"]["uid"] = "cap-uid"
+    status = {"name": "capacity", "ready": True, "restartCount": 0}
+    holder["status"]["containerStatuses"] = [status]
+    pods.objects["gpupack-system/cap-0"] = holder
+    pods.objects["ml/on-it"] = fractional("on-it", "300m", gpu=0)
+    api = Api(pods)
+    extender = Extender(
+        api, Cache(nodes, pods, Dirty(), key=KEY), PackingScorer(), Settings(workers=1)
+    )
+    extender.leading = True
+
+    extender.tick()
+    assert (extender.usage.mps_daemons, extender.usage.mps_daemons_ready) == (1, 1)
+    assert extender.usage.unhealthy == 0
+
+    status.update(
+        ready=False,
+        restartCount=1,
+        lastState={"terminated": {"reason": "Error", "exitCode": 1}},
+    )
+    extender.cache.dirty.pod("gpupack-system/cap-0")
+    extender.tick()
+    extender.tick()  # reported once
+    extender._pool.shutdown(wait=True)
+
+    events = [body for path, body in api.created if path.endswith("/events")]
+    assert sorted(e["regarding"]["name"] for e in events) == ["cap-0", "on-it"]
+    assert {e["reason"] for e in events} == {"MPSDaemonRestarted"}
+    assert "Error with status 1" in events[0]["note"]
+    assert "ml/on-it" in events[0]["note"]
+    assert (extender.usage.mps_daemons, extender.usage.mps_daemons_ready) == (1, 0)
+    assert extender.usage.unhealthy == 1  # no new pods while its daemon does not answer
