@@ -128,6 +128,7 @@ class Admissions:
     timer: Callable[[], float]
     capacity_timeout: float
     key: bytes  # the decision key pods are sealed with
+    mps: bool = True  # MPS pods are shared (the node agents serve the MPS CSI driver)
     _background: set[asyncio.Task[CapacityOutcome]] = field(default_factory=set, init=False)
 
     async def mutate(self, request: Request) -> Response:
@@ -160,12 +161,15 @@ class Admissions:
         try:
             cluster = self.cluster
             if cluster is None:
-                return self.decide(review, MutationContext(None, self.policies, key=self.key))
+                return self.decide(
+                    review, MutationContext(None, self.policies, key=self.key, mps=self.mps)
+                )
             context = MutationContext(
                 cluster.namespace(review.namespace),
                 cluster.policies,
                 cluster.recommendation,
                 key=self.key,
+                mps=self.mps,
             )
             return self.decide(review, context)
         except Exception as exc:
@@ -255,6 +259,7 @@ def create_app(
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
     tls_problem: TlsProblem | None = None,
     key: bytes = PROCESS_KEY,
+    mps: bool = True,
 ) -> Starlette:
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
     recommendations, and `policies` are the policies in force. `key`: the decision key
@@ -269,6 +274,7 @@ def create_app(
         clock=clock,
         timer=timer,
         capacity_timeout=capacity_timeout,
+        mps=mps,
         key=key,
     )
 

@@ -35,6 +35,7 @@ class Reason(StrEnum):
     INVALID_ANNOTATION = "invalid-annotation"
     UNKNOWN_POLICY = "unknown-policy"
     INTERNAL_ERROR = "internal-error"
+    MPS_OFF = "mps-off"
 
 
 @dataclass(frozen=True, slots=True)

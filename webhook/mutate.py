@@ -65,6 +65,7 @@ class MutationContext:
     # key when none was given, whose seals the scheduler then refuses) and the time.
     key: bytes = PROCESS_KEY
     now: int = field(default_factory=lambda: int(time.time()))
+    mps: bool = True  # the install runs the MPS CSI driver (the chart's mps.enabled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,12 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}")
     except UnknownPolicyError as exc:
         return deny(Reason.UNKNOWN_POLICY, f"gpupack: {exc}")
+    if choice.policy.sharing is Sharing.MPS and not ctx.mps:
+        return skip(
+            Reason.MPS_OFF,
+            f"policy {choice.policy.name} shares a GPU through CUDA MPS, which this install "
+            "turned off (the chart's mps.enabled): the pod keeps its whole GPU",
+        )
     recommendation = ctx.recommendation(request.namespace, owner_kind, owner_name)
     try:
         allocation = allocate(annotations, spec, choice.policy, recommendation)

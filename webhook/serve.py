@@ -117,6 +117,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="image of the capacity pods that hold a GPU (default: %(default)s)",
     )
     parser.add_argument(
+        "--mps",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="share GPUs through CUDA MPS for real-time-mps pods; off where the node agents "
+        "do not serve the MPS CSI driver: such pods then keep their whole GPU "
+        "(default: on)",
+    )
+    parser.add_argument(
         "--mps-image",
         default=default_mps_image(version()),
         metavar="IMAGE",
@@ -313,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
             capacity_timeout=args.capacity_timeout,
             tls_problem=tls.problem,
             key=key,
+            mps=args.mps,
         )
         limits = Limits(
             request_seconds=args.request_timeout,

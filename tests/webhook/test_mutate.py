@@ -928,3 +928,15 @@ def test_an_mps_pods_gpu_init_container_is_wired_too() -> None:
     result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
     assert result["spec"]["initContainers"][0]["volumeMounts"] == MPS_MOUNTS
     assert "volumeMounts" not in result["spec"]["containers"][0]
+
+
+def test_with_mps_turned_off_an_mps_pod_keeps_its_whole_gpu_and_the_audit_says_why() -> None:
+    pod = mps_pod()
+    decision = decide(request(pod), MutationContext(mps=False))
+    assert (decision.outcome, decision.reason) == (Outcome.SKIPPED, Reason.MPS_OFF)
+    assert "mps.enabled" in decision.message
+    result: Pod = jsonpatch.apply_patch(pod, list(decision.patch))
+    assert has_gpu(result)
+    # Other policies are shared as ever.
+    plain = annotated(deployment_pod(), {keys.POLICY: "real-time"})
+    assert decide(request(plain), MutationContext(mps=False)).outcome is Outcome.MUTATED
