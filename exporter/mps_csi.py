@@ -20,6 +20,7 @@ from typing import Final
 from urllib.parse import quote
 
 import grpc
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from exporter import csi
 from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, PodGetter, kubernetes_size
@@ -32,6 +33,7 @@ from gpupack.runtime.transport import Transport
 
 log = logging.getLogger("exporter.mps_csi")
 
+METRICS_PORT: Final = 9401
 PLUGINS: Final = Path("/var/lib/kubelet/plugins")
 REGISTRY: Final = Path("/var/lib/kubelet/plugins_registry")
 
@@ -86,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="the CSI socket's path as the kubelet sees it (default: --csi-socket)",
     )
-    shell.add_arguments(parser)
+    shell.add_arguments(parser, metrics_port=METRICS_PORT)
     return conventions(parser)
 
 
@@ -106,6 +108,36 @@ def pod_getter(kube: Transport) -> PodGetter:
     return get
 
 
+class Counted:
+    """The node side, with `gpupack_mps_csi_publishes_total{result}` counted."""
+
+    def __init__(self, volumes: MpsVolumes, registry: CollectorRegistry) -> None:
+        self._volumes = volumes
+        self._publishes = Counter(
+            "gpupack_mps_csi_publishes",
+            "MPS volumes the kubelet asked for, by result: published; refused (not a pod "
+            "of an MPS GPU: its FailedMount event says why); waiting (its GPU's daemon has "
+            "not started yet); failed (a mount failed)",
+            ["result"],
+            registry=registry,
+        )
+
+    def publish(self, request: csi.PublishRequest) -> None:
+        try:
+            self._volumes.publish(request)
+        except csi.Refused as error:
+            waiting = error.code is grpc.StatusCode.UNAVAILABLE
+            self._publishes.labels(result="waiting" if waiting else "refused").inc()
+            raise
+        except OSError:
+            self._publishes.labels(result="failed").inc()
+            raise
+        self._publishes.labels(result="published").inc()
+
+    def unpublish(self, request: csi.UnpublishRequest) -> None:
+        self._volumes.unpublish(request)
+
+
 def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     if not args.node_name:
         raise ValueError("--node-name (or $NODE_NAME) is required")
@@ -117,7 +149,14 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         get_pod=pod_getter(kube),
         shm_size=args.shm_size,
     )
-    handlers = csi.csi_handlers(mps.DRIVER, version(), args.node_name, volumes)
+    registry = CollectorRegistry()
+    node = Counted(volumes, registry)
+    process.serve_endpoints(
+        args.metrics_address,
+        args.metrics_port,
+        lambda: (generate_latest(registry), CONTENT_TYPE_LATEST),
+    )
+    handlers = csi.csi_handlers(mps.DRIVER, version(), args.node_name, node)
     server = csi.serve(args.csi_socket, handlers)
     process.defer(lambda: server.stop(5).wait())
     endpoint = args.kubelet_csi_socket or args.csi_socket

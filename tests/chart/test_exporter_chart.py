@@ -1,11 +1,14 @@
 """The exporter's part of the chart: a DaemonSet on GPU nodes with what NVML and the
 kubelet need, and no more permission than it uses."""
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 
 from exporter.cli import build_parser
+from exporter.mps_csi import build_parser as mps_csi_parser
+from tests.chart.test_certificates_chart import named
 from tests.chart.test_chart import KUBERNETES, NAMESPACE, of_kind, render
 
 
@@ -15,9 +18,15 @@ def daemonset(*values: str) -> dict[str, Any]:
     return found
 
 
+def container_named(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [c for c in spec["containers"] if c["name"] == name]
+    (container,) = found
+    return container
+
+
 def test_the_exporter_runs_on_gpu_nodes_with_host_pids_and_the_kubelet_socket() -> None:
     spec = daemonset()["spec"]["template"]["spec"]
-    (container,) = spec["containers"]
+    container = container_named(spec, "exporter")
     args = build_parser().parse_args(container["args"])  # every rendered flag exists
     assert container["command"] == ["gpupack-exporter"]
     assert str(args.pod_resources_socket) == "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -31,7 +40,7 @@ def test_the_exporter_runs_on_gpu_nodes_with_host_pids_and_the_kubelet_socket() 
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     (mount,) = container["volumeMounts"]
     assert mount["readOnly"] is True
-    (volume,) = spec["volumes"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mount["mountPath"] == volume["hostPath"]["path"]
     context = container["securityContext"]
@@ -54,7 +63,7 @@ def test_runtime_class_and_scheduling_values_reach_the_daemonset() -> None:
     assert spec["runtimeClassName"] == "nvidia"
     assert spec["nodeSelector"]["pool"] == "gpu"
     assert spec["priorityClassName"] == "system-node-critical"
-    (container,) = spec["containers"]
+    container = container_named(spec, "exporter")
     assert build_parser().parse_args(container["args"]).port == 9500
     assert container["ports"] == [{"name": "metrics", "containerPort": 9500}]
 
@@ -80,3 +89,43 @@ def test_the_exporter_can_be_left_out() -> None:
     docs = render("--set=exporter.enabled=false")
     assert of_kind(docs, "DaemonSet") == []
     assert not [d for d in docs if d["metadata"]["name"] == "gpupack-exporter"]
+
+
+def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelets_paths() -> None:
+    docs = render("--set=mps.kubeletDir=/var/snap/microk8s/common/var/lib/kubelet/")
+    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    driver = container_named(spec, "mps-csi")
+    args = mps_csi_parser().parse_args(driver["args"])  # every rendered flag exists
+    kubelet = "/var/snap/microk8s/common/var/lib/kubelet"
+    assert args.kubelet_csi_socket == Path(f"{kubelet}/plugins/mps.gpupack.io/csi.sock")
+    assert args.shm_size == "256Mi"
+    assert driver["securityContext"]["privileged"] is True
+    mounts = {m["name"]: m for m in driver["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert mounts["mps-pods"]["mountPropagation"] == "Bidirectional"
+    assert mounts["mps-pods"]["mountPath"] == volumes["mps-pods"] == f"{kubelet}/pods"
+    assert mounts["mps-root"]["mountPropagation"] == "Bidirectional"
+    assert volumes["mps-root"] == "/run/gpupack/mps"
+    assert volumes["mps-registration"] == f"{kubelet}/plugins_registry"
+    assert "privileged" not in container_named(spec, "exporter")["securityContext"]
+    (driver_object,) = of_kind(docs, "CSIDriver")
+    assert driver_object["metadata"]["name"] == "mps.gpupack.io"
+    assert driver_object["spec"]["podInfoOnMount"] is True
+    assert driver_object["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver_object["spec"]["attachRequired"] is False
+    kubernetes_validate.validate(driver_object, KUBERNETES, strict=True)
+
+
+def test_with_mps_off_nothing_privileged_runs_and_the_webhook_keeps_mps_pods_whole() -> None:
+    docs = render("--set=mps.enabled=false")
+    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["exporter"]
+    assert of_kind(docs, "CSIDriver") == []
+    webhook = named(docs, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
+    assert "--no-mps" in webhook["containers"][0]["args"]
+    assert (
+        "--no-mps"
+        not in named(render(), "Deployment", "gpupack-webhook")["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+    )

@@ -173,7 +173,9 @@ def test_the_recommender_scrapes_the_exporters_of_its_own_release(values: list[s
     assert selector["app.kubernetes.io/component"] == "exporter"
     exporter = named(docs, "DaemonSet", "gpupack-exporter")
     assert selector.items() <= exporter["spec"]["template"]["metadata"]["labels"].items()
-    (container,) = exporter["spec"]["template"]["spec"]["containers"]
+    (container,) = [
+        c for c in exporter["spec"]["template"]["spec"]["containers"] if c["name"] == "exporter"
+    ]
     assert [p["containerPort"] for p in container["ports"]] == [args.exporter_port]
     assert args.namespace == exporter["metadata"]["namespace"] == NAMESPACE
     assert args.prometheus_url is None
