@@ -286,6 +286,9 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
         "real-time-mps",
         "training",
     ]
+    driver = kube.get("/apis/storage.k8s.io/v1/csidrivers/mps.gpupack.io")["spec"]
+    assert driver["volumeLifecycleModes"] == ["Ephemeral"]
+    assert driver["podInfoOnMount"] is True
     assert_renewed_in_cluster(chart_cluster, kube)
     assert_crds_upgraded(chart_cluster, kube)
 
@@ -318,6 +321,7 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
         f"/api/v1/namespaces/{NS}/services/gpupack-admission",
         f"{secrets}/gpupack-webhook-tls",  # the garbage collector, through the owner
         f"{secrets}/gpupack-webhook-tls-ca",
+        "/apis/storage.k8s.io/v1/csidrivers/mps.gpupack.io",
     ]
     kube.wait_for(
         "nothing of gpupack to remain", lambda: all(gone(kube, p) for p in leftovers), timeout=60
