@@ -17,10 +17,10 @@ from typing import Any, TextIO, cast
 import jsonpatch
 import yaml
 
-from gpupack import keys
+from gpupack import keys, mps
 from gpupack.kube import JSON, Pod
 from webhook.decision import Decision, Outcome
-from webhook.mutate import MutationContext, decide
+from webhook.mutate import MutationContext, decide, mps_limits
 from webhook.review import AdmissionRequest
 
 TEMPLATE_KINDS = {
@@ -153,11 +153,32 @@ def summary(decision: Decision, kind: str, name: str) -> JSON:
             "allocationSource": decision.allocation_source,
             "pool": decision.demand.pool if decision.demand else None,
         }
+        out["enforcement"] = (
+            "mps" if decision.demand and decision.demand.exclusive else "accounting"
+        )
+        if out["enforcement"] == "mps" and decision.compute is not None:
+            out["mps"] = mps_wiring(decision.compute, decision.memory or 0)
     if decision.stripped:
         out["stripped"] = list(decision.stripped)
     if decision.warnings:
         out["warnings"] = list(decision.warnings)
     return out
+
+
+def mps_wiring(compute: int, memory: int) -> JSON:
+    """How a real-time-mps pod reaches its GPU's MPS server, and what that enforces."""
+    return {
+        "limits": mps_limits(compute, memory),
+        "daemon": "nvidia-cuda-mps-control, run by gpupack-mps-daemon in the capacity pod "
+        "holding the GPU; the GPU takes only this workload's pods",
+        "volume": f"{mps.VOLUME} (CSI {mps.DRIVER}): the GPU's MPS directory at "
+        f"{mps.MOUNT_PATH} ({mps.ENV_PIPE_DIRECTORY}={mps.PIPE_DIRECTORY}) and its shared "
+        f"memory at {mps.SHM_PATH}",
+        "isolates": "compute (each client's share of the GPU's threads) and pinned device "
+        "memory (an allocation past the limit fails)",
+        "doesNotIsolate": "faults: a fatal GPU error in one client can end every client of "
+        "the server; memory bandwidth and caches are shared",
+    }
 
 
 def explain(doc: Any, namespace: JSON, as_patch: bool) -> tuple[JSON, Any]:

@@ -314,12 +314,19 @@ def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
         _env_var(keys.ENV_DRIVER_CAPABILITIES, keys.DEFAULT_DRIVER_CAPABILITIES),
     ]
     if policy.sharing is Sharing.MPS:
-        percentage = max(1, math.ceil(allocation.compute / 10))
-        env.append(_env_var(keys.ENV_MPS_THREAD_PERCENTAGE, str(percentage)))
-        limit_mib = max(1, allocation.memory // MIB)
-        env.append(_env_var(keys.ENV_MPS_MEMORY_LIMIT, f"0={limit_mib}M"))
+        for name, value in mps_limits(allocation.compute, allocation.memory).items():
+            env.append(_env_var(name, value))
         env.extend(gpupack_mps.environment())
     return env
+
+
+def mps_limits(compute: int, memory: int) -> dict[str, str]:
+    """The MPS client limits of a share: its compute as a percentage of the GPU's threads
+    (rounded up), its memory as the pinned limit of device 0 (the one the pod sees)."""
+    return {
+        keys.ENV_MPS_THREAD_PERCENTAGE: str(max(1, math.ceil(compute / 10))),
+        keys.ENV_MPS_MEMORY_LIMIT: f"0={max(1, memory // MIB)}M",
+    }
 
 
 def _env_ops(container: Container, base: str, wanted: list[JSON]) -> list[JSON]:

@@ -41,6 +41,39 @@ def test_explain_patch_as_json(capsys: pytest.CaptureFixture[str]) -> None:
     ]
 
 
+def test_explain_shows_an_mps_pods_wiring_and_what_mps_isolates(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["spec"]["template"]["metadata"].setdefault("annotations", {})[keys.POLICY] = (
+        "real-time-mps"
+    )
+    path = tmp_path / "mps.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["explain", "-f", str(path), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    decision = doc["decision"]
+    assert decision["enforcement"] == "mps"
+    assert decision["mps"]["limits"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert "mps.gpupack.io" in decision["mps"]["volume"]
+    assert "faults" in decision["mps"]["doesNotIsolate"]
+    (container,) = doc["pod"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"  # what it says is what it writes
+    assert {"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}} in doc["pod"]["spec"][
+        "volumes"
+    ]
+
+
+def test_explain_says_a_shared_pods_shares_are_accounting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "-f", str(EXAMPLE), "-o", "json"]) == 0
+    decision = json.loads(capsys.readouterr().out)["decision"]
+    assert decision["enforcement"] == "accounting"
+    assert "mps" not in decision
+
+
 @pytest.mark.parametrize(
     ("kind", "template_path", "policy"),
     [
