@@ -1,5 +1,6 @@
 # One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
-# gpupack-certs, gpupack-exporter, gpupack-recommender). Build: docker build -t gpupack:dev .
+# gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-mps-daemon,
+# gpupack-recommender). Build: docker build -t gpupack:dev .
 # The build stage makes wheels; the final stage installs them into a virtualenv and
 # carries no compiler, no pip cache, and runs as a non-root user.
 

@@ -100,6 +100,7 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
     assert args.kubelet_csi_socket == Path(f"{kubelet}/plugins/mps.gpupack.io/csi.sock")
     assert args.shm_size == "256Mi"
     assert driver["securityContext"]["privileged"] is True
+    assert driver["securityContext"]["runAsUser"] == 0  # the image's user cannot mount
     mounts = {m["name"]: m for m in driver["volumeMounts"]}
     volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     assert mounts["mps-pods"]["mountPropagation"] == "Bidirectional"
