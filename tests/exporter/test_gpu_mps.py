@@ -91,6 +91,18 @@ def _skip_without_mps() -> None:
         pytest.skip(f"no NVIDIA GPU to test on: {probe.stderr.strip() or probe.stdout.strip()}")
 
 
+def probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`gpupack-mps-daemon --check`, as the capacity pod's probes run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "exporter.mps_daemon", "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 @pytest.fixture(scope="module")
 def mps_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """A running MPS control daemon on GPU 0, under gpupack-mps-daemon."""
@@ -111,14 +123,7 @@ def mps_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     )
     deadline = time.monotonic() + 30
     while True:
-        check = subprocess.run(
-            [sys.executable, "-m", "exporter.mps_daemon", "--check"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        check = probe(env)
         if check.returncode == 0:
             break
         if daemon.poll() is not None or time.monotonic() > deadline:
@@ -150,14 +155,7 @@ def client(env: dict[str, str], *sizes: int, **limits: str) -> dict[str, Any]:
 def test_the_daemon_answers_as_the_capacity_pods_probe_asks(
     mps_environment: dict[str, str],
 ) -> None:
-    check = subprocess.run(
-        [sys.executable, "-m", "exporter.mps_daemon", "--check"],
-        env=mps_environment,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    check = probe(mps_environment)
     assert check.returncode == 0, check.stderr
     assert "default active thread percentage" in check.stdout
 

@@ -48,8 +48,8 @@ def run(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
     )
 
 
-@pytest.fixture
-def supervisor(environ: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+def start(environ: dict[str, str]) -> subprocess.Popen[str]:
+    """gpupack-mps-daemon, once the stand-in daemon has opened its pipe."""
     process = subprocess.Popen(
         [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text"],
         env=environ,
@@ -62,6 +62,12 @@ def supervisor(environ: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
     while not control_socket.exists() and process.poll() is None:
         assert time.monotonic() < deadline, "the stand-in daemon never opened its pipe"
         time.sleep(0.05)
+    return process
+
+
+@pytest.fixture
+def supervisor(environ: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    process = start(environ)
     yield process
     if process.poll() is None:
         process.kill()
@@ -88,18 +94,7 @@ def test_a_daemon_that_dies_fails_the_container_with_its_log(
     environ: dict[str, str], tmp_path: Path
 ) -> None:
     environ["STANDIN_CRASH_AFTER"] = "1"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text"],
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    control_socket = Path(environ["CUDA_MPS_PIPE_DIRECTORY"]) / "control"
-    deadline = time.monotonic() + 30
-    while not control_socket.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    process = start(environ)
     assert run(environ, "--check").returncode == 0  # the one command it serves
 
     output, _ = process.communicate(timeout=30)
