@@ -48,8 +48,8 @@ from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, pod_key
 from scheduler.lifecycle import Lifecycle, Waiting
 from scheduler.metrics import Metrics, Usage
-from scheduler.mps_health import RESTARTED, MpsHealth, daemon_ready, is_mps
-from scheduler.mps_health import note as mps_note
+from scheduler.mps_health import RESTARTED, MpsHealth, daemons
+from scheduler.mps_health import notices as mps_notices
 from scheduler.placement import Placement, Scorer, place, refusal
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
@@ -242,20 +242,19 @@ class Extender:
         """An MPS daemon that restarted: a Warning Event on its capacity pod and on each
         pod on its GPU, written by the leader."""
         restarted = self._mps.restarted(c.pod for c in self.cache.capacity.values())
-        if not self.leading:
+        if not self.leading or not restarted:
             return
+
+        def gpu_of(name: str) -> str | None:
+            capacity = self.cache.capacity.get(name)
+            return capacity.gpu if capacity is not None else None
+
         bookings = self.cache.snapshot.bookings
-        for restart in restarted:
-            capacity = self.cache.capacity.get(restart.pod["metadata"].get("name", ""))
-            gpu = capacity.gpu if capacity is not None else None
-            hosted = [k for k, b in bookings.items() if gpu is not None and gpu in b.named]
-            text = mps_note(restart.pod, hosted)
-            log.warning("%s", text)
-            regarding = [restart.pod, *filter(None, (self.cache.pod(k) for k in hosted))]
-            for pod in regarding:
-                self._pool.submit(
-                    writer.event, self._kube, pod, RESTARTED, text, warning=True, action="MPS"
-                )
+        for pod, text in mps_notices(restarted, gpu_of, bookings, self.cache.pod):
+            log.warning("%s: %s", pod["metadata"].get("name"), text)
+            self._pool.submit(
+                writer.event, self._kube, pod, RESTARTED, text, warning=True, action="MPS"
+            )
 
     def run(self, stop: threading.Event) -> None:
         """`tick` every housekeeping interval until `stop`."""
@@ -383,11 +382,7 @@ class Extender:
     def _measure(self) -> Usage:
         gpus = list(self.cache.snapshot.gpus.values())
         held = [g for g in gpus if not g.coming]
-        mps = [
-            c.pod
-            for c in self.cache.capacity.values()
-            if is_mps(c.pod) and (c.pod.get("status") or {}).get("phase") == "Running"
-        ]
+        mps, mps_ready = daemons(c.pod for c in self.cache.capacity.values())
         return Usage(
             gpus_held=len(held),
             gpus_coming=len(self.cache.capacity) - len(held),
@@ -399,8 +394,8 @@ class Extender:
             unhealthy=sum(1 for g in held if not g.healthy),
             overcommitted=len(self.cache.snapshot.overcommitted()),
             escaped=0 if self.escapes is None else len(self.escapes.pods),
-            mps_daemons_ready=sum(1 for p in mps if daemon_ready(p)),
-            mps_daemons=len(mps),
+            mps_daemons=mps,
+            mps_daemons_ready=mps_ready,
             oldest_pending=min((created(p.pod) for p in self.cache.pending.values()), default=None),
         )
 

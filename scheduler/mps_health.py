@@ -14,13 +14,14 @@ Restarts are counted from the container's `restartCount`; one that happened whil
 scheduler was running is not reported (the count is taken as the baseline).
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from gpupack import mps
 from gpupack.capacity import CONTAINER_NAME, SHARING
 from gpupack.kube import JSON, labels_of
+from scheduler.snapshot import Booking
 
 RESTARTED: Final = "MPSDaemonRestarted"
 
@@ -97,3 +98,28 @@ class MpsHealth:
         for uid in set(self._seen) - live:
             del self._seen[uid]
         return fresh
+
+
+def daemons(capacity_pods: Iterable[JSON]) -> tuple[int, int]:
+    """(running MPS daemons, of which ready): `gpupack_scheduler_mps_daemons`."""
+    running = [
+        p for p in capacity_pods if is_mps(p) and (p.get("status") or {}).get("phase") == "Running"
+    ]
+    return len(running), sum(1 for p in running if daemon_ready(p))
+
+
+def notices(
+    restarts: Iterable[Restart],
+    gpu_of: Callable[[str], str | None],
+    bookings: Mapping[str, Booking],
+    pod: Callable[[str], JSON | None],
+) -> list[tuple[JSON, str]]:
+    """(object, text) of each Event a restart makes: on the capacity pod (`gpu_of` its
+    name: its GPU) and on each pod booked on that GPU (`pod` of its key)."""
+    out: list[tuple[JSON, str]] = []
+    for restart in restarts:
+        gpu = gpu_of(str(restart.pod["metadata"].get("name", "")))
+        hosted = [k for k, b in bookings.items() if gpu is not None and gpu in b.named]
+        text = note(restart.pod, hosted)
+        out.extend((p, text) for p in [restart.pod, *filter(None, map(pod, hosted))])
+    return out
