@@ -150,7 +150,12 @@ class Cache:
         if obj is None:
             self.snapshot.remove_node(name)
             return
+        returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
+        if returned:  # a node deleted and made again: its capacity pods' GPUs come back
+            held = [c.name for c in self.capacity.values() if _node_name(c.pod) == name]
+            for key in (f"{self._namespace}/{n}" for n in held):
+                self._apply_pod(key, self._pods.get(key))
         for key in sorted(self._on_node.pop(name, set())):
             self._apply_pod(key, self._pods.get(key))
 
@@ -205,7 +210,7 @@ class Cache:
         old = self.capacity.pop(name, None)
         if pod is None:
             if old is not None and old.gpu is not None:
-                self.snapshot.remove_gpu(old.gpu)
+                self._drop_gpu(old.gpu, name)
             return
         node_name = (pod.get("spec") or {}).get("nodeName")
         node = self.snapshot.nodes.get(str(node_name)) if node_name else None
@@ -214,11 +219,19 @@ class Cache:
         entry = Capacity(name, pool, pod, gpu.uuid if gpu is not None else None)
         self.capacity[name] = entry
         if old is not None and old.gpu is not None and old.gpu != entry.gpu:
-            self.snapshot.remove_gpu(old.gpu)
+            self._drop_gpu(old.gpu, name)
         if gpu is not None:
             current = self.snapshot.gpus.get(gpu.uuid)
             if current is None or _gpu_changed(current, gpu):
                 self.snapshot.add_gpu(gpu)
+
+    def _drop_gpu(self, uuid: str, holder: str) -> None:
+        """Forget a GPU its capacity pod no longer holds, unless another capacity pod
+        holds it now (a replacement on the same device: the GPU's id is the device's, and
+        the old pod's deletion can come after the new pod took it)."""
+        gpu = self.snapshot.gpus.get(uuid)
+        if gpu is not None and gpu.holder == holder:
+            self.snapshot.remove_gpu(uuid)
 
     # Reading.
 
@@ -234,8 +247,12 @@ class Cache:
         return [
             c
             for c in self.capacity.values()
-            if c.pool == pool and (c.gpu is None or self.snapshot.gpus[c.gpu].coming)
+            if c.pool == pool and (c.gpu is None or self._coming(c.gpu))
         ]
+
+    def _coming(self, uuid: str) -> bool:
+        gpu = self.snapshot.gpus.get(uuid)  # None: its node is gone, nothing is coming
+        return gpu is not None and gpu.coming
 
     def orphans(self) -> Iterable[Booking]:
         """Bound pods whose GPU no capacity pod holds any more."""
@@ -244,6 +261,10 @@ class Cache:
             for b in self.snapshot.bookings.values()
             if any(uuid not in self.snapshot.gpus for uuid in b.named)
         )
+
+
+def _node_name(pod: JSON) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
 def _gpu_changed(old: Gpu, new: Gpu) -> bool:

@@ -126,6 +126,46 @@ def test_a_deleted_capacity_pod_leaves_its_pods_orphaned() -> None:
     assert [b.request.key for b in cache.orphans()] == ["ml/a"]
 
 
+def test_a_replaced_capacity_pod_keeps_its_gpu_when_the_old_one_goes_after_it() -> None:
+    # The GPU's id is the device's: a replacement on the same device claims the same id,
+    # and the old pod's deletion may reach the cache after the new pod took the GPU.
+    cache, store = cache_with(capacity(0), fractional("a", "600m", gpu=0))
+    new = capacity(0)
+    new["metadata"]["name"] = "cap-0-new"
+    store.objects["gpupack-system/cap-0-new"] = new
+    cache.dirty.pod("gpupack-system/cap-0-new")
+    cache.refresh()
+    del store.objects["gpupack-system/cap-0"]
+    cache.dirty.pod("gpupack-system/cap-0")
+    cache.refresh()
+
+    gpu = cache.snapshot.gpus[UUIDS[0]]
+    assert (gpu.holder, gpu.used_compute) == ("cap-0-new", 600)
+    assert list(cache.orphans()) == []
+    assert cache.coming(POOL) == []
+
+
+def test_a_node_deleted_and_made_again_gets_its_gpus_back() -> None:
+    nodes, store = Store(), Store()
+    for pod in (capacity(0), fractional("a", "600m", gpu=0)):
+        store.objects[f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"] = pod
+    cache = Cache(nodes, store, Dirty())
+    nodes.objects["n1"] = node("n1")
+    cache.refresh()
+    saved = nodes.objects.pop("n1")
+    cache.dirty.node("n1")
+    cache.refresh()
+
+    assert UUIDS[0] not in cache.snapshot.gpus
+    assert cache.coming(POOL) == []  # a GPU whose node is gone is not coming either
+
+    nodes.objects["n1"] = saved
+    cache.dirty.node("n1")
+    cache.refresh()
+
+    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+
+
 def test_an_assumed_pod_survives_a_relist_until_the_informer_shows_it_bound() -> None:
     cache, store = cache_with(capacity(0), fractional("a", "600m"))
     request = request_of(store.objects["ml/a"])
