@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 
 from gpupack.capacity import Allocation
 from gpupack.kube import JSON
@@ -40,17 +39,14 @@ from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
 from scheduler import wire, writer
 from scheduler.cache import Cache
-from scheduler.escapes import REASON as ESCAPED
 from scheduler.escapes import Escapes
-from scheduler.escapes import note as escape_note
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, pod_key
 from scheduler.lifecycle import Lifecycle, Waiting
 from scheduler.metrics import Metrics, Usage
-from scheduler.mps_health import RESTARTED, MpsHealth, daemons
-from scheduler.mps_health import notices as mps_notices
 from scheduler.placement import Placement, Scorer, place, refusal
+from scheduler.reporting import Notices, measure
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
 from scheduler.snapshot import Gpu, Request, Snapshot
@@ -87,7 +83,6 @@ class Extender:
     ) -> None:
         self._kube = kube
         self.escapes = escapes
-        self._mps = MpsHealth()
         self.cache = cache
         self._scorer = scorer
         self._settings = settings
@@ -96,6 +91,7 @@ class Extender:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="api-write")
         self._lifecycle = Lifecycle(kube, cache, settings, self._pool.submit, metrics)
+        self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
         self.reservations: dict[str, Reservation] = {}
         self.waiting: dict[str, Waiting] = {}
         # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
@@ -218,43 +214,9 @@ class Extender:
                 del self._mark_gates[holder]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
-            self._report_escapes()
-            self._report_mps_restarts()
+            self.notices.report(self.leading)
             self._refresh_mix()
-            self.usage = self._measure()
-
-    def _report_escapes(self) -> None:
-        """One Warning Event per escaped pod, written by the leader."""
-        if self.escapes is None:
-            return
-        self.escapes.refresh()
-        if not self.leading:
-            return
-        for pod in self.escapes.unreported():
-            meta = pod["metadata"]
-            text = escape_note(pod, self.escapes.namespace_of(pod), self._settings.namespace)
-            log.warning("%s/%s escaped gpupack: %s", meta["namespace"], meta["name"], text)
-            self._pool.submit(
-                writer.event, self._kube, pod, ESCAPED, text, warning=True, action="Admission"
-            )
-
-    def _report_mps_restarts(self) -> None:
-        """An MPS daemon that restarted: a Warning Event on its capacity pod and on each
-        pod on its GPU, written by the leader."""
-        restarted = self._mps.restarted(c.pod for c in self.cache.capacity.values())
-        if not self.leading or not restarted:
-            return
-
-        def gpu_of(name: str) -> str | None:
-            capacity = self.cache.capacity.get(name)
-            return capacity.gpu if capacity is not None else None
-
-        bookings = self.cache.snapshot.bookings
-        for pod, text in mps_notices(restarted, gpu_of, bookings, self.cache.pod):
-            log.warning("%s: %s", pod["metadata"].get("name"), text)
-            self._pool.submit(
-                writer.event, self._kube, pod, RESTARTED, text, warning=True, action="MPS"
-            )
+            self.usage = measure(self.cache, self.reservations, self.leading, self.escapes)
 
     def run(self, stop: threading.Event) -> None:
         """`tick` every housekeeping interval until `stop`."""
@@ -378,35 +340,6 @@ class Extender:
     def _count_bind(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.attempts.labels(result=result).inc()
-
-    def _measure(self) -> Usage:
-        gpus = list(self.cache.snapshot.gpus.values())
-        held = [g for g in gpus if not g.coming]
-        mps, mps_ready = daemons(c.pod for c in self.cache.capacity.values())
-        return Usage(
-            gpus_held=len(held),
-            gpus_coming=len(self.cache.capacity) - len(held),
-            gpus_in_use=sum(1 for g in held if g.pods),
-            compute_allocated=sum(g.used_compute for g in held),
-            pending_pods=len(self.cache.pending),
-            leader=self.leading,
-            reservations=len(self.reservations),
-            unhealthy=sum(1 for g in held if not g.healthy),
-            overcommitted=len(self.cache.snapshot.overcommitted()),
-            escaped=0 if self.escapes is None else len(self.escapes.pods),
-            mps_daemons=mps,
-            mps_daemons_ready=mps_ready,
-            oldest_pending=min((created(p.pod) for p in self.cache.pending.values()), default=None),
-        )
-
-
-def created(pod: JSON) -> float:
-    """A pod's creationTimestamp in Unix seconds (now when it has none yet)."""
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time()
 
 
 def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:

@@ -2,8 +2,8 @@
 
 from prometheus_client import CollectorRegistry
 
-from scheduler.extender import created
 from scheduler.metrics import Metrics, Usage
+from scheduler.reporting import created
 
 
 def gauges(usage: Usage, wall: float = 2_000_000_000.0) -> CollectorRegistry:
