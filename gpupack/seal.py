@@ -21,6 +21,7 @@ import base64
 import hashlib
 import hmac
 import json
+from json.encoder import encode_basestring_ascii as _string
 from typing import Final
 
 from gpupack import keys
@@ -42,12 +43,20 @@ class SealError(ValueError):
     """Why a pod's seal does not prove that gpupack admitted it."""
 
 
+def message(namespace: str, issued: int, annotations: dict[str, str]) -> bytes:
+    """What the seal's HMAC is over: compact JSON with non-ASCII escaped, as every release
+    wrote it (`json.dumps(..., separators=(",", ":"))`). Strings go through json's own
+    string encoder, without building the encoder per call: the same bytes, faster."""
+    values = [annotations.get(k) for k in SEALED]
+    if type(issued) is not int or not all(v is None or type(v) is str for v in values):
+        doc = [VERSION, namespace, issued, values]
+        return json.dumps(doc, separators=(",", ":")).encode()
+    inner = ",".join("null" if v is None else _string(v) for v in values)
+    return f"[{_string(VERSION)},{_string(namespace)},{issued},[{inner}]]".encode()
+
+
 def _digest(key: bytes, namespace: str, issued: int, annotations: dict[str, str]) -> str:
-    message = json.dumps(
-        [VERSION, namespace, issued, [annotations.get(k) for k in SEALED]],
-        separators=(",", ":"),
-    ).encode()
-    mac = hmac.new(key, message, hashlib.sha256).digest()
+    mac = hmac.new(key, message(namespace, issued, annotations), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(mac).decode().rstrip("=")
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Final, Protocol
 
 import orjson
@@ -31,7 +32,9 @@ from gpupack.recommendation import Recommendation
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import ErrorKind, WebhookMetrics
-from webhook.mutate import PROCESS_KEY, MutationContext, decide
+from webhook.mutate import PROCESS_KEY, MutationContext
+from webhook.mutate import decide as decide_pod
+from webhook.plans import PlanCache
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
 
@@ -253,7 +256,7 @@ def create_app(
     metrics: WebhookMetrics,
     cluster: ClusterPort | None = None,
     policies: PolicySet = BUILTIN_POLICIES,
-    decide: Decide = decide,
+    decide: Decide | None = None,
     clock: Callable[[], datetime] = utc_now,
     timer: Callable[[], float] = time.perf_counter,
     capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
@@ -264,7 +267,10 @@ def create_app(
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
     recommendations, and `policies` are the policies in force. `key`: the decision key
     (`gpupack.seal`); by default one random to this process, which the scheduler does not
-    share."""
+    share. `decide`: by default `webhook.mutate.decide` with its plans memoized per pod
+    template (`webhook.plans`)."""
+    if decide is None:
+        decide = partial(decide_pod, plan=PlanCache(counted=metrics.plan_lookup))
     admissions = Admissions(
         audit=audit,
         metrics=metrics,

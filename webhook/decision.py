@@ -5,8 +5,9 @@ of it the capacity manager needs; `CapacityOutcome` is what the capacity manager
 The audit line is built from all three.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any, TypeVar
 
 from gpupack.kube import JSON
 from gpupack.recommendation import Recommendation
@@ -58,6 +59,9 @@ class Decision:
     reason: Reason
     message: str  # one sentence a person can act on
     patch: tuple[JSON, ...] = ()
+    # The gpupack annotations a rewrite writes (`webhook.mutate.build_patch`; the decision
+    # id and the seal once stamped).
+    annotations: dict[str, str] = field(default_factory=dict)
     policy: str | None = None
     policy_source: str | None = None  # "pod-annotation", "namespace-annotation", "auto: ..."
     policy_origin: str | None = None  # "GPUPolicy", "built-in", "built-in (GPUPolicy ... invalid)"
@@ -83,3 +87,24 @@ class CapacityOutcome:
     created: tuple[str, ...] = ()
     detail: str = ""
     extra: JSON = field(default_factory=dict)
+
+
+T = TypeVar("T", Decision, Demand)
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in (Decision, Demand)
+}
+
+
+def evolve(value: T, **changes: Any) -> T:
+    """`dataclasses.replace` for the admission's hot path (`webhook.mutate.stamp`): the
+    same copy with `changes`, without re-running `__init__`'s per-field machinery.
+    Unknown field names raise TypeError, as `replace` does."""
+    names = _FIELDS[type(value)]
+    if not changes.keys() <= set(names):
+        raise TypeError(
+            f"{type(value).__name__} has no field {sorted(changes.keys() - set(names))}"
+        )
+    copy = object.__new__(type(value))
+    for name in names:
+        object.__setattr__(copy, name, changes[name] if name in changes else getattr(value, name))
+    return copy

@@ -101,6 +101,16 @@ class WebhookMetrics:
             "GPURecommendation.",
             registry=registry,
         )
+        self._plans = Counter(
+            "gpupack_webhook_plan_cache_lookups",
+            "Decisions planned afresh (miss) or taken from the plan of an earlier pod of the "
+            "same template and context (hit).",
+            ["result"],
+            registry=registry,
+        )
+        self._plan_children = {
+            hit: self._plans.labels("hit" if hit else "miss") for hit in (True, False)
+        }
         self._admission_children: dict[tuple[str, str], Counter] = {}
         self._capacity_children: dict[str, Counter] = {}
         self._error_children = {kind: self._errors.labels(kind.value) for kind in ErrorKind}
@@ -114,6 +124,9 @@ class WebhookMetrics:
             child = self._admission_children[key] = self._admissions.labels(*key)
         child.inc()
         self._duration.observe(seconds)
+
+    def plan_lookup(self, hit: bool) -> None:
+        self._plan_children[hit].inc()
 
     def recommendation_applied(self) -> None:
         self._recommendations_applied.inc()

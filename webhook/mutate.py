@@ -36,7 +36,7 @@ from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
 from webhook import mps, patch, scope
-from webhook.decision import Decision, Demand, Outcome, Reason
+from webhook.decision import Decision, Demand, Outcome, Reason, evolve
 from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 
@@ -54,6 +54,8 @@ def no_recommendation(namespace: str, kind: str, name: str) -> Recommendation | 
 
 
 PROCESS_KEY: Final = secrets.token_bytes(32)
+# The annotations written per admission, not per plan: the decision id and the seal.
+IDENTITY: Final = (keys.DECISION, keys.SEAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,24 +78,100 @@ class Allocation:
     recommendation: Recommendation | None = None  # the recommendation applied, if any
 
 
-def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
+Plan = Callable[[AdmissionRequest, "MutationContext"], Decision]
+
+
+def decide(request: AdmissionRequest, ctx: MutationContext, plan: Plan | None = None) -> Decision:
+    """The decision for one admission: a pod carrying this admission's own seal is left
+    alone; any other gets its plan (`plan_decision`, or `plan`: the same function
+    memoized, `webhook.plans`), stamped with this admission's identity (`stamp`)."""
+    done = already_mutated(request, ctx)
+    if done is not None:
+        return done
+    return stamp((plan_decision if plan is None else plan)(request, ctx), request, ctx)
+
+
+def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision | None:
+    """The decision for a pod this admission already rewrote (reinvocation), else None."""
+    pod = request.pod
+    spec: PodSpec = pod.get("spec") or {}
+    annotations = annotations_of(pod)
+    if not (
+        request.operation == "CREATE"
+        and keys.SEAL in annotations
+        and spec.get("schedulerName") == keys.SCHEDULER_NAME
+        and seal.reinvoked(ctx.key, request.namespace, annotations, ctx.now)
+    ):
+        return None
+    owner_kind, owner_name = workload_of(pod, request.name)
+    return Decision(
+        Outcome.SKIPPED,
+        Reason.ALREADY_MUTATED,
+        f"already mutated (decision {annotations.get(keys.DECISION)}, sealed)",
+        owner_kind=owner_kind,
+        owner_name=owner_name,
+    )
+
+
+def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -> Decision:
+    """A planned rewrite made this admission's: its decision id (the admission's uid) and
+    the seal over it and the planned annotations, issued now with the decision key."""
+    if decision.outcome is not Outcome.MUTATED:
+        return decision
+    uid = request.uid
+    sealed = {keys.DECISION: uid, **decision.annotations}
+    sealed[keys.SEAL] = seal.seal(ctx.key, request.namespace, sealed, ctx.now)
+    demand = decision.demand
+    if demand is not None:
+        demand = evolve(demand, decision_id=uid)
+    ops = _with_identity(decision.patch, uid, sealed[keys.SEAL])
+    return evolve(decision, patch=ops, annotations=sealed, demand=demand)
+
+
+def _with_identity(ops: tuple[JSON, ...], decision: str, sealed: str) -> tuple[JSON, ...]:
+    """The plan's patch writing the decision id and the seal too, keeping the annotation
+    ops in key order: into the annotations map the plan adds when the pod had none (one
+    op, as before), else one `add` each around the plan's own (an `add` replaces a
+    user's value: the plan stripped these keys by leaving them to it). The plan's ops
+    are shared by every admission of its template and are never changed."""
+    start = end = -1
+    for index, op in enumerate(ops):
+        path = op["path"]
+        if path.startswith(OURS):
+            end = index
+            if start < 0:
+                start = index
+        elif op["op"] == "add" and path in ("/metadata/annotations", "/metadata"):
+            value = dict(op["value"])
+            inner = value if path != "/metadata" else dict(value["annotations"])
+            inner[keys.DECISION], inner[keys.SEAL] = decision, sealed
+            if path == "/metadata":
+                value["annotations"] = inner
+            return (*ops[:index], patch.add(path, value), *ops[index + 1 :])
+    first, last = patch.add(DECISION_PATH, decision), patch.add(SEAL_PATH, sealed)
+    if start < 0:
+        return (*ops, first, last)
+    return (*ops[:start], first, *ops[start : end + 1], last, *ops[end + 1 :])
+
+
+def _annotation(key: str) -> str:
+    return patch.pointer("metadata", "annotations", key)
+
+
+OURS: Final = _annotation("gpupack.io/")  # the pointers of gpupack's annotations start so
+DECISION_PATH: Final = _annotation(keys.DECISION)
+SEAL_PATH: Final = _annotation(keys.SEAL)
+
+
+def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
+    """Everything about an admission but its identity: what `decide` answers, without the
+    decision id and the seal, from the request's operation, namespace, name and pod and
+    the context's Namespace, policies, recommendation and MPS setting (never its key or
+    time). Pods of one template in one context get the same plan."""
     pod = request.pod
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
     owner_kind, owner_name = workload_of(pod, request.name)
-    ours = (
-        request.operation == "CREATE"
-        and spec.get("schedulerName") == keys.SCHEDULER_NAME
-        and seal.reinvoked(ctx.key, request.namespace, annotations, ctx.now)
-    )
-    if ours:
-        return Decision(
-            Outcome.SKIPPED,
-            Reason.ALREADY_MUTATED,
-            f"already mutated (decision {annotations.get(keys.DECISION)}, sealed)",
-            owner_kind=owner_kind,
-            owner_name=owner_name,
-        )
     forbidden = keys.SCHEDULER_ONLY + keys.WEBHOOK_ONLY
     stripped = tuple(key for key in forbidden if key in annotations)
 
@@ -152,7 +230,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
-    ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped, ctx)
+    written, ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped)
     warnings = choice.warnings
     if choice.policy.sharing is Sharing.MPS:
         wired = mps.wiring(spec, gpus.slots)
@@ -167,6 +245,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         f"shares a GPU: {format_compute(allocation.compute)} compute, "
         f"{format_memory(allocation.memory)} memory ({choice.policy.name})",
         patch=ops,
+        annotations=written,
         policy=choice.policy.name,
         policy_source=choice.source,
         policy_origin=choice.origin,
@@ -180,7 +259,7 @@ def decide(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         stripped=stripped,
         warnings=warnings,
         demand=Demand(
-            decision_id=request.uid,
+            decision_id="",  # the admission's, stamped
             pool=metadata_key(scheduling),
             scheduling=scheduling,
             compute=allocation.compute,
@@ -370,8 +449,8 @@ def build_patch(
     choice: PolicyChoice,
     allocation: Allocation,
     stripped: tuple[str, ...],
-    ctx: MutationContext,
-) -> tuple[JSON, ...]:
+) -> tuple[dict[str, str], tuple[JSON, ...]]:
+    """The annotations a rewrite writes (but `IDENTITY`) and its patch."""
     ops: list[JSON] = []
     original = OriginalResources(scheduler_name=spec.get("schedulerName"))
     for slot in gpus.slots:
@@ -398,21 +477,20 @@ def build_patch(
     else:
         ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
     wanted = {  # in sorted key order, so the ops come out sorted
-        keys.DECISION: request.uid,
         keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
         keys.GPU_COMPUTE: format_compute(allocation.compute),
         keys.GPU_MEMORY: format_memory(allocation.memory),
         keys.ORIGINAL_RESOURCES: write_original_resources(original),
         keys.POLICY: choice.policy.name,
     }
-    wanted[keys.SEAL] = seal.seal(ctx.key, request.namespace, wanted, ctx.now)
-    # A stripped key we write anyway is replaced (`add` of an existing member), not removed.
+    # A stripped key we write anyway (here or in `stamp`) is replaced (`add` of an
+    # existing member), not removed.
     kept = {k: v for k, v in annotations.items() if k not in stripped}
-    ops.extend(strip_ops(k for k in stripped if k not in wanted))
+    ops.extend(strip_ops(k for k in stripped if k not in wanted and k not in IDENTITY))
     ops.extend(_set_annotations(request.pod, kept, wanted))
     env = gpu_env(choice.policy, allocation)
     for slot in gpus.slots:
         if slot.count > 0:
             container = spec[slot.field][slot.index]  # type: ignore[literal-required]
             ops.extend(_env_ops(container, patch.pointer("spec", slot.field, slot.index), env))
-    return tuple(ops)
+    return wanted, tuple(ops)

@@ -1,0 +1,49 @@
+"""The seal's bytes: what earlier releases sealed must still verify (pods admitted by the
+old webhook are placed by the new scheduler during an upgrade)."""
+
+import json
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupack import keys, seal
+
+KEY = b"k" * 32
+ANNOTATIONS = {
+    keys.DECISION: "0f5c2a51-uid",
+    keys.ENFORCEMENT: "accounting",
+    keys.GPU_COMPUTE: "300m",
+    keys.GPU_MEMORY: "12Gi",
+    keys.ORIGINAL_RESOURCES: '{"containers":{"main":{"limits":{"nvidia.com/gpu":"1"}}}}',
+    keys.POLICY: "near-real-time",
+}
+
+
+def test_seals_made_by_earlier_releases_verify() -> None:
+    # Made with the json.dumps message, before the orjson path (DEL and non-ASCII included).
+    made = {
+        "near-real-time": "v1.1790000000.D8opKzM3rNsIg5vxMMUyi48ATzUAfbFZkR5RZwJeM3o",
+        "équipe\x7f": "v1.1790000000.xwhth3C_Oh5lMwDe4UTdCRxqbauyi-Xuki2pAIPrcEY",
+        "batch\x7f": "v1.1790000000.BQB_0fr-HxPO6wFoLpNsm7kfye6vyOdquNwXo6SCJmk",
+    }
+    for policy, value in made.items():
+        annotations = {**ANNOTATIONS, keys.POLICY: policy, keys.SEAL: value}
+        assert seal.seal(KEY, "ml", annotations, 1790000000) == value
+        assert seal.verify(KEY, "ml", annotations) == 1790000000
+
+
+@given(
+    st.lists(
+        st.none() | st.text(max_size=12), min_size=len(seal.SEALED), max_size=len(seal.SEALED)
+    ),
+    st.text(max_size=8),
+)
+def test_the_message_is_what_json_dumps_writes_whatever_the_text(
+    values: list[str | None], namespace: str
+) -> None:
+    annotations = {k: v for k, v in zip(seal.SEALED, values, strict=True) if v is not None}
+    expected = json.dumps(
+        [seal.VERSION, namespace, 7, [annotations.get(k) for k in seal.SEALED]],
+        separators=(",", ":"),
+    ).encode()
+    assert seal.message(namespace, 7, annotations) == expected

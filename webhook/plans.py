@@ -1,0 +1,84 @@
+"""The decision's plan, memoized per pod template: `decide(request, ctx, plan=PlanCache())`.
+
+A ReplicaSet, Job or DaemonSet creates its pods from one template, and the API server
+sends each of them to the webhook as the same object (generateName set, name empty).
+Their plans (`webhook.mutate.plan_decision`: everything the admission decides but its
+decision id and seal) are equal whenever everything the plan reads is: the request's
+operation, namespace and name, the pod, the Namespace object the webhook sees, the
+policies in force, the workload's recommendation and the MPS setting. That is the key,
+compared by value (the pod and the Namespace as their JSON bytes), so a changed label,
+annotation, policy or recommendation is a different plan, never a stale one. The plan
+never reads the decision key or the time, so it is not keyed on them; `stamp` adds what
+is per admission.
+
+Bounded: the least recently used plans go first. The policies in force are compared by
+identity (each change makes a new `PolicySet`): a new set drops every plan. Not
+thread-safe; the webhook decides on its event loop.
+"""
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Final
+
+import orjson
+
+from gpupack.kube import workload_of
+from gpupack.policy import PolicySet
+from webhook.decision import Decision
+from webhook.mutate import MutationContext, Plan, plan_decision
+from webhook.review import AdmissionRequest
+
+DEFAULT_SIZE: Final = 1024  # templates; a few KB each
+
+
+class PlanCache:
+    """`plan_decision`, memoized; a drop-in `plan` for `webhook.mutate.decide`."""
+
+    def __init__(
+        self,
+        size: int = DEFAULT_SIZE,
+        plan: Plan = plan_decision,
+        counted: Callable[[bool], None] | None = None,  # called with hit or not
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a plan cache holds at least one plan, not {size}")
+        self._size = size
+        self._plan = plan
+        self._counted = counted
+        self._plans: OrderedDict[Hashable, Decision] = OrderedDict()
+        self._policies: PolicySet | None = None
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __call__(self, request: AdmissionRequest, ctx: MutationContext) -> Decision:
+        if ctx.policy_set is not self._policies:
+            self._plans.clear()
+            self._policies = ctx.policy_set
+        try:
+            key = self._key(request, ctx)
+        except orjson.JSONEncodeError:  # nothing orjson.loads gives; planned, not kept
+            return self._plan(request, ctx)
+        plan = self._plans.get(key)
+        if self._counted is not None:
+            self._counted(plan is not None)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        plan = self._plans[key] = self._plan(request, ctx)
+        if len(self._plans) > self._size:
+            self._plans.popitem(last=False)
+        return plan
+
+    @staticmethod
+    def _key(request: AdmissionRequest, ctx: MutationContext) -> Hashable:
+        kind, name = workload_of(request.pod, request.name)
+        return (
+            request.operation,
+            request.namespace,
+            request.name,
+            orjson.dumps(request.pod),
+            orjson.dumps(ctx.namespace),
+            ctx.recommendation(request.namespace, kind, name),
+            ctx.mps,
+        )
