@@ -28,7 +28,7 @@ from gpupack.runtime import config
 from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds, version
 from gpupack.runtime.endpoints import ANY, listen_family
 from gpupack.runtime.logs import configure_logging
-from gpupack.runtime.shell import add_log_arguments
+from gpupack.runtime.shell import add_log_arguments, settle_heap
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import Drain, GuardedProtocol, Limits
@@ -281,6 +281,7 @@ async def serve(server: uvicorn.Server, cluster: ClusterPort | None) -> None:
     watches may use the loop as well as threads; it is stopped after the server drained."""
     if cluster is not None:
         cluster.start()
+    settle_heap()
     try:
         await server.serve()
     finally:

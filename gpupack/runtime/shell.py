@@ -22,6 +22,7 @@ Exit codes, the same for every binary:
 import argparse
 import contextlib
 import functools
+import gc
 import logging
 import signal
 import sys
@@ -253,6 +254,17 @@ def _serve(work: Work, stop: threading.Event) -> None:
     worker.join(timeout=STOP_TIMEOUT)
 
 
+def settle_heap() -> None:
+    """Take what start-up made (modules, parsers, clients, the first cache lists) out of
+    the cyclic garbage collector's way (`gc.freeze`), so that its full collections scan
+    only what the process made since. On an exporter of 8 GPUs x 64 processes a full
+    collection took up to 22 ms, inside a scrape: the scrape's p99 was 37 ms, 15 ms
+    after (`benchmarks/exporter/run.py`). Frozen objects are still freed by reference
+    counting; only cycles among them would stay."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
@@ -276,6 +288,7 @@ def run(
             process.defer(functools.partial(signal.signal, signum, previous))
         if not process.start_informers():
             return EXIT_FAILED
+        settle_heap()
         failed = threading.Event()
         work = _guarded(service.work, process.stop, failed)
         if service.election is None:

@@ -20,7 +20,7 @@ ANNOTATIONS = {
 
 
 def test_seals_made_by_earlier_releases_verify() -> None:
-    # Made with the json.dumps message, before the orjson path (DEL and non-ASCII included).
+    # Made by json.dumps itself, before seal.message encoded its own (DEL and non-ASCII too).
     made = {
         "near-real-time": "v1.1790000000.D8opKzM3rNsIg5vxMMUyi48ATzUAfbFZkR5RZwJeM3o",
         "équipe\x7f": "v1.1790000000.xwhth3C_Oh5lMwDe4UTdCRxqbauyi-Xuki2pAIPrcEY",
