@@ -28,7 +28,9 @@ from gpupack import keys
 from gpupack.kube import JSON
 
 DRIVER: Final = f"mps.{keys.DOMAIN}"  # the CSI driver's name
-SHARING_MPS: Final = "mps"  # the `gpupack.io/sharing` label value of an MPS pool's GPUs
+# The word for MPS sharing: the `gpupack.io/sharing` label of an MPS pool's capacity pods
+# and the `gpupack.io/enforcement` annotation of the pods MPS enforces.
+SHARING_MPS: Final = "mps"
 
 VOLUME: Final = "gpupack-mps"  # the volume's name in every pod that mounts it
 MOUNT_PATH: Final = "/run/gpupack/mps"  # where the GPU's directory appears in a container

@@ -5,9 +5,8 @@ of it the capacity manager needs; `CapacityOutcome` is what the capacity manager
 The audit line is built from all three.
 """
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
 
 from gpupack.kube import JSON
 from gpupack.recommendation import Recommendation
@@ -87,24 +86,3 @@ class CapacityOutcome:
     created: tuple[str, ...] = ()
     detail: str = ""
     extra: JSON = field(default_factory=dict)
-
-
-T = TypeVar("T", Decision, Demand)
-_FIELDS: dict[type, tuple[str, ...]] = {
-    cls: tuple(f.name for f in fields(cls)) for cls in (Decision, Demand)
-}
-
-
-def evolve(value: T, **changes: Any) -> T:
-    """`dataclasses.replace` for the admission's hot path (`webhook.mutate.stamp`): the
-    same copy with `changes`, without re-running `__init__`'s per-field machinery.
-    Unknown field names raise TypeError, as `replace` does."""
-    names = _FIELDS[type(value)]
-    if not changes.keys() <= set(names):
-        raise TypeError(
-            f"{type(value).__name__} has no field {sorted(changes.keys() - set(names))}"
-        )
-    copy = object.__new__(type(value))
-    for name in names:
-        object.__setattr__(copy, name, changes[name] if name in changes else getattr(value, name))
-    return copy

@@ -153,10 +153,8 @@ def summary(decision: Decision, kind: str, name: str) -> JSON:
             "allocationSource": decision.allocation_source,
             "pool": decision.demand.pool if decision.demand else None,
         }
-        out["enforcement"] = (
-            "mps" if decision.demand and decision.demand.exclusive else "accounting"
-        )
-        if out["enforcement"] == "mps" and decision.compute is not None:
+        out["enforcement"] = decision.annotations.get(keys.ENFORCEMENT)
+        if out["enforcement"] == mps.SHARING_MPS and decision.compute is not None:
             out["mps"] = mps_wiring(decision.compute, decision.memory or 0)
     if decision.stripped:
         out["stripped"] = list(decision.stripped)

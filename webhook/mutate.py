@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from gpupack import keys, seal
@@ -36,7 +36,7 @@ from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
 from webhook import mps, patch, scope
-from webhook.decision import Decision, Demand, Outcome, Reason, evolve
+from webhook.decision import Decision, Demand, Outcome, Reason
 from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 
@@ -123,9 +123,9 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
     sealed[keys.SEAL] = seal.seal(ctx.key, request.namespace, sealed, ctx.now)
     demand = decision.demand
     if demand is not None:
-        demand = evolve(demand, decision_id=uid)
+        demand = replace(demand, decision_id=uid)
     ops = _with_identity(decision.patch, uid, sealed[keys.SEAL])
-    return evolve(decision, patch=ops, annotations=sealed, demand=demand)
+    return replace(decision, patch=ops, annotations=sealed, demand=demand)
 
 
 def _with_identity(ops: tuple[JSON, ...], decision: str, sealed: str) -> tuple[JSON, ...]:
@@ -399,6 +399,12 @@ def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
     return env
 
 
+def enforcement(policy: Policy) -> str:
+    """The `gpupack.io/enforcement` of a pod of `policy`: `mps`, or `accounting` where
+    nothing but the scheduler's books holds a pod to its share."""
+    return gpupack_mps.SHARING_MPS if policy.sharing is Sharing.MPS else "accounting"
+
+
 def mps_limits(compute: int, memory: int) -> dict[str, str]:
     """The MPS client limits of a share: its compute as a percentage of the GPU's threads
     (rounded up), its memory as the pinned limit of device 0 (the one the pod sees)."""
@@ -477,7 +483,7 @@ def build_patch(
     else:
         ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
     wanted = {  # in sorted key order, so the ops come out sorted
-        keys.ENFORCEMENT: "mps" if choice.policy.sharing is Sharing.MPS else "accounting",
+        keys.ENFORCEMENT: enforcement(choice.policy),
         keys.GPU_COMPUTE: format_compute(allocation.compute),
         keys.GPU_MEMORY: format_memory(allocation.memory),
         keys.ORIGINAL_RESOURCES: write_original_resources(original),

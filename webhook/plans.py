@@ -1,7 +1,9 @@
 """The decision's plan, memoized per pod template: `decide(request, ctx, plan=PlanCache())`.
 
-A ReplicaSet, Job or DaemonSet creates its pods from one template, and the API server
-sends each of them to the webhook as the same object (generateName set, name empty).
+A ReplicaSet or a Job (not an indexed one) creates its pods from one template, and the
+API server sends each of them to the webhook as the same object (generateName set, name
+empty). A StatefulSet's pods carry their names, an indexed Job's their index and a
+DaemonSet's their node's affinity: each is a template of its own, planned afresh.
 Their plans (`webhook.mutate.plan_decision`: everything the admission decides but its
 decision id and seal) are equal whenever everything the plan reads is: the request's
 operation, namespace and name, the pod, the Namespace object the webhook sees, the
