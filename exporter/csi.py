@@ -153,11 +153,6 @@ class NodeService(Protocol):
     def unpublish(self, request: UnpublishRequest) -> None: ...
 
 
-def _ignore(data: bytes) -> None:
-    for _ in wire.fields(data, "request"):
-        pass
-
-
 def _raw(data: bytes) -> bytes:
     return data
 
@@ -199,7 +194,7 @@ def csi_handlers(name: str, version: str, node_id: str, node: NodeService) -> li
 
     def constant(answer: bytes) -> Handler:
         def handler(data: bytes, context: grpc.ServicerContext) -> bytes:
-            _ignore(data)
+            wire.skip(data, "request")
             return answer
 
         return handler
@@ -225,7 +220,7 @@ def registration_handlers(name: str, endpoint: str) -> list[object]:
     """The kubelet's plugin registration: who we are, and being told how it went."""
 
     def get_info(data: bytes, context: grpc.ServicerContext) -> bytes:
-        _ignore(data)
+        wire.skip(data, "request")
         return encode_registration_info(name, endpoint)
 
     def notify(data: bytes, context: grpc.ServicerContext) -> bytes:

@@ -23,7 +23,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from exporter import csi
-from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, PodGetter, kubernetes_size
+from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, PodGetter, shm_bytes
 from gpupack import mps
 from gpupack.kube import JSON
 from gpupack.runtime import shell
@@ -40,7 +40,7 @@ REGISTRY: Final = Path("/var/lib/kubelet/plugins_registry")
 
 def shm_size(text: str) -> str:
     try:
-        kubernetes_size(text)
+        shm_bytes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return text

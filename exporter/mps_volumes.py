@@ -37,8 +37,10 @@ import grpc
 
 from exporter.csi import PublishRequest, Refused, UnpublishRequest
 from gpupack import keys, mps
-from gpupack.capacity import SHARING
+from gpupack.capacity import SHARING, runs_mps_daemon
+from gpupack.errors import ContractError
 from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.quantity import parse_bytes
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def decide(pod: JSON, uid: str, *, node: str, namespace: str, get_pod: PodGetter
         return Refusal(f"pod {name} is not bound to node {node}")
     labels, annotations = labels_of(pod), annotations_of(pod)
     if meta.get("namespace") == namespace and labels.get(keys.ROLE) == keys.ROLE_CAPACITY:
-        if labels.get(SHARING) != mps.SHARING_MPS:
+        if not runs_mps_daemon(pod):
             return Refusal(f"capacity pod {name} is not of an MPS pool ({SHARING} is not mps)")
         return Daemon(uid)
     if annotations.get(keys.ENFORCEMENT) != mps.SHARING_MPS:
@@ -104,7 +106,7 @@ def decide(pod: JSON, uid: str, *, node: str, namespace: str, get_pod: PodGetter
     capacity = get_pod(namespace, holder)
     if capacity is None or _meta(capacity).get("deletionTimestamp"):
         return Refusal(f"pod {name}: its capacity pod {namespace}/{holder} is gone")
-    if labels_of(capacity).get(SHARING) != mps.SHARING_MPS:
+    if not runs_mps_daemon(capacity):
         return Refusal(f"pod {name}: capacity pod {holder} does not run an MPS daemon")
     if (capacity.get("spec") or {}).get("nodeName") != node:
         return Refusal(f"pod {name}: capacity pod {holder} is not on node {node}")
@@ -141,7 +143,7 @@ class Mounter:
             f"bind {source} on {target}",
         )
 
-    def tmpfs(self, target: Path, size: str) -> None:
+    def tmpfs(self, target: Path, size: int) -> None:
         options = f"size={size},mode=1777".encode()
         self._check(
             self._libc.mount(
@@ -173,15 +175,13 @@ def _unescape(field: str) -> str:
     return field
 
 
-def kubernetes_size(quantity: str) -> str:
-    """A size in Kubernetes' form (256Mi) as tmpfs reads it (256m)."""
-    units = {"Ki": "k", "Mi": "m", "Gi": "g"}
-    for suffix, short in units.items():
-        if quantity.endswith(suffix) and quantity[: -len(suffix)].isdigit():
-            return quantity[: -len(suffix)] + short
-    if quantity.isdigit():
-        return quantity
-    raise ValueError(f"{quantity!r} is not a size such as 256Mi, 1Gi or 65536Ki")
+def shm_bytes(quantity: str) -> int:
+    """The shared memory's size, a Kubernetes quantity (`256Mi`), in bytes. Positive: a
+    tmpfs of size 0 has no limit. ValueError (a ContractError) naming the accepted form."""
+    size = parse_bytes(quantity, "--shm-size")
+    if size <= 0:
+        raise ContractError("--shm-size", quantity, "a positive size such as 256Mi")
+    return size
 
 
 def _check_volume_id(volume_id: str) -> None:
@@ -207,7 +207,7 @@ class MpsVolumes:
         self._node = node
         self._namespace = namespace
         self._get_pod = get_pod
-        self._shm_size = kubernetes_size(shm_size)
+        self._shm_size = shm_bytes(shm_size)
         self._mounter = mounter or Mounter()
 
     def directory(self, uid: str) -> Path:
@@ -268,7 +268,7 @@ class MpsVolumes:
             record.unlink()
 
     def _create(self, directory: Path) -> None:
-        for sub in ("pipe", "log", mps.SHM):
+        for sub in (mps.PIPE, mps.LOG, mps.SHM):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         shm = directory / mps.SHM
         if not self._mounter.mounted(shm):

@@ -100,6 +100,13 @@ def fields(data: memoryview | bytes, message: str) -> Iterator[tuple[int, int, V
         yield number, wire_type, value
 
 
+def skip(data: memoryview | bytes, message: str) -> None:
+    """Check that a request whose fields we do not read is well formed: fields a newer
+    peer sends are ignored, malformed bytes raise WireError."""
+    for _ in fields(data, message):
+        pass
+
+
 def payload(wire_type: int, value: Value, field: str) -> memoryview:
     if wire_type != LEN or not isinstance(value, memoryview):
         raise WireError(f"{field}: wire type {wire_type}, expected 2 (length-delimited)")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpupack import keys, mps
-from gpupack.kube import JSON
+from gpupack.kube import JSON, labels_of
 from gpupack.pool import is_mps
 
 FULL_GPU: Final = 1000  # compute millis in one GPU
@@ -349,6 +349,12 @@ def capacity_pod(
         },
         "spec": spec,
     }
+
+
+def runs_mps_daemon(pod: JSON) -> bool:
+    """A capacity pod of an MPS pool (labelled so by `capacity_pod`): it runs its GPU's
+    MPS control daemon and shares that GPU's MPS directory with the pods placed on it."""
+    return labels_of(pod).get(SHARING) == mps.SHARING_MPS
 
 
 DAEMON_USER: Final = 0

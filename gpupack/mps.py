@@ -34,9 +34,11 @@ SHARING_MPS: Final = "mps"
 
 VOLUME: Final = "gpupack-mps"  # the volume's name in every pod that mounts it
 MOUNT_PATH: Final = "/run/gpupack/mps"  # where the GPU's directory appears in a container
-PIPE_DIRECTORY: Final = f"{MOUNT_PATH}/pipe"
-LOG_DIRECTORY: Final = f"{MOUNT_PATH}/log"
-SHM: Final = "shm"  # the subdirectory mounted at /dev/shm
+PIPE: Final = "pipe"  # the GPU directory's subdirectories: the daemon's pipes,
+LOG: Final = "log"  # its logs,
+PIPE_DIRECTORY: Final = f"{MOUNT_PATH}/{PIPE}"
+LOG_DIRECTORY: Final = f"{MOUNT_PATH}/{LOG}"
+SHM: Final = "shm"  # and the shared memory, mounted at /dev/shm
 SHM_PATH: Final = "/dev/shm"  # noqa: S108 (the container's, which MPS needs shared)
 HOST_ROOT: Final = "/run/gpupack/mps"  # on the node: one directory per MPS capacity pod
 

@@ -15,9 +15,8 @@ from typing import Final, cast
 from gpupack import codec, keys, seal
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
-from gpupack.pool import pool_key
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
-from gpupack.shares import gpu_memory, is_live, pod_allocation
+from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from scheduler.mps_health import daemon_ready
 from scheduler.snapshot import Gpu, Node, Request
 
@@ -190,7 +189,7 @@ def request_of(pod: JSON, key: bytes | None = None) -> Request | NotOurs:
         compute=allocation.compute,
         gpu_memory=allocation.memory,
         gpus=1,
-        pool=pool_key(spec, mps=allocation.exclusive),
+        pool=pool_of(pod),  # the webhook's capacity planning keys it the same way
         owner=allocation.owner,
         exclusive=allocation.exclusive,
     )

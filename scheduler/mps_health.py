@@ -18,17 +18,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gpupack import mps
-from gpupack.capacity import CONTAINER_NAME, SHARING
-from gpupack.kube import JSON, labels_of
+from gpupack.capacity import CONTAINER_NAME, runs_mps_daemon
+from gpupack.kube import JSON
 from scheduler.snapshot import Booking
 
 RESTARTED: Final = "MPSDaemonRestarted"
-
-
-def is_mps(pod: JSON) -> bool:
-    """A capacity pod of an MPS pool."""
-    return labels_of(pod).get(SHARING) == mps.SHARING_MPS
 
 
 def _status(pod: JSON) -> JSON:
@@ -38,9 +32,13 @@ def _status(pod: JSON) -> JSON:
 
 def daemon_ready(pod: JSON) -> bool:
     """Whether an MPS capacity pod's daemon answers its probe (True for other pods)."""
-    if not is_mps(pod):
+    if not runs_mps_daemon(pod):
         return True
-    return (pod.get("status") or {}).get("phase") == "Running" and bool(_status(pod).get("ready"))
+    return _running(pod) and bool(_status(pod).get("ready"))
+
+
+def _running(pod: JSON) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running"
 
 
 def restarts(pod: JSON) -> int:
@@ -87,7 +85,7 @@ class MpsHealth:
         sight of a pod only sets its baseline); forgets pods that are gone."""
         fresh, live = [], set()
         for pod in capacity_pods:
-            if not is_mps(pod):
+            if not runs_mps_daemon(pod):
                 continue
             uid = str((pod.get("metadata") or {}).get("uid", ""))
             live.add(uid)
@@ -102,9 +100,7 @@ class MpsHealth:
 
 def daemons(capacity_pods: Iterable[JSON]) -> tuple[int, int]:
     """(running MPS daemons, of which ready): `gpupack_scheduler_mps_daemons`."""
-    running = [
-        p for p in capacity_pods if is_mps(p) and (p.get("status") or {}).get("phase") == "Running"
-    ]
+    running = [p for p in capacity_pods if runs_mps_daemon(p) and _running(p)]
     return len(running), sum(1 for p in running if daemon_ready(p))
 
 

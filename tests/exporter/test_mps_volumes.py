@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.mps_volumes import Client, Daemon, Refusal, decide, kubernetes_size
+from exporter.mps_volumes import Client, Daemon, Refusal, decide, shm_bytes
 from gpupack import keys
 
 NODE, NS = "gpu-1", "gpupack-system"
@@ -132,17 +132,17 @@ def test_a_user_pod_in_gpupacks_namespace_without_the_capacity_role_is_a_client(
 
 
 @pytest.mark.parametrize(
-    ("quantity", "tmpfs"),
-    [("256Mi", "256m"), ("1Gi", "1g"), ("65536Ki", "65536k"), ("4096", "4096")],
+    ("quantity", "size"),
+    [("256Mi", 256 * 2**20), ("1Gi", 2**30), ("65536Ki", 64 * 2**20), ("4096", 4096)],
 )
-def test_sizes_are_read_as_kubernetes_writes_them(quantity: str, tmpfs: str) -> None:
-    assert kubernetes_size(quantity) == tmpfs
+def test_sizes_are_read_as_kubernetes_writes_them(quantity: str, size: int) -> None:
+    assert shm_bytes(quantity) == size
 
 
-@pytest.mark.parametrize("quantity", ["", "1.5Gi", "-1Mi", "1GB", "Mi"])
+@pytest.mark.parametrize("quantity", ["", "0", "-1Mi", "1GB", "Mi"])
 def test_a_bad_size_names_the_accepted_form(quantity: str) -> None:
-    with pytest.raises(ValueError, match="such as 256Mi"):
-        kubernetes_size(quantity)
+    with pytest.raises(ValueError, match=r"--shm-size: invalid value .*; accepted: "):
+        shm_bytes(quantity)
 
 
 # --- the mounts, for real ---------------------------------------------------------------
