@@ -115,7 +115,10 @@ def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision
 
 def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -> Decision:
     """A planned rewrite made this admission's: its decision id (the admission's uid) and
-    the seal over it and the planned annotations, issued now with the decision key."""
+    the seal over it and the planned annotations, issued now with the decision key; and,
+    for a `real-time-mps` pod, the MPS wiring of its own volumes (`webhook.mps`). That
+    is per pod, not per template: the API server gives each pod's service-account token
+    volume a name of its own before the webhook sees it."""
     if decision.outcome is not Outcome.MUTATED:
         return decision
     uid = request.uid
@@ -124,8 +127,12 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
     demand = decision.demand
     if demand is not None:
         demand = replace(demand, decision_id=uid)
-    ops = _with_identity(decision.patch, uid, sealed[keys.SEAL])
-    return replace(decision, patch=ops, annotations=sealed, demand=demand)
+    ops, warnings = _with_identity(decision.patch, uid, sealed[keys.SEAL]), decision.warnings
+    if sealed[keys.ENFORCEMENT] == gpupack_mps.SHARING_MPS:
+        spec: PodSpec = request.pod.get("spec") or {}
+        wired = mps.wiring(spec, scan_gpus(spec).slots)
+        ops, warnings = ops + wired.ops, warnings + wired.warnings
+    return replace(decision, patch=ops, annotations=sealed, demand=demand, warnings=warnings)
 
 
 def _with_identity(ops: tuple[JSON, ...], decision: str, sealed: str) -> tuple[JSON, ...]:
@@ -164,10 +171,11 @@ SEAL_PATH: Final = _annotation(keys.SEAL)
 
 
 def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
-    """Everything about an admission but its identity: what `decide` answers, without the
-    decision id and the seal, from the request's operation, namespace, name and pod and
-    the context's Namespace, policies, recommendation and MPS setting (never its key or
-    time). Pods of one template in one context get the same plan."""
+    """Everything about an admission but what `stamp` adds (its identity, and an MPS
+    pod's volume wiring): what `decide` answers, from the request's operation, namespace,
+    name and pod (never its volumes, volume mounts or managed fields) and the context's
+    Namespace, policies, recommendation and MPS setting (never its key or time). Pods of
+    one template in one context get the same plan."""
     pod = request.pod
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
@@ -231,11 +239,6 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
     written, ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped)
-    warnings = choice.warnings
-    if choice.policy.sharing is Sharing.MPS:
-        wired = mps.wiring(spec, gpus.slots)
-        ops += wired.ops
-        warnings += wired.warnings
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
     scheduling = scheduling_metadata(spec, mps=choice.policy.sharing is Sharing.MPS)
@@ -257,7 +260,7 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         owner_kind=owner_kind,
         owner_name=owner_name,
         stripped=stripped,
-        warnings=warnings,
+        warnings=choice.warnings,
         demand=Demand(
             decision_id="",  # the admission's, stamped
             pool=metadata_key(scheduling),

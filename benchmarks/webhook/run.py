@@ -2,7 +2,7 @@
 
 Both servers run in their own subprocess with the same uvicorn settings (one worker,
 uvloop, httptools, TLS) and the same certificate, and both are loaded by `wrk` the same
-way: the same ~2 KB AdmissionReview (a Deployment's pod asking for one GPU), 32
+way: the same ~2.6 KB AdmissionReview (a Deployment's pod asking for one GPU), 32
 keep-alive connections, 2 threads, the same duration, after the same warm-up.
 
   (a) baseline: reads the body and returns a canned AdmissionReview response;
@@ -48,7 +48,7 @@ from webhook.mutate import MutationContext, decide
 
 # Run as a script: make the repository's test builders (the realistic pod) importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.webhook.builders import review, vllm_pod
+from tests.webhook.builders import as_the_api_server_sends_it, review, vllm_pod
 from webhook.review import allow, parse_review
 from webhook.serve import build_uvicorn_config
 
@@ -76,8 +76,10 @@ end
 
 def admission_review() -> dict[str, Any]:
     """A realistic AdmissionReview: the ReplicaSet controller creating a vLLM pod of a
-    Deployment that asks for one GPU, as kube-apiserver sends it (about 2.4 KB)."""
-    return review(vllm_pod(), uid="b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91")
+    Deployment that asks for one GPU, as kube-apiserver sends it (with its service-account
+    token volume and managed fields, about 3 KB)."""
+    pod = as_the_api_server_sends_it(dict(vllm_pod()), "56q6j")
+    return review(pod, uid="b6e1c1d2-0c5a-4f7e-8a52-3f0f8f6d2a91")
 
 
 # -- the baseline server (runs in its own process: `run.py --serve-baseline ...`) -----------

@@ -159,3 +159,20 @@ def review(pod: TestPod, uid: str = "req-1", dry_run: bool = False) -> JSON:
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         },
     }
+
+
+def as_the_api_server_sends_it(pod: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """What the API server makes of one pod of a template before any webhook: a
+    service-account token volume of its own name, mounted in every container, and the
+    time it was written in its managed fields."""
+    pod = copy.deepcopy(pod)
+    token = f"kube-api-access-{suffix}"
+    spec = pod.setdefault("spec", {})
+    spec["volumes"] = [*(spec.get("volumes") or []), {"name": token, "projected": {}}]
+    for container in spec.get("containers") or []:
+        if isinstance(container, dict):
+            mount = {"name": token, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+            container["volumeMounts"] = [*(container.get("volumeMounts") or []), mount]
+    meta = pod.setdefault("metadata", {})
+    meta["managedFields"] = [{"manager": "kube-controller-manager", "time": suffix}]
+    return pod

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from gpupack import keys, seal
 from gpupack.policy import PolicySet
 from gpupack.recommendation import Recommendation
-from tests.webhook.builders import deployment_pod, namespace, request, review
+from tests.webhook.builders import (
+    as_the_api_server_sends_it,
+    deployment_pod,
+    namespace,
+    request,
+    review,
+)
 from tests.webhook.test_fuzz import pods
 from tests.webhook.test_rightsizing import gpupolicy, lookup, policies, rec
 from webhook.decision import Decision, Outcome, Reason
@@ -73,6 +79,20 @@ templates = st.one_of(
             "metadata": {**p["metadata"], "annotations": {keys.POLICY: "real-time-mps"}},
         }
     ),
+    st.builds(opted, st.just(deployment_pod()), st.just("enabled")).map(
+        lambda p: {
+            **p,
+            "metadata": {**p["metadata"], "annotations": {keys.POLICY: "real-time-mps"}},
+            "spec": {
+                **p["spec"],
+                "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+                "containers": [
+                    {**c, "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
+                    for c in p["spec"]["containers"]
+                ],
+            },
+        }
+    ),
     st.builds(opted, pods, labelled),
 )
 
@@ -86,7 +106,8 @@ def test_a_memoized_plan_gives_every_admission_the_decision_an_unmemoized_one_wo
     sequence = admissions * 2  # each template comes again, under the same context
     rnd.shuffle(sequence)
     for index, (pod, ctx) in enumerate(sequence):
-        req = parse_review(json.dumps(review(pod, uid=f"uid-{index}")).encode())
+        sent = as_the_api_server_sends_it(pod, f"{rnd.randrange(10**5):05d}")
+        req = parse_review(json.dumps(review(sent, uid=f"uid-{index}")).encode())
         assert decide(req, ctx, plan=plans) == decide(req, ctx)
 
 
@@ -98,8 +119,8 @@ def test_pods_of_one_template_share_a_plan_and_differ_only_in_their_identity() -
     counted: list[bool] = []
     plans = PlanCache(counted=counted.append)
     ctx = context(OPTED_IN, BUILTIN_POLICIES, None, True)
-    first = admit(deployment_pod(), "uid-1", plans, ctx)
-    second = admit(deployment_pod(), "uid-2", plans, ctx)
+    first = admit(as_the_api_server_sends_it(deployment_pod(), "x1"), "uid-1", plans, ctx)
+    second = admit(as_the_api_server_sends_it(deployment_pod(), "y2"), "uid-2", plans, ctx)
 
     assert counted == [False, True]
     assert (first.outcome, second.outcome) == (Outcome.MUTATED, Outcome.MUTATED)
@@ -111,7 +132,9 @@ def test_pods_of_one_template_share_a_plan_and_differ_only_in_their_identity() -
     assert seal.verify(KEY, "ml", second.annotations) == NOW
     assert first.annotations[keys.SEAL] != second.annotations[keys.SEAL]
     # The first decision was not changed by stamping the second from the same plan.
-    assert first == admit(deployment_pod(), "uid-1", PlanCache(), ctx)
+    assert first == admit(
+        as_the_api_server_sends_it(deployment_pod(), "x1"), "uid-1", PlanCache(), ctx
+    )
 
 
 def test_what_the_plan_reads_is_what_it_is_keyed_on() -> None:
