@@ -10,11 +10,13 @@ import json
 import os
 import shutil
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupack import keys
 from gpupack.policy import BUILTIN, policy_spec
@@ -520,3 +522,58 @@ def test_the_workloads_recommendation_sets_its_new_pods_allocation(
     finally:
         kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/web")
         delete_capacity(kube, stored)
+
+
+def plan_lookups(cluster: LocalCluster) -> dict[str, float]:
+    """The webhook's gpupack_webhook_plan_cache_lookups_total, by result."""
+    url = f"http://127.0.0.1:{cluster.webhook_metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        sample.labels["result"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "gpupack_webhook_plan_cache_lookups_total"
+    }
+
+
+def test_the_pods_of_one_replicaset_share_one_plan(
+    kube: Kube, opted_in_namespace: str, local_cluster: LocalCluster
+) -> None:
+    # The API server gives each pod its own service-account token volume and managed
+    # fields before the webhook sees it; the plan must be reused all the same.
+    ns = opted_in_namespace
+    template = {"metadata": {"labels": {"app": "shared"}}, "spec": gpu_spec(ns)}
+    replicaset = {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {"name": "shared", "namespace": ns},
+        "spec": {
+            "replicas": 4,
+            "selector": {"matchLabels": {"app": "shared"}},
+            "template": template,
+        },
+    }
+    before = plan_lookups(local_cluster)
+    kube.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", replicaset)
+    first: JSON | None = None
+    try:
+
+        def four_pods() -> list[JSON] | None:
+            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=shared")["items"]
+            return items if len(items) == 4 else None
+
+        pods = kube.wait_for("the ReplicaSet's 4 pods", four_pods)
+        first = pods[0]
+        volumes = {v["name"] for p in pods for v in p["spec"]["volumes"]}
+        assert len(volumes) == 4  # each pod's token volume has a name of its own
+        for stored in pods:
+            assert_mutated(stored)
+        decisions = {p["metadata"]["annotations"][keys.DECISION] for p in pods}
+        assert len(decisions) == 4  # one stamp each
+        after = plan_lookups(local_cluster)
+        assert after.get("miss", 0) - before.get("miss", 0) == 1
+        assert after.get("hit", 0) - before.get("hit", 0) >= 3  # a retried create: one more
+    finally:
+        kube.delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/shared")
+        delete_capacity(kube, first)
