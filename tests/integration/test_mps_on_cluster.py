@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpupack import keys
-from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
+from gpupack.capacity import capacity_pod
+from gpupack.pool import metadata_key, scheduling_metadata
+from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
 from tests.integration.scheduling import JSON, capacity_pods, create, events, wait_bound
 from tests.integration.workloads import deployment
 
@@ -91,6 +93,35 @@ def test_mps_pods_pass_restricted_and_share_only_their_own_mps_gpu(
     assert other_holder["metadata"]["name"] != holder
     assert "gpupack.io/sharing" not in other_holder["metadata"]["labels"]
     assert other_holder["metadata"]["labels"][keys.POOL] != daemon["metadata"]["labels"][keys.POOL]
+
+
+@pytest.mark.parametrize(("level", "admitted"), [("baseline", True), ("restricted", False)])
+def test_an_mps_capacity_pod_meets_baseline_not_restricted(
+    kube: Kube, level: str, admitted: bool
+) -> None:
+    # What docs/mps.md says of the daemon's pod: its root user and added capabilities
+    # are all within `baseline`; `restricted` refuses them.
+    ns = kube.create_namespace(f"it-{level}", {"pod-security.kubernetes.io/enforce": level})
+    try:
+        inherited = scheduling_metadata({}, mps=True)
+        pod = capacity_pod(
+            metadata_key(inherited),
+            inherited,
+            index=0,
+            created_for="it/Deployment/x",
+            mps_image="ghcr.io/gpupack/gpupack:test",
+            namespace=ns,
+        )
+        try:
+            kube.create(f"/api/v1/namespaces/{ns}/pods", pod, dry_run=True)
+            refused = None
+        except ApiError as error:
+            refused = str(error)
+        assert (refused is None) == admitted, refused
+        if refused is not None:
+            assert "violates PodSecurity" in refused
+    finally:
+        kube.delete(f"/api/v1/namespaces/{ns}")
 
 
 def scheduler_metric(cluster: LocalCluster, sample: str) -> float | None:
