@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final, Protocol, TypeVar
 
 from gpupack import keys
 from gpupack.capacity import (
@@ -52,11 +52,20 @@ def allocation_of(demand: Demand) -> Allocation:
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 POOL_INDEX: Final = "pool"
 DECISION_INDEX: Final = "decision"
 RESERVATION_TTL: Final = 60.0
-ALLOCATION_MEMO_SIZE: Final = 50_000
+MEMO_SIZE: Final = 50_000  # pods whose reading is remembered before the memo starts over
+
+# What a fractional pod adds to its pool: its allocation and the capacity pod it sits on
+# ("" while it waits for one); None when it adds nothing (finished, deleting, annotations
+# that do not parse, or on a node but not on any GPU of this pool).
+_Seat = tuple[str, Allocation] | None
+# What a capacity pod adds: None when finished or deleting, else its GPU's memory (None:
+# unknown) and whether it runs.
+_Held = tuple[int | None, bool] | None
 
 
 class PodCache(Protocol):
@@ -146,7 +155,10 @@ class CapacityManager:
         )
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
-        self._allocations: dict[tuple[str, str], Allocation | None] = {}
+        # By id() of the informer's object, with the object itself: an informer replaces an
+        # object on every change, so identity means "read already" (see `_view`).
+        self._seats: dict[int, tuple[JSON, _Seat]] = {}
+        self._held: dict[int, tuple[JSON, _Held]] = {}
 
     @property
     def synced(self) -> bool:
@@ -241,56 +253,42 @@ class CapacityManager:
                 del state.reservations[decision]
 
     def _view(self, state: _PoolState, demand: Demand) -> PoolView:
+        """The pool from the caches. Every admission reads the whole pool, so each pod is
+        read once per version of it (`_seat`, `_holding`): the rest is a pass of lookups."""
         capacity = self._capacity.by_index(POOL_INDEX, demand.pool)
         seen = [pod["metadata"]["name"] for pod in capacity]
         in_flight = self._creator.in_flight(demand.pool, seen)
-        live = {pod["metadata"]["name"]: pod for pod in capacity if is_live(pod)}
+        live = {
+            name: held
+            for name, pod in zip(seen, capacity, strict=True)
+            if (held := _remembered(self._held, pod, _holding)) is not None
+        }
         placed: dict[str, list[Allocation]] = {name: [] for name in live}
         unplaced: list[Allocation] = []
         for pod in self._fractional.by_index(POOL_INDEX, demand.pool):
-            allocation = self._allocation(pod) if is_live(pod) else None
-            if allocation is None:
+            seat = _remembered(self._seats, pod, _seat)
+            if seat is None:
                 continue
-            host = annotations_of(pod).get(keys.CAPACITY_POD)
-            if host is not None:
-                if host in placed:  # else: a GPU this pool no longer has
-                    placed[host].append(allocation)
-            elif not (pod.get("spec") or {}).get("nodeName"):
+            host, allocation = seat
+            if not host:
                 unplaced.append(allocation)
+            elif host in placed:  # else: a GPU this pool no longer has
+                placed[host].append(allocation)
         for decision, reservation in state.reservations.items():
             if decision != demand.decision_id:
                 unplaced.append(reservation.allocation)
-        memories = {name: gpu_memory(pod) for name, pod in live.items()}
         gpus = [
-            Gpu(
-                name=name,
-                memory=memories[name],
-                running=(pod.get("status") or {}).get("phase") == "Running",
-                allocations=tuple(placed[name]),
-            )
-            for name, pod in live.items()
+            Gpu(name=name, memory=memory, running=running, allocations=tuple(placed[name]))
+            for name, (memory, running) in live.items()
         ]
         gpus.extend(Gpu(name=name) for name in in_flight)
-        known = [memory for memory in memories.values() if memory is not None]
+        known = [memory for memory, _ in live.values() if memory is not None]
         return PoolView(
             gpus=tuple(gpus),
             unplaced=tuple(unplaced),
             used_names=frozenset(seen) | frozenset(in_flight),
             new_gpu_memory=min(known) if known else None,
         )
-
-    def _allocation(self, pod: JSON) -> Allocation | None:
-        """`pod_allocation`, memoised by uid and resourceVersion: every admission reads the
-        whole pool, and parsing each pod's annotations every time made bursts quadratic."""
-        meta = pod.get("metadata") or {}
-        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
-        if not all(key):
-            return pod_allocation(pod)
-        if key not in self._allocations:
-            if len(self._allocations) >= ALLOCATION_MEMO_SIZE:
-                self._allocations.clear()
-            self._allocations[key] = pod_allocation(pod)
-        return self._allocations[key]
 
     def _outcome(self, made: Created, extra: JSON) -> CapacityOutcome:
         if made.created and self._on_created is not None:
@@ -302,3 +300,30 @@ class CapacityManager:
             detail = f"already created by another replica: {', '.join(made.existing)}"
             return CapacityOutcome("sufficient", detail=detail, extra=extra)
         return CapacityOutcome("created", created=made.created, extra=extra)
+
+
+def _seat(pod: JSON) -> _Seat:
+    allocation = pod_allocation(pod) if is_live(pod) else None
+    if allocation is None:
+        return None
+    host = annotations_of(pod).get(keys.CAPACITY_POD)
+    if host is None:
+        return None if (pod.get("spec") or {}).get("nodeName") else ("", allocation)
+    return host, allocation
+
+
+def _holding(pod: JSON) -> _Held:
+    if not is_live(pod):
+        return None
+    return gpu_memory(pod), (pod.get("status") or {}).get("phase") == "Running"
+
+
+def _remembered(memo: dict[int, tuple[JSON, T]], pod: JSON, read: Callable[[JSON], T]) -> T:
+    """`read(pod)`, once per object: the memo holds the object, so its id is not reused
+    while the entry lives."""
+    entry = memo.get(id(pod))
+    if entry is None or entry[0] is not pod:
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        entry = memo[id(pod)] = (pod, read(pod))
+    return entry[1]

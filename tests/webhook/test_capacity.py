@@ -256,6 +256,30 @@ def test_pods_already_placed_and_pending_fill_the_pool(
     assert outcome.extra["gpus"] == 2
 
 
+def test_a_pod_read_before_is_read_again_once_it_changes(
+    kube: FakeKube, replicas: Callable[..., Replica]
+) -> None:
+    """Each pod is read once per version (the manager remembers what it read): a pod that
+    finishes, or a GPU whose memory becomes known, changes the next plan."""
+    kube.put(capacity_pod(0))
+    for i in range(3):
+        kube.put(fractional_pod(f"llm-{i}", on=capacity_name(POOL, 0), phase="Running"))
+    replica = replicas()
+    assert replica.manager.ensure(demand("uid-a", memory=GiB), True).action == "dry-run"
+
+    kube.put(fractional_pod("llm-2", on=capacity_name(POOL, 0), phase="Succeeded"))
+    assert replica.fractional_pods.wait_for(
+        lambda i: any(p["status"]["phase"] == "Succeeded" for p in i.items()), WAIT
+    )
+    assert replica.manager.ensure(demand("uid-b", memory=GiB), True).action == "sufficient"
+
+    kube.put(capacity_pod(0, memory="6Gi"))  # 2 x 2Gi placed: 2Gi left, not 3
+    assert replica.capacity_pods.wait_for(
+        lambda i: any(p["metadata"]["annotations"] for p in i.items()), WAIT
+    )
+    assert replica.manager.ensure(demand("uid-c", memory=3 * GiB), True).action == "dry-run"
+
+
 def test_known_gpu_memory_limits_what_fits(
     kube: FakeKube, replicas: Callable[..., Replica]
 ) -> None:
