@@ -4,7 +4,7 @@ is ever booked twice whatever kube-scheduler interleaves."""
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -109,6 +109,20 @@ class Clock:
 KEY = b"decision-key-of-this-test-0123456789"
 
 
+_made: list[Extender] = []
+
+
+@pytest.fixture(autouse=True)
+def _finish_capacity_writes() -> Iterator[None]:
+    """Let each test's extenders finish their background writes before the next test:
+    a write still running after its test logs into a closed capture."""
+    yield
+    stop = threading.Event()
+    stop.set()
+    while _made:
+        _made.pop().run(stop)
+
+
 def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Clock]:
     nodes, pods = Store(), Store()
     nodes.objects["n1"] = node("n1")
@@ -119,6 +133,7 @@ def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Cloc
     cache = Cache(nodes, pods, Dirty(), key=KEY)
     settings = Settings(reservation_timeout=timeout, workers=1)
     extender = Extender(api, cache, PackingScorer(), settings, clock=clock)
+    _made.append(extender)
     return extender, pods, api, clock
 
 
