@@ -2,10 +2,20 @@
 
 Pure arithmetic, no placement: `task_mix` derives the typical pod shapes and their
 popularity from a list of requests; `fragmentation` is the FGD paper's measure (idle GPU
-compute the typical pods could not use on a node), optionally deepened (what filling the
-node with each shape would leave idle, limited by CPU and host memory);
+compute the typical pods could not use on a node), optionally deepened (see below);
 `DeepFragmentation` computes the deep form bit for bit, faster, and the per-node sums the
 scorer's lower bounds need.
+
+For a task type that can run on a node at all (a GPU type, an allowed model, enough free
+CPU and host memory for one pod), FGD's measure counts as usable the free compute of the
+GPUs that have enough for it (when there are enough such GPUs), and the rest as
+fragmented. The deep measure also asks how much of that the type could really fill:
+`DEPTH` of its usable part is what filling the node with pods of that type would take
+(whole pods per GPU, whole GPU sets for multi-GPU types, no more pods than host memory
+holds), the rest FGD's. Free CPU only decides whether a type can run at all: counted in
+the filling too, it made the scorer guard CPU at the GPUs' expense where multi-GPU pods
+are common. docs/scheduler.md ("Packing") has the measurements behind both choices. One
+constant for every cluster and trace.
 """
 
 from bisect import bisect_left
@@ -17,12 +27,15 @@ from typing import Final
 from scheduler.snapshot import Request
 
 COVERAGE: Final = 0.95  # FGD's typical pods: the most frequent specs covering 95 % of pods
-MIX_COVERAGE: Final = 0.99  # what FragmentationScorer is tuned with: rarer multi-GPU specs too
 CACHE_LIMIT: Final = 200_000  # entries kept per cache before it starts over
+DEPTH: Final = 0.6  # the deep measure's share of a task type's usable compute
+BREADTH: Final = 1.0 - DEPTH  # FGD's share
 
 Losses = tuple[tuple[int, ...], tuple[float, ...]]  # sorted slacks, loss of taking more
 NO_LOSSES: Final[Losses] = ((), (0.0,))
-_Kind = tuple[int, int, float]  # GPUs, compute, popularity x GPU millis per pod
+_Side = tuple[int, int]  # pods of a task type some GPUs hold (-1: none can run), FGD's usable
+_Single = tuple[int, float, float]  # compute, popularity x GPU millis per pod, popularity
+_Kind = tuple[int, int, float, float]  # GPUs, then as `_Single`
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +95,13 @@ def fragmentation(
     CPU and per-GPU free compute, popularity-weighted. For one task type: the whole idle
     GPU if it cannot run there at all (CPU-only, wrong model, too little CPU, too little
     host memory when `free_memory` is given, fewer than `gpus` GPUs with `compute` free),
-    else the free compute of GPUs too small for it."""
+    else the idle compute minus what it can use: the free compute of the GPUs with room
+    for it (FGD), or with `deep` the blend of that and what pods of the type would fill
+    (see the module docstring)."""
     ordered = sorted(free)
     total = sum(ordered)
     if not total:
         return 0.0
-    prefix = [0]
-    for value in ordered:
-        prefix.append(prefix[-1] + value)
     out = 0.0
     for task in mix:
         if (
@@ -100,56 +112,56 @@ def fragmentation(
         ):
             out += task.weight * total
             continue
-        if deep:
-            slots = (
-                sum(g // task.compute for g in ordered)
-                if task.gpus == 1
-                else (len(ordered) - bisect_left(ordered, task.compute)) // task.gpus
-            )
-            if task.cpu:
-                slots = min(slots, free_cpu // task.cpu)
-            if free_memory is not None and task.memory:
-                slots = min(slots, free_memory // task.memory)
-            out += task.weight * (total - slots * task.compute * task.gpus)
+        wide = _wide(task, ordered)
+        if not deep:
+            out += task.weight * (total - wide)
             continue
-        small = bisect_left(ordered, task.compute)  # GPUs with less than `compute` free
-        if len(ordered) - small < task.gpus:
-            out += task.weight * total
-        else:
-            out += task.weight * prefix[small]
+        slots = _gpu_slots(task, model, ordered)
+        if free_memory is not None and task.memory:
+            slots = min(slots, free_memory // task.memory)
+        out += task.weight * (total - usable_part(slots * task.compute * task.gpus, wide))
     return out
+
+
+def usable_part(filled: int, wide: int) -> float:
+    """A task type's usable compute on a node: `DEPTH` of what its pods would fill, the
+    rest of what FGD counts (the free compute of the GPUs with room for it)."""
+    return DEPTH * filled + BREADTH * wide
 
 
 class DeepFragmentation:
     """`fragmentation(mix, ..., deep=True)`, bit for bit, faster: the GPU side (how many
-    pods of each task type the GPUs hold) is kept per model and free compute, and the
-    per-task sums run over flat tuples in the mix's order (the same float additions)."""
+    pods of each task type the GPUs hold, and FGD's usable compute for it) is kept per
+    model and free compute, and the per-task sums run over flat tuples in the mix's order
+    (the same float operations)."""
 
     def __init__(self, mix: Sequence[TaskType]) -> None:
         self._mix = tuple(mix)
         self._tasks = tuple((t.weight, t.cpu, t.memory, t.compute * t.gpus) for t in mix)
-        self._gpu_side: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] = {}
+        self._gpu_side: dict[tuple[str, tuple[int, ...]], tuple[_Side, ...]] = {}
         self._usable: dict[tuple[str, tuple[int, ...]], float] = {}
-        self._kinds: dict[str, tuple[tuple[tuple[int, float], ...], tuple[_Kind, ...]]] = {}
+        self._kinds: dict[str, tuple[tuple[_Single, ...], tuple[_Kind, ...]]] = {}
         self._taken: dict[tuple[str, int, int], float] = {}
 
-    def _slots(self, model: str, ordered: tuple[int, ...]) -> tuple[int, ...]:
+    def _sides(self, model: str, ordered: tuple[int, ...]) -> tuple[_Side, ...]:
+        """Per task type: pods its GPUs hold (-1: it cannot run on them), FGD's usable."""
         key = (model, ordered)
-        slots = self._gpu_side.get(key)
-        if slots is None:
-            seen: dict[tuple[object, ...], int] = {}  # task types alike on the GPU side
-            out: list[int] = []
+        sides = self._gpu_side.get(key)
+        if sides is None:
+            seen: dict[tuple[object, ...], _Side] = {}  # task types alike on the GPU side
+            out: list[_Side] = []
             for task in self._mix:
                 kind = (task.gpus, task.compute, task.models is None or model in task.models)
-                fit = seen.get(kind)
-                if fit is None:
-                    fit = seen[kind] = _gpu_slots(task, model, ordered)
-                out.append(fit)
-            slots = tuple(out)
+                side = seen.get(kind)
+                if side is None:
+                    fit = _gpu_slots(task, model, ordered)
+                    side = seen[kind] = (fit, _wide(task, ordered) if fit > 0 else 0)
+                out.append(side)
+            sides = tuple(out)
             if len(self._gpu_side) >= CACHE_LIMIT:
                 self._gpu_side.clear()
-            self._gpu_side[key] = slots
-        return slots
+            self._gpu_side[key] = sides
+        return sides
 
     def usable(self, model: str, free: Sequence[int]) -> float:
         """GPU millis the typical pods could use counting only the GPUs (no CPU or host
@@ -160,11 +172,11 @@ class DeepFragmentation:
         value = self._usable.get(key)
         if value is None:
             value = 0.0
-            for (weight, _, _, per_pod), fit in zip(
-                self._tasks, self._slots(model, ordered), strict=True
+            for (weight, _, _, per_pod), (fit, wide) in zip(
+                self._tasks, self._sides(model, ordered), strict=True
             ):
                 if fit > 0:
-                    value += weight * fit * per_pod
+                    value += weight * usable_part(fit * per_pod, wide)
             if len(self._usable) >= CACHE_LIMIT:
                 self._usable.clear()
             self._usable[key] = value
@@ -173,33 +185,39 @@ class DeepFragmentation:
     def host_losses(
         self, model: str, free_cpu: int, free: Sequence[int], free_memory: int | None
     ) -> tuple[Losses, Losses]:
-        """On a node in this state, for CPU and for host memory: each task type's slack
-        (how much can be taken before fewer of its pods fit), sorted, and the prefix sums
-        of their popularity x GPU millis per pod. Taking r loses at least
-        `losses[bisect_left(slacks, r)]` of usable capacity: each task type with less slack
-        than r fits at least one pod fewer."""
+        """On a node in this state, for CPU and for host memory: slacks (how much can be
+        taken before a task type loses usable compute), sorted, and the prefix sums of
+        what it loses. Taking r loses at least `losses[bisect_left(slacks, r)]`: a type
+        whose CPU slack is below r cannot run any more (it loses all it could use); one
+        whose memory slack is below r fits one pod fewer (`DEPTH` of a pod), or cannot
+        run (the rest)."""
         ordered = tuple(sorted(free))
         cpu: list[tuple[int, float]] = []
         memory: list[tuple[int, float]] = []
         if sum(ordered):
             check_memory = free_memory is not None
             host_memory = free_memory or 0
-            for (weight, task_cpu, task_memory, per_pod), gpu_fit in zip(
-                self._tasks, self._slots(model, ordered), strict=True
+            for (weight, task_cpu, task_memory, per_pod), (gpu_fit, wide) in zip(
+                self._tasks, self._sides(model, ordered), strict=True
             ):
-                fit = gpu_fit
-                if fit < 0 or free_cpu < task_cpu or (check_memory and host_memory < task_memory):
+                if (
+                    gpu_fit < 0
+                    or free_cpu < task_cpu
+                    or (check_memory and host_memory < task_memory)
+                ):
                     continue
-                if task_cpu and free_cpu // task_cpu < fit:
-                    fit = free_cpu // task_cpu
+                fit = gpu_fit
                 if check_memory and task_memory and host_memory // task_memory < fit:
                     fit = host_memory // task_memory
                 if fit <= 0 or not per_pod:
                     continue
+                value = weight * usable_part(fit * per_pod, wide)
                 if task_cpu:
-                    cpu.append((free_cpu - fit * task_cpu, weight * per_pod))
+                    cpu.append((free_cpu - task_cpu, value))
                 if check_memory and task_memory:
-                    memory.append((host_memory - fit * task_memory, weight * per_pod))
+                    one = weight * DEPTH * per_pod
+                    memory.append((host_memory - fit * task_memory, one))
+                    memory.append((host_memory - task_memory, max(value - one, 0.0)))
         return _prefix(cpu), _prefix(memory)
 
     def usable_after(self, model: str, free: Sequence[int], value: int, compute: int) -> float:
@@ -211,38 +229,57 @@ class DeepFragmentation:
         kinds = self._kinds.get(model)
         if kinds is None:
             kinds = self._kinds[model] = self._kinds_for(model)
+        left = value - compute
         key = (model, value, compute)
         single = self._taken.get(key)
         if single is None:
             single = 0.0
-            for task_compute, weight in kinds[0]:
-                single += weight * (value // task_compute - (value - compute) // task_compute)
+            for task_compute, filled, wide in kinds[0]:
+                pods = value // task_compute - left // task_compute
+                room = (value if value >= task_compute else 0) - (
+                    left if left >= task_compute else 0
+                )
+                single += DEPTH * filled * pods + BREADTH * wide * room
             if len(self._taken) >= CACHE_LIMIT:
                 self._taken.clear()
             self._taken[key] = single
         out -= single
-        for gpus, task_compute, weight in kinds[1]:
-            if value >= task_compute > value - compute:  # one GPU fewer has task_compute
-                big = len(ordered) - bisect_left(ordered, task_compute)
-                out -= weight * (big // gpus - (big - 1) // gpus)
+        for gpus, task_compute, filled, wide in kinds[1]:
+            if value < task_compute:
+                continue  # the GPU had no room for it: nothing changes
+            small = bisect_left(ordered, task_compute)
+            big = len(ordered) - small
+            before = sum(ordered[small:]) if big >= gpus else 0
+            if left >= task_compute:
+                after = before - compute if big >= gpus else 0
+            else:
+                after = sum(ordered[small:]) - value if big - 1 >= gpus else 0
+                out -= DEPTH * filled * (big // gpus - (big - 1) // gpus)
+            out -= BREADTH * wide * (before - after)
         return out
 
-    def _kinds_for(self, model: str) -> tuple[tuple[tuple[int, float], ...], tuple[_Kind, ...]]:
-        """The mix's GPU demand on `model`, popularity x GPU millis per pod summed per kind:
-        single-GPU task types per compute, multi-GPU ones per (GPUs, compute)."""
-        single: dict[int, float] = {}
-        multi: dict[tuple[int, int], float] = {}
+    def _kinds_for(self, model: str) -> tuple[tuple[_Single, ...], tuple[_Kind, ...]]:
+        """The mix's GPU demand on `model`, summed per kind: popularity x GPU millis per
+        pod (what its pods fill) and popularity (what FGD counts), single-GPU task types
+        per compute, multi-GPU ones per (GPUs, compute)."""
+        single: dict[int, tuple[float, float]] = {}
+        multi: dict[tuple[int, int], tuple[float, float]] = {}
         for task, (weight, _, _, per_pod) in zip(self._mix, self._tasks, strict=True):
             if task.gpus <= 0 or task.compute <= 0:
                 continue
             if task.models is not None and model not in task.models:
                 continue
             if task.gpus == 1:
-                single[task.compute] = single.get(task.compute, 0.0) + weight * per_pod
+                filled, wide = single.get(task.compute, (0.0, 0.0))
+                single[task.compute] = (filled + weight * per_pod, wide + weight)
             else:
                 kind = (task.gpus, task.compute)
-                multi[kind] = multi.get(kind, 0.0) + weight * per_pod
-        return tuple(single.items()), tuple((g, c, v) for (g, c), v in multi.items())
+                filled, wide = multi.get(kind, (0.0, 0.0))
+                multi[kind] = (filled + weight * per_pod, wide + weight)
+        return (
+            tuple((c, f, w) for c, (f, w) in single.items()),
+            tuple((g, c, f, w) for (g, c), (f, w) in multi.items()),
+        )
 
     def __call__(
         self, model: str, free_cpu: int, free: Sequence[int], free_memory: int | None
@@ -251,20 +288,18 @@ class DeepFragmentation:
         total = sum(ordered)
         if not total:
             return 0.0
-        slots = self._slots(model, ordered)
+        sides = self._sides(model, ordered)
         check_memory = free_memory is not None
         host_memory = free_memory or 0
         out = 0.0
-        for (weight, cpu, memory, per_pod), gpu_fit in zip(self._tasks, slots, strict=True):
-            fit = gpu_fit
-            if fit < 0 or free_cpu < cpu or (check_memory and host_memory < memory):
+        for (weight, cpu, memory, per_pod), (gpu_fit, wide) in zip(self._tasks, sides, strict=True):
+            if gpu_fit < 0 or free_cpu < cpu or (check_memory and host_memory < memory):
                 out += weight * total
                 continue
-            if cpu and free_cpu // cpu < fit:
-                fit = free_cpu // cpu
+            fit = gpu_fit
             if check_memory and memory and host_memory // memory < fit:
                 fit = host_memory // memory
-            out += weight * (total - fit * per_pod)
+            out += weight * (total - usable_part(fit * per_pod, wide))
         return out
 
 
@@ -283,7 +318,17 @@ def weight_sum(mix: Sequence[TaskType]) -> float | None:
     return sum(t.weight for t in mix)
 
 
-def _gpu_slots(task: TaskType, model: str, ordered: tuple[int, ...]) -> int:
+def _wide(task: TaskType, ordered: Sequence[int]) -> int:
+    """FGD's usable compute for `task` on GPUs with `ordered` (ascending) free compute:
+    the free compute of the GPUs with room for one of its pods, if there are `gpus` such
+    GPUs; else 0."""
+    small = bisect_left(ordered, task.compute)
+    if len(ordered) - small < task.gpus:
+        return 0
+    return sum(ordered[small:])
+
+
+def _gpu_slots(task: TaskType, model: str, ordered: Sequence[int]) -> int:
     """Pods of `task` that GPUs with `ordered` free compute hold; -1 if none can run."""
     if task.gpus == 0 or (task.models is not None and model not in task.models):
         return -1

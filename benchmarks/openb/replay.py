@@ -18,7 +18,7 @@ from typing import Final
 
 from benchmarks.openb import trace
 from benchmarks.openb.baselines import BestFitScorer, FgdScorer
-from scheduler.fragmentation import MIX_COVERAGE, task_mix
+from scheduler.fragmentation import task_mix
 from scheduler.placement import Placement, Scorer, place
 from scheduler.score import FragmentationScorer, PackingScorer
 
@@ -47,7 +47,7 @@ def scorer(policy: str, pods: Sequence[trace.TracePod]) -> Scorer:
     """The scorer a policy name stands for; the task mix comes from the trace's pods."""
     if policy == "gpupack":
         requests = (trace.request(p, i) for i, p in enumerate(pods))
-        return FragmentationScorer(task_mix(requests, MIX_COVERAGE))
+        return FragmentationScorer(task_mix(requests))  # as the extender derives it
     if policy == "fgd":
         return FgdScorer(task_mix(trace.request(p, i) for i, p in enumerate(pods)))
     if policy == "bestfit":

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.openb import trace
-from scheduler.fragmentation import MIX_COVERAGE, task_mix
+from scheduler.fragmentation import task_mix
 from scheduler.placement import Placement, Scorer, place
 from scheduler.score import FragmentationScorer, PackingScorer
 
@@ -104,7 +104,7 @@ def measure(
     replicas: int,
     limit: int = 0,
 ) -> dict[str, Any]:
-    mix = task_mix((trace.request(p, i) for i, p in enumerate(pods)), MIX_COVERAGE)
+    mix = task_mix(trace.request(p, i) for i, p in enumerate(pods))
     ours = percentiles(decision_times(nodes, pods, FragmentationScorer(mix), seed, replicas, limit))
     print(f"{name}: gpupack {ours}", file=sys.stderr, flush=True)
     base = percentiles(decision_times(nodes, pods, PackingScorer(), seed, replicas, limit))

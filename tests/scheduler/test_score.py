@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.fragmentation import TaskType, fragmentation, task_mix
+from scheduler.fragmentation import DEPTH, TaskType, fragmentation, task_mix
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
@@ -61,10 +61,21 @@ def test_fragmentation_is_the_idle_gpu_the_typical_pods_cannot_use(
 def test_deep_fragmentation_counts_what_filling_the_node_would_leave() -> None:
     mix = [TaskType(0, 400, 1)]
 
-    # Two 400s fit on the idle GPU (200 left), one on the 600 GPU (200 left).
-    assert fragmentation(mix, "T4", 8000, [1000, 600], deep=True) == 400
-    # CPU for only one such pod: the rest of the idle GPU compute is stranded.
-    assert fragmentation([TaskType(5000, 400, 1)], "T4", 8000, [1000, 600], deep=True) == 1200
+    def usable(filled: int) -> float:  # FGD counts all 1600: both GPUs have room for 400
+        return DEPTH * filled + (1 - DEPTH) * 1600
+
+    # Filled with 400s: two on the idle GPU, one on the 600 GPU, 1200 used.
+    assert fragmentation(mix, "T4", 8000, [1000, 600], deep=True) == pytest.approx(
+        1600 - usable(1200)
+    )
+    # Host memory for only one such pod: 400 filled.
+    one_pod = [TaskType(0, 400, 1, memory=GiB)]
+    left = fragmentation(one_pod, "T4", 8000, [1000, 600], GiB, deep=True)
+    assert left == pytest.approx(1600 - usable(400))
+    # CPU only decides whether the type runs at all: enough for one pod counts as room.
+    cpu_for_one = fragmentation([TaskType(5000, 400, 1)], "T4", 8000, [1000, 600], deep=True)
+    assert cpu_for_one == pytest.approx(1600 - usable(1200))
+    assert fragmentation([TaskType(9000, 400, 1)], "T4", 8000, [1000, 600], deep=True) == 1600
 
 
 @pytest.mark.parametrize("deep", [False, True], ids=["shallow", "deep"])
