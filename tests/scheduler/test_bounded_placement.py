@@ -221,6 +221,47 @@ def test_the_bound_never_exceeds_the_cost(seed: int) -> None:
         assert bound(scorer.profile(n, request.pool)) <= chosen[0], index
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bound_never_exceeds_the_cost_when_cpu_runs_out(seed: int) -> None:
+    """Nodes short of CPU and pods asking for much of it: task types stop fitting, and
+    the bound counts what they lose on top of what the GPUs lose."""
+    rng = random.Random(seed)
+    scorer = FragmentationScorer(MIX)
+    checked = 0
+    for index in range(200):
+        n = Node("n", rng.choice([2500, 4000, 6000, 9000]), rng.choice([4, 64]) * GiB)
+        model = rng.choice(["A100", "T4"])
+        n.gpus = [
+            Gpu(f"n-gpu{i}", "n", memory=40 * GiB, model=model)
+            for i in range(rng.choice([1, 2, 4, 8]))
+        ]
+        snap = Snapshot([n])
+        for filler in range(rng.randint(0, 4)):
+            request = pod(rng, 1000 + filler)
+            placed = place(snap, request, scorer)
+            if isinstance(placed, Placement):
+                snap.assume(request, placed.node, placed.gpus)
+        gpus = rng.choice([0, 1, 1, 2])
+        request = Request(
+            f"ns/q{index}",
+            cpu=rng.choice([500, 1500, 2500, 3500]),
+            memory=rng.choice([1, 2]) * GiB,
+            compute=rng.choice([200, 500, 1000]) if gpus == 1 else 1000 if gpus else 0,
+            gpu_memory=GiB if gpus else 0,
+            gpus=gpus,
+        )
+        fits = [g for g in n.gpus if placement_module.gpu_rejects(g, request) is None]
+        if placement_module.node_rejects(n, request) or len(fits) < request.gpus:
+            continue
+        chosen = scorer.choose(n, request, fits)
+        bound = scorer.bounder(request)
+        assert chosen is not None
+        assert bound is not None
+        assert bound(scorer.profile(n, request.pool)) <= chosen[0], index
+        checked += 1
+    assert checked > 50  # the draw above must reach the check
+
+
 def test_no_bound_for_real_time_mps_pods_or_negative_weights() -> None:
     request = Request("ns/p", compute=500, exclusive=True, owner="ns/Deployment/x")
     assert FragmentationScorer(MIX).bounder(request) is None
@@ -257,7 +298,7 @@ def test_host_losses_never_exceed_what_taking_cpu_or_memory_loses(seed: int) -> 
         model = rng.choice(["A100", "T4"])
         cpu = rng.randint(0, 20) * 500
         memory = rng.choice([None, GiB, 5 * GiB, 64 * GiB])
-        cpu_losses, memory_losses = deep.host_losses(model, cpu, free, memory)
+        cpu_losses, memory_losses, _ = deep.host_losses(model, cpu, free, memory)
         take_cpu = rng.randint(0, cpu // 500) * 500
         take_memory = 0 if memory is None else rng.randint(0, memory // GiB) * GiB
         before = deep(model, cpu, free, memory)
