@@ -198,27 +198,37 @@ def test_kept_bounds_still_skip_states_on_the_next_pod(monkeypatch: pytest.Monke
     assert scorer.scored == []  # b and c kept bounds that cannot win; a kept its answer
 
 
+def _fill(rng: random.Random, n: Node, scorer: FragmentationScorer, most: int) -> None:
+    """Place up to `most` random pods on the one node `n`."""
+    snap = Snapshot([n])
+    for filler in range(rng.randint(0, most)):
+        request = pod(rng, 1000 + filler)
+        placed = place(snap, request, scorer)
+        if isinstance(placed, Placement):
+            snap.assume(request, placed.node, placed.gpus)
+
+
+def _bound_holds(scorer: FragmentationScorer, n: Node, request: Request, index: int) -> bool:
+    """Asserts the bound is at most the cost where the pod fits; False where it does not."""
+    fits = [g for g in n.gpus if placement_module.gpu_rejects(g, request) is None]
+    if placement_module.node_rejects(n, request) or len(fits) < request.gpus:
+        return False
+    chosen = scorer.choose(n, request, fits)
+    bound = scorer.bounder(request)
+    assert chosen is not None
+    assert bound is not None
+    assert bound(scorer.profile(n, request.pool)) <= chosen[0], index
+    return True
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_bound_never_exceeds_the_cost(seed: int) -> None:
     rng = random.Random(seed)
     scorer = FragmentationScorer(MIX)
     for index in range(150):
         n = node("n", rng.choice([1, 2, 4, 8]), rng.choice(["A100", "T4"]))
-        snap = Snapshot([n])
-        for filler in range(rng.randint(0, 6)):
-            request = pod(rng, 1000 + filler)
-            placed = place(snap, request, scorer)
-            if isinstance(placed, Placement):
-                snap.assume(request, placed.node, placed.gpus)
-        request = pod(rng, index)
-        fits = [g for g in n.gpus if placement_module.gpu_rejects(g, request) is None]
-        if placement_module.node_rejects(n, request) or len(fits) < request.gpus:
-            continue
-        chosen = scorer.choose(n, request, fits)
-        bound = scorer.bounder(request)
-        assert chosen is not None
-        assert bound is not None
-        assert bound(scorer.profile(n, request.pool)) <= chosen[0], index
+        _fill(rng, n, scorer, 6)
+        _bound_holds(scorer, n, pod(rng, index), index)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -235,12 +245,7 @@ def test_the_bound_never_exceeds_the_cost_when_cpu_runs_out(seed: int) -> None:
             Gpu(f"n-gpu{i}", "n", memory=40 * GiB, model=model)
             for i in range(rng.choice([1, 2, 4, 8]))
         ]
-        snap = Snapshot([n])
-        for filler in range(rng.randint(0, 4)):
-            request = pod(rng, 1000 + filler)
-            placed = place(snap, request, scorer)
-            if isinstance(placed, Placement):
-                snap.assume(request, placed.node, placed.gpus)
+        _fill(rng, n, scorer, 4)
         gpus = rng.choice([0, 1, 1, 2])
         request = Request(
             f"ns/q{index}",
@@ -250,15 +255,7 @@ def test_the_bound_never_exceeds_the_cost_when_cpu_runs_out(seed: int) -> None:
             gpu_memory=GiB if gpus else 0,
             gpus=gpus,
         )
-        fits = [g for g in n.gpus if placement_module.gpu_rejects(g, request) is None]
-        if placement_module.node_rejects(n, request) or len(fits) < request.gpus:
-            continue
-        chosen = scorer.choose(n, request, fits)
-        bound = scorer.bounder(request)
-        assert chosen is not None
-        assert bound is not None
-        assert bound(scorer.profile(n, request.pool)) <= chosen[0], index
-        checked += 1
+        checked += _bound_holds(scorer, n, request, index)
     assert checked > 50  # the draw above must reach the check
 
 
