@@ -100,11 +100,8 @@ def summarise(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--pods", type=Path, default=trace.DEFAULT_PODS)
+def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """--nodes, --seeds, --policy and --workers, as every replay benchmark takes them."""
     parser.add_argument("--nodes", type=Path, default=trace.DEFAULT_NODES)
     parser.add_argument("--seeds", type=parse_seeds, default=list(range(42, 52)))
     parser.add_argument(
@@ -115,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         help="default: gpupack fgd bestfit",
     )
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--pods", type=Path, default=trace.DEFAULT_PODS)
+    add_replay_arguments(parser)
     parser.add_argument(
         "--published",
         type=Path,

@@ -12,7 +12,6 @@ Usage: python -m benchmarks.openb.table [--seeds 42..51] [--workload default cpu
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.openb import trace
-from benchmarks.openb.replay import HEADLINE_PCT, POLICIES, SeedResult
-from benchmarks.openb.run import _run_one, parse_seeds, published, workload_of
+from benchmarks.openb.replay import HEADLINE_PCT, SeedResult
+from benchmarks.openb.run import _run_one, add_replay_arguments, published, workload_of
 
 PUBLISHED: Final = ("FGD", "BestFit")
 
@@ -89,17 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, default=trace.DEFAULT_DATA)
-    parser.add_argument("--nodes", type=Path, default=trace.DEFAULT_NODES)
     parser.add_argument("--workload", nargs="+", help="e.g. default cpu250; default: all")
-    parser.add_argument("--seeds", type=parse_seeds, default=list(range(42, 52)))
-    parser.add_argument(
-        "--policy",
-        nargs="+",
-        action="extend",
-        choices=POLICIES,
-        help="default: gpupack fgd bestfit",
-    )
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    add_replay_arguments(parser)
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
     args = parser.parse_args(argv)
     if args.workers < 1:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.openb import run, trace
+from benchmarks.openb import run, table, trace
 from benchmarks.openb.replay import POLICIES, replay
 
 NODES = """sn,cpu_milli,memory_mib,gpu,model
@@ -131,3 +131,42 @@ def test_the_cli_prints_one_json_line_last(
 )
 def test_seeds_are_a_range_or_a_list(text: str, seeds: list[int]) -> None:
     assert run.parse_seeds(text) == seeds
+
+
+def test_the_table_replays_every_workload_and_compares_with_the_published(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "openb_pod_list_multigpu.csv").write_text(MULTIGPU_PODS)
+    published = tmp_path / "fgd_expected_results" / "summary_by_arrival.csv"
+    published.parent.mkdir()
+    rows = ["workload,policy,arrived_pct,alloc_pct_mean"]
+    rows += [f"tiny,FGD,{pct},{0.0 if pct < 100 else 1.0}" for pct in range(101)]
+    published.write_text("\n".join(rows) + "\n")
+
+    code = table.main(
+        [
+            "--data", str(tmp_path),
+            "--nodes", str(files[0]),
+            "--seeds", "42,43",
+            "--policy", "gpupack", "fgd",
+            "--workers", "1",
+            "--markdown",
+        ]
+    )  # fmt: skip
+
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    report = json.loads(lines[-1])
+    by_workload = {r["workload"]: r for r in report["rows"]}
+    assert set(by_workload) == {"multigpu", "tiny"}
+    tiny = by_workload["tiny"]
+    assert tiny["published_FGD"] == 99.0  # 100 - alloc % at 100 % arrived
+    assert tiny["vs_published_fgd"] == round(tiny["gpupack"] - 99.0, 2)
+    assert tiny["vs_fgd"] == round(tiny["gpupack"] - tiny["fgd"], 2)
+    assert "published_FGD" not in by_workload["multigpu"]
+    assert any(line.startswith("| tiny |") for line in lines)
+
+
+def test_the_table_names_a_workload_it_cannot_find(files: tuple[Path, Path]) -> None:
+    with pytest.raises(SystemExit, match="no pod list for nope"):
+        table.main(["--data", str(files[1].parent), "--workload", "nope", "--workers", "1"])
