@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.snapshot import FULL_GPU, Request
+from scheduler.snapshot import Request
 
 COVERAGE: Final = 0.95  # FGD's typical pods: the most frequent specs covering 95 % of pods
 CACHE_LIMIT: Final = 200_000  # entries kept per cache before it starts over
@@ -33,9 +33,6 @@ BREADTH: Final = 1.0 - DEPTH  # FGD's share
 
 Losses = tuple[tuple[int, ...], tuple[float, ...]]  # sorted slacks, loss of taking more
 NO_LOSSES: Final[Losses] = ((), (0.0,))
-# Task types a node state could lose to CPU, by CPU slack: (slack, usable, compute of a
-# single-GPU type or 0 for a multi-GPU one, popularity); see `DeepFragmentation.host_losses`.
-Kills = tuple[tuple[int, float, int, float], ...]
 _Side = tuple[int, int]  # pods of a task type some GPUs hold (-1: none can run), FGD's usable
 _Single = tuple[int, float, float]  # compute, popularity x GPU millis per pod, popularity
 _Kind = tuple[int, int, float, float]  # GPUs, then as `_Single`
@@ -126,14 +123,6 @@ def fragmentation(
     return out
 
 
-def gpu_loss_cap(task_compute: int, compute: int, gpus: int) -> float:
-    """At most how much of a single-GPU task type's usable compute (per unit of
-    popularity) GPUs alone lose when a pod takes `compute` from each of `gpus` GPUs: per
-    GPU, at most compute // task_compute + 1 of its pods and all of the GPU's free compute
-    in FGD's count."""
-    return gpus * (DEPTH * task_compute * (compute // task_compute + 1) + BREADTH * FULL_GPU)
-
-
 def usable_part(filled: int, wide: int) -> float:
     """A task type's usable compute on a node: `DEPTH` of what its pods would fill, the
     rest of what FGD counts (the free compute of the GPUs with room for it)."""
@@ -195,23 +184,21 @@ class DeepFragmentation:
 
     def host_losses(
         self, model: str, free_cpu: int, free: Sequence[int], free_memory: int | None
-    ) -> tuple[Losses, Losses, Kills]:
+    ) -> tuple[Losses, Losses]:
         """On a node in this state, for CPU and for host memory: slacks (how much can be
         taken before a task type loses usable compute), sorted, and the prefix sums of
         what it loses. Taking r loses at least `losses[bisect_left(slacks, r)]`: a type
         whose CPU slack is below r cannot run any more (it loses all it could use); one
         whose memory slack is below r fits one pod fewer (`DEPTH` of a pod), or cannot
-        run (the rest). Third, the CPU losses type by type (`Kills`), for a bound that adds
-        them to what the GPUs lose (`gpu_loss_cap`)."""
+        run (the rest)."""
         ordered = tuple(sorted(free))
         cpu: list[tuple[int, float]] = []
         memory: list[tuple[int, float]] = []
-        kills: list[tuple[int, float, int, float]] = []
         if sum(ordered):
             check_memory = free_memory is not None
             host_memory = free_memory or 0
-            for task, (weight, task_cpu, task_memory, per_pod), (gpu_fit, wide) in zip(
-                self._mix, self._tasks, self._sides(model, ordered), strict=True
+            for (weight, task_cpu, task_memory, per_pod), (gpu_fit, wide) in zip(
+                self._tasks, self._sides(model, ordered), strict=True
             ):
                 if (
                     gpu_fit < 0
@@ -227,14 +214,11 @@ class DeepFragmentation:
                 value = weight * usable_part(fit * per_pod, wide)
                 if task_cpu:
                     cpu.append((free_cpu - task_cpu, value))
-                    single = task.compute if task.gpus == 1 else 0
-                    kills.append((free_cpu - task_cpu, value, single, weight))
                 if check_memory and task_memory:
                     one = weight * DEPTH * per_pod
                     memory.append((host_memory - fit * task_memory, one))
                     memory.append((host_memory - task_memory, max(value - one, 0.0)))
-        kills.sort()
-        return _prefix(cpu), _prefix(memory), tuple(kills)
+        return _prefix(cpu), _prefix(memory)
 
     def usable_after(self, model: str, free: Sequence[int], value: int, compute: int) -> float:
         """`usable(model, free)` once `compute` is taken from one GPU with `value` free

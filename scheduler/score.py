@@ -42,11 +42,9 @@ from scheduler.fragmentation import (
     CACHE_LIMIT,
     NO_LOSSES,
     DeepFragmentation,
-    Kills,
     Losses,
     TaskType,
     fragmentation,
-    gpu_loss_cap,
     weight_sum,
 )
 from scheduler.snapshot import FULL_GPU, Gpu, Node, Request
@@ -185,11 +183,8 @@ class FragmentationScorer:
         weight = self._weight_sum or 0.0
         total = weight * sum(free)
         cpu_losses = memory_losses = NO_LOSSES
-        kills: Kills = ()
         if w.deep:
-            cpu_losses, memory_losses, kills = self._deep.host_losses(
-                model, node.free_cpu, free, memory
-            )
+            cpu_losses, memory_losses = self._deep.host_losses(model, node.free_cpu, free, memory)
         return _Profile(
             pool,
             node.free_cpu,
@@ -201,7 +196,6 @@ class FragmentationScorer:
             number,
             cpu_losses,
             memory_losses,
-            kills,
         )
 
     def bounder(self, request: Request) -> Callable[[object], float] | None:
@@ -216,9 +210,7 @@ class FragmentationScorer:
         measure), and that loss is at least what the node had usable minus what its GPUs
         alone could still use afterwards (cached per model and free compute), and at least
         the popularity of the task types whose fit the CPU or host memory taken shrinks
-        (`DeepFragmentation.host_losses`). A type the CPU taken leaves unable to run loses
-        all it could use, of which the GPUs' loss counts at most `gpu_loss_cap`: the rest
-        adds to the GPUs' loss. The consolidation terms are counted exactly."""
+        (`DeepFragmentation.host_losses`). The consolidation terms are counted exactly."""
         w = self._weights
         weight = self._weight_sum
         if request.exclusive or weight is None:
@@ -231,8 +223,6 @@ class FragmentationScorer:
         taken = request.compute * max(request.gpus, 0) * weight
         step, open_node = w.step, w.open_node
         ceil, inf = math.ceil, math.inf
-        gpus = max(request.gpus, 0)
-        caps: dict[int, float] = {}  # gpu_loss_cap per single-GPU task compute
 
         def bound(profile: object) -> float:
             if not isinstance(profile, _Profile) or profile.pool != pool:
@@ -247,21 +237,11 @@ class FragmentationScorer:
             slacks, losses = profile.memory_losses
             more = losses[bisect_left(slacks, memory)]
             host = max(host, more)
-            killed = 0.0  # what types the CPU taken stops lose beyond the GPUs' share
-            for slack, value, single, share in profile.kills:
-                if slack >= cpu:
-                    break
-                if single:
-                    cap = caps.get(single)
-                    if cap is None:
-                        cap = caps[single] = gpu_loss_cap(single, request.compute, gpus)
-                    if value > share * cap:
-                        killed += value - share * cap
             usable = profile.usable
             spent = taken + profile.slack
             out = inf
             for usable_after, extra in options:
-                loss = usable - usable_after + killed
+                loss = usable - usable_after
                 delta = (loss if loss > host else host) - spent
                 if step:
                     delta = step * ceil(delta / step - 1e-9)
@@ -372,7 +352,6 @@ class _Profile:
     number: int  # the side's number (`FragmentationScorer._sides`)
     cpu_losses: Losses  # what taking CPU at least costs (`DeepFragmentation.host_losses`)
     memory_losses: Losses  # the same for host memory
-    kills: Kills  # the CPU losses type by type (`DeepFragmentation.host_losses`)
 
 
 @dataclass(frozen=True, slots=True)
