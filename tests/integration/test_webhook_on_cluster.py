@@ -98,6 +98,17 @@ def pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"
 
 
+def wait_for_pods(kube: Kube, namespace: str, app: str, count: int, what: str) -> list[JSON]:
+    """The `count` pods labelled app=`app` once the workload `what` has created them."""
+
+    def created() -> list[JSON] | None:
+        items: list[JSON] = kube.get(pods_path(namespace), labelSelector=f"app={app}")["items"]
+        return items if len(items) == count else None
+
+    pods: list[JSON] = kube.wait_for(f"{what}'s {count} pod(s)", created)
+    return pods
+
+
 def capacity_pods(kube: Kube, stored: JSON) -> list[JSON]:
     """The capacity pods of a stored pod's pool. The pool is keyed by the spec the webhook
     saw, after the API server's defaulting (DefaultTolerationSeconds adds tolerations)."""
@@ -173,12 +184,7 @@ def test_deployment_pods_are_stored_mutated_and_capacity_is_placed_on_gpu_nodes(
     kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
     first: JSON | None = None
     try:
-
-        def nine_pods() -> list[JSON] | None:
-            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=llm")["items"]
-            return items if len(items) == 9 else None
-
-        pods = kube.wait_for("the ReplicaSet's 9 pods", nine_pods)
+        pods = wait_for_pods(kube, ns, "llm", 9, "the ReplicaSet")
         first = pods[0]
         for stored in pods:
             assert_mutated(stored, compute="300m")
@@ -499,12 +505,7 @@ def test_the_workloads_recommendation_sets_its_new_pods_allocation(
     kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment)
     stored: JSON | None = None
     try:
-
-        def one_pod() -> JSON | None:
-            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=web")["items"]
-            return items[0] if items else None
-
-        stored = kube.wait_for("the Deployment's pod", one_pod)
+        stored = wait_for_pods(kube, ns, "web", 1, "the Deployment")[0]
         assert_mutated(stored, compute="150m")
         assert stored["metadata"]["annotations"][keys.GPU_MEMORY] == "2Gi"
         line = audit_entry(cluster, stored["metadata"]["annotations"][keys.DECISION])
@@ -558,12 +559,7 @@ def test_the_pods_of_one_replicaset_share_one_plan(
     kube.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", replicaset)
     first: JSON | None = None
     try:
-
-        def four_pods() -> list[JSON] | None:
-            items: list[JSON] = kube.get(pods_path(ns), labelSelector="app=shared")["items"]
-            return items if len(items) == 4 else None
-
-        pods = kube.wait_for("the ReplicaSet's 4 pods", four_pods)
+        pods = wait_for_pods(kube, ns, "shared", 4, "the ReplicaSet")
         first = pods[0]
         volumes = {v["name"] for p in pods for v in p["spec"]["volumes"]}
         assert len(volumes) == 4  # each pod's token volume has a name of its own
