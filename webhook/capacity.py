@@ -53,11 +53,11 @@ def allocation_of(demand: Demand) -> Allocation:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_Memo = dict[int, tuple[JSON, T]]
 
 POOL_INDEX: Final = "pool"
 DECISION_INDEX: Final = "decision"
 RESERVATION_TTL: Final = 60.0
-MEMO_SIZE: Final = 50_000  # pods whose reading is remembered before the memo starts over
 
 # What a fractional pod adds to its pool: its allocation and the capacity pod it sits on
 # ("" while it waits for one); None when it adds nothing (finished, deleting, annotations
@@ -106,6 +106,11 @@ class _Reservation:
 class _PoolState:
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while planning only
     reservations: dict[str, _Reservation] = field(default_factory=dict)  # by decision id
+    # What the last view read of each of the pool's pods, by id() of the informer's object,
+    # with the object: an informer replaces an object on every change, so the same object
+    # means "read already". Each view keeps only the pods it saw (see `_view`).
+    seats: "_Memo[_Seat]" = field(default_factory=dict)
+    held: "_Memo[_Held]" = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +160,6 @@ class CapacityManager:
         )
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
-        # By id() of the informer's object, with the object itself: an informer replaces an
-        # object on every change, so identity means "read already" (see `_view`).
-        self._seats: dict[int, tuple[JSON, _Seat]] = {}
-        self._held: dict[int, tuple[JSON, _Held]] = {}
 
     @property
     def synced(self) -> bool:
@@ -258,18 +259,20 @@ class CapacityManager:
         capacity = self._capacity.by_index(POOL_INDEX, demand.pool)
         seen = [pod["metadata"]["name"] for pod in capacity]
         in_flight = self._creator.in_flight(demand.pool, seen)
+        state.held = _reread(state.held, capacity, _holding)
         live = {
             name: held
             for name, pod in zip(seen, capacity, strict=True)
-            if (held := _remembered(self._held, pod, _holding)) is not None
+            if (held := state.held[id(pod)][1]) is not None
         }
         placed: dict[str, list[Allocation]] = {name: [] for name in live}
         unplaced: list[Allocation] = []
-        for pod in self._fractional.by_index(POOL_INDEX, demand.pool):
-            seat = _remembered(self._seats, pod, _seat)
-            if seat is None:
+        fractional = self._fractional.by_index(POOL_INDEX, demand.pool)
+        state.seats = _reread(state.seats, fractional, _seat)
+        for entry in state.seats.values():
+            if entry[1] is None:
                 continue
-            host, allocation = seat
+            host, allocation = entry[1]
             if not host:
                 unplaced.append(allocation)
             elif host in placed:  # else: a GPU this pool no longer has
@@ -318,12 +321,11 @@ def _holding(pod: JSON) -> _Held:
     return gpu_memory(pod), (pod.get("status") or {}).get("phase") == "Running"
 
 
-def _remembered(memo: dict[int, tuple[JSON, T]], pod: JSON, read: Callable[[JSON], T]) -> T:
-    """`read(pod)`, once per object: the memo holds the object, so its id is not reused
-    while the entry lives."""
-    entry = memo.get(id(pod))
-    if entry is None or entry[0] is not pod:
-        if len(memo) >= MEMO_SIZE:
-            memo.clear()
-        entry = memo[id(pod)] = (pod, read(pod))
-    return entry[1]
+def _reread(memo: "_Memo[T]", pods: list[JSON], read: Callable[[JSON], T]) -> "_Memo[T]":
+    """`read` of each of `pods`, in their order, from `memo` where the object is the same:
+    a new memo of these pods only, so a pod gone from the pool is forgotten."""
+    out: _Memo[T] = {}
+    for pod in pods:
+        entry = memo.get(id(pod))
+        out[id(pod)] = entry if entry is not None and entry[0] is pod else (pod, read(pod))
+    return out
