@@ -47,3 +47,15 @@ def test_the_message_is_what_json_dumps_writes_whatever_the_text(
         separators=(",", ":"),
     ).encode()
     assert seal.message(namespace, 7, annotations) == expected
+
+
+def test_values_no_api_server_would_store_are_encoded_as_json_dumps_does() -> None:
+    # A hostile review may carry numbers or lists where annotations hold strings: the seal
+    # check must still answer (it then simply fails to verify), never raise.
+    odd: dict[str, object] = {keys.POLICY: 7, keys.GPU_COMPUTE: ["300m"], keys.DECISION: True}
+    expected = json.dumps(
+        [seal.VERSION, "ml", 7, [odd.get(k) for k in seal.SEALED]], separators=(",", ":")
+    ).encode()
+    assert seal.message("ml", 7, odd) == expected  # type: ignore[arg-type]
+    sealed: dict[str, object] = {**odd, keys.SEAL: "v1.7.x"}
+    assert not seal.reinvoked(KEY, "ml", sealed, 7)  # type: ignore[arg-type]
