@@ -82,7 +82,7 @@ class Weights:
     open_node: float = 0.25  # starting a node nobody uses
     best_fit: float = 1e-4  # per milli left free on the partly used GPU taken
     host_memory: bool = True  # a task type that lacks host memory cannot use the node
-    deep: bool = True  # count what filling the node with each task type would leave
+    deep: bool = True  # blend in what filling the node with each task type would take
 
 
 class FragmentationScorer:
