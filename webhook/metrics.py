@@ -7,14 +7,19 @@ path of `POST /mutate` records one admission per request.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
-from threading import Thread
 from typing import Final
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
+from gpupack.runtime.endpoints import Endpoints
 from webhook.decision import Outcome, Reason
 from webhook.tls import Validity
 
@@ -157,24 +162,16 @@ class WebhookMetrics:
         self._certificate_reloads.labels("success" if succeeded else "failure").inc()
 
 
-@dataclass(frozen=True, slots=True)
-class MetricsServer:
-    """The `/metrics` endpoint, on its own plain-HTTP port and thread."""
-
-    httpd: WSGIServer
-    thread: Thread
-
-    @property
-    def port(self) -> int:
-        return self.httpd.server_port
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join()
+MetricsServer = Endpoints
 
 
 def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
-    """Serve `registry` at http://host:port/metrics (port 0: any free port)."""
-    httpd, thread = start_http_server(port, addr=host, registry=registry)
-    return MetricsServer(httpd, thread)
+    """Serve `registry` at http://host:port/metrics (port 0: any free port), on the same
+    dual-stack listener as every other binary's endpoints. The kubelet probes the HTTPS
+    port, not this one, so its `/readyz` only says the process is up."""
+    return Endpoints(
+        host,
+        port,
+        render=lambda: (generate_latest(registry), CONTENT_TYPE_LATEST),
+        ready=lambda: None,
+    ).start()

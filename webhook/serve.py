@@ -13,6 +13,7 @@ import gc
 import logging
 import math
 import signal
+import socket
 import ssl
 import time
 from types import FrameType
@@ -26,7 +27,7 @@ from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
 from gpupack.runtime import config
 from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds, version
-from gpupack.runtime.endpoints import ANY, listen_family
+from gpupack.runtime.endpoints import ANY, listen_family, listening_socket
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments, settle_heap
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
@@ -276,14 +277,18 @@ def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> Cluste
     return cluster
 
 
-async def serve(server: uvicorn.Server, cluster: ClusterPort | None) -> None:
-    """Run until uvicorn exits. The cluster is started from inside the event loop, so its
-    watches may use the loop as well as threads; it is stopped after the server drained."""
+async def serve(
+    server: uvicorn.Server, cluster: ClusterPort | None, sockets: list[socket.socket]
+) -> None:
+    """Run until uvicorn exits, serving on `sockets` (`listening_socket`: uvicorn's own
+    listener on `::` would refuse IPv4). The cluster is started from inside the event
+    loop, so its watches may use the loop as well as threads; it is stopped after the
+    server drained."""
     if cluster is not None:
         cluster.start()
     settle_heap()
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -339,12 +344,16 @@ def run(args: argparse.Namespace) -> int:
             limits=limits,
             drain=drain,
         )
+        try:
+            listener = listening_socket(args.host, args.port)
+        except OSError as exc:
+            log.error("cannot serve HTTPS on %s port %d: %s", args.host, args.port, exc)
+            return EXIT_CONFIG
         if args.metrics_port:
             try:
-                metrics_server = start_metrics_server(
-                    registry, listen_family(args.host)[1], args.metrics_port
-                )
+                metrics_server = start_metrics_server(registry, args.host, args.metrics_port)
             except OSError as exc:
+                listener.close()
                 log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
                 return EXIT_CONFIG
         server = DrainingServer(config, drain, args.shutdown_delay)
@@ -353,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
         # the throughput of POST /mutate (see benchmarks/webhook).
         gc.freeze()
         with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-            runner.run(serve(server, cluster))
+            runner.run(serve(server, cluster, [listener]))
         return 0
     except SystemExit as exc:  # uvicorn's startup failure (e.g. the port is taken), logged
         return exc.code if isinstance(exc.code, int) else 1

@@ -7,6 +7,10 @@ Listeners work on IPv4, IPv6 and dual-stack clusters alike: the default address 
 is one dual-stack socket (IPv4 clients arrive as mapped addresses), and falls back to
 `0.0.0.0` where the kernel has no IPv6. A pod on an IPv6-only cluster has no IPv4
 address at all, so a listener on `0.0.0.0` would never be reached there.
+`listening_socket` makes every such socket, the webhook's HTTPS one included: asyncio's
+`create_server(host="::")` sets `IPV6_V6ONLY` and so refused every IPv4 client (the
+kubelet's probes and the API server on an IPv4 cluster), which a socket made here and
+handed to the server cannot do.
 
 The metrics body is whatever `render()` returns (prometheus_client's exposition, in
 the components): this module knows HTTP, not Prometheus.
@@ -47,23 +51,41 @@ def _ipv6_works() -> bool:
     return True
 
 
+def listening_socket(address: str, port: int, backlog: int = 128) -> socket.socket:
+    """A TCP socket bound to `address:port` and listening, as `listen_family` says: `::`
+    accepts IPv4 and IPv6 clients whatever the host's `net.ipv6.bindv6only`. OSError
+    (the port is taken, the address is not this host's) with the socket closed."""
+    family, host = listen_family(address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            # Dual-stack only for the wildcard; a specific IPv6 address is IPv6 alone.
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(host != ANY))
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class DualStackServer(ThreadingHTTPServer):
-    """A threading HTTP server bound as `listen_family` says (`::`: dual-stack)."""
+    """A threading HTTP server on `listening_socket(address, port)` (`::`: dual-stack)."""
 
     daemon_threads = True
 
     def __init__(self, address: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
-        family, host = listen_family(address)
-        self.address_family = family
-        super().__init__((host, port), handler, bind_and_activate=False)
-        if family == socket.AF_INET6 and host == ANY:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        try:
-            self.server_bind()
-            self.server_activate()
-        except OSError:
-            self.server_close()
-            raise
+        sock = listening_socket(address, port)
+        self.address_family = sock.family
+        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
+        self.socket.close()  # the one socketserver made, unbound: ours replaces it
+        self.socket = sock
+        self.server_address = sock.getsockname()
+        self.server_name, self.server_port = (
+            str(self.server_address[0]),
+            int(self.server_address[1]),
+        )
 
 
 class Endpoints:

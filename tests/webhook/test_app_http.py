@@ -7,6 +7,7 @@ import copy
 import io
 import json
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +28,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
+from gpupack.runtime.endpoints import ANY, listen_family, listening_socket
 from hack.localcluster.processes import free_port
 from webhook.app import ClusterPort, Decide, create_app
 from webhook.audit import AUDIT_MARKER, AuditLog
@@ -41,6 +43,8 @@ from webhook.tls import CertificateReloader
 from .builders import namespace, review, vllm_pod
 from .conftest import CertificateAuthority, ServingFiles, run_server
 from .hostile import no_cluster_env, serve_command
+
+IPV6 = listen_family(ANY)[0] == socket.AF_INET6
 
 KUBERNETES_VERSION = "1.34"
 
@@ -497,7 +501,7 @@ def test_serving_starts_the_cluster_and_stops_it_after_the_server(
     )
     server.should_exit = True  # as if SIGTERM came right after the start
 
-    asyncio.run(serve(server, cluster))
+    asyncio.run(serve(server, cluster, [listening_socket("127.0.0.1", 0)]))
 
     assert server.started
     assert cluster.lifecycle == ["start", "stop"]
@@ -561,6 +565,45 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     messages = [json.loads(line)["message"] for line in stderr.splitlines()]
     assert "no cluster access: capacity spawning skipped" in messages
     assert "stopped on SIGTERM" in messages
+
+
+@pytest.mark.skipif(not IPV6, reason="this machine's kernel has no IPv6")
+def test_serve_on_the_default_address_answers_ipv4_and_ipv6_clients(
+    tmp_path: Path, ca: CertificateAuthority
+) -> None:
+    # The chart passes no --host. uvicorn's own listener on `::` is IPv6-only, so the
+    # kubelet's probes and the API server on an IPv4 cluster were refused.
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.issue(names=("127.0.0.1", "::1")).write(cert, key)
+    port, metrics_port = free_port(), free_port()
+    args = ["--port", str(port), "--metrics-port", str(metrics_port)]
+    args += ["--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
+    process = subprocess.Popen(
+        serve_command(*args),
+        env=no_cluster_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        answers = {}
+        for host in ("127.0.0.1", "[::1]"):
+            with httpx.Client(verify=ca.client_context(), timeout=10) as client:
+                for _ in range(600):  # the process needs a moment to import and listen
+                    try:
+                        answers[host] = client.get(f"https://{host}:{port}/healthz").status_code
+                        break
+                    except httpx.ConnectError:
+                        assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
+                        time.sleep(0.05)
+                metrics = httpx.get(f"http://{host}:{metrics_port}/metrics", timeout=10)
+                assert metrics.status_code == 200
+                assert b"gpupack_webhook_" in metrics.content
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+
+    assert answers == {"127.0.0.1": 200, "[::1]": 200}
 
 
 @pytest.mark.parametrize(
