@@ -4,14 +4,15 @@
 # the checkout so fresh clones on the same machine reuse it): changing one tool's version
 # or build recipe rebuilds that tool alone. $GPUPACK_BIN_DIR is one folder of links to
 # the whole set.
-#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl   (k8s.io/kubernetes)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+#   kubelet, kube-proxy (the real node)                                 (k8s.io/kubernetes)
 #   etcd                                                                  (go.etcd.io/etcd)
 #   kwok                                                                  (sigs.k8s.io/kwok)
 #   helm                                                                  (helm.sh/helm/v3)
 #   prometheus, promtool                                (github.com/prometheus/prometheus)
 set -euo pipefail
 : "${repo:?source hack/lib/venv.sh first}"
-KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 _GO_NOISE='^go: \(added\|upgraded\|downgraded\|finding\|downloading\)'
 
 ensure_go() {
@@ -88,11 +89,11 @@ _TOOLS=(
   "prometheus PROMETHEUS_VERSION prometheus promtool"
 )
 
-_tool_dir() {  # cache tool version: where that build of the tool lives
+_tool_dir() {  # cache tool version binaries: where that build of the tool lives
   local recipe key
   recipe=$(declare -f "_build_$2")
   [[ $recipe != *_build_in_scratch_module* ]] || recipe+=$(declare -f _build_in_scratch_module)
-  key=$(echo "$2 $3 $recipe" | sha256sum | cut -c1-12)
+  key=$(echo "$2 $3 $4 $recipe" | sha256sum | cut -c1-12)
   echo "$1/tools/$2-$3-$key"
 }
 
@@ -113,7 +114,7 @@ ensure_binaries() {
   local cache="${GPUPACK_CACHE:-$HOME/.cache/gpupack}" entry tool var binaries dir dirs=() key bin
   for entry in "${_TOOLS[@]}"; do
     read -r tool var binaries <<<"$entry"
-    dir=$(_tool_dir "$cache" "$tool" "${!var}")
+    dir=$(_tool_dir "$cache" "$tool" "${!var}" "$binaries")
     _ensure_tool "$dir" "$tool" "${!var}"
     for bin in $binaries; do
       [ -x "$dir/$bin" ] || { echo "hack: building $tool left no $bin in $dir" >&2; return 1; }
@@ -126,7 +127,7 @@ ensure_binaries() {
     mkdir -p "$links"
     for entry in "${_TOOLS[@]}"; do
       read -r tool var binaries <<<"$entry"
-      dir=$(_tool_dir "$cache" "$tool" "${!var}")
+      dir=$(_tool_dir "$cache" "$tool" "${!var}" "$binaries")
       for bin in $binaries; do ln -sfn "$dir/$bin" "$links/$bin"; done
     done
     touch "$links/.complete"
