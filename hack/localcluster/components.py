@@ -11,10 +11,11 @@ import json
 import os
 import secrets
 import signal
+import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from certs import pem
-from hack.localcluster import chart
+from hack.localcluster import chart, containers
 from hack.localcluster.chart import SYSTEM_NAMESPACE, WEBHOOK_NAME
 from hack.localcluster.client import JSON
 from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
@@ -33,6 +34,13 @@ from hack.localcluster.prometheus import (
     scrape_configs,
     service_monitor_endpoint,
 )
+
+
+def local_executables() -> dict[str, str]:
+    """gpupack's console scripts as this Python environment installs them: the local
+    stand-ins for the image's `/opt/gpupack/bin`."""
+    scripts = Path(sys.executable).parent
+    return {path.name: str(path) for path in scripts.glob("gpupack-*")}
 
 
 @dataclass
@@ -46,6 +54,17 @@ class LocalCluster(ControlPlane):
     # Each running component's metrics port, by process name: what Prometheus scrapes.
     metrics_targets: dict[str, Target] = field(default_factory=dict)
 
+    def _write_secret(self, name: str, pair: pem.KeyPair) -> tuple[Path, Path]:
+        """A TLS Secret's files as a pod sees them mounted: `tls.crt` and `tls.key` in a
+        folder of their own."""
+        folder = self.workdir / name
+        folder.mkdir(mode=0o700, exist_ok=True)
+        cert, key = folder / "tls.crt", folder / "tls.key"
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        key.chmod(0o600)
+        return cert, key
+
     def service_account_kubeconfig(self, name: str) -> Path:
         """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
         user, groups = chart.service_account_user(name, self.namespace)
@@ -54,9 +73,10 @@ class LocalCluster(ControlPlane):
     @property
     def decision_key_file(self) -> Path:
         """The decision key the webhook seals with and the scheduler verifies (the chart's
-        Secret), made once per cluster."""
-        path = self.workdir / "decision.key"
+        Secret, mounted as a folder with the file `key`), made once per cluster."""
+        path = self.workdir / "decision" / "key"
         if not path.exists():
+            path.parent.mkdir(mode=0o700, exist_ok=True)
             path.write_text(secrets.token_urlsafe(48))
             path.chmod(0o600)
         return path
@@ -103,18 +123,13 @@ class LocalCluster(ControlPlane):
             names=["127.0.0.1", f"{WEBHOOK_NAME}.{self.namespace}.svc"],
             algorithm=pem.KeyAlgorithm.ECDSA_P256,
         )
-        self._webhook_tls = self._write_pair("webhook", serving)
+        self._webhook_tls = self._write_secret("webhook-tls", serving)
         self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
         self.audit_log = self.workdir / "logs" / "audit.log"
         process = self._launch(
             WEBHOOK_NAME,
             self._webhook_command(
-                kubeconfig,
-                "127.0.0.1",
-                self.webhook_port,
-                self.webhook_metrics_port,
-                self.audit_log,
-                extra_args,
+                kubeconfig, self.webhook_port, self.webhook_metrics_port, self.audit_log, extra_args
             ),
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
@@ -140,27 +155,37 @@ class LocalCluster(ControlPlane):
     def _webhook_command(
         self,
         kubeconfig: Path,
-        host: str,
         port: int,
         metrics_port: int,
         audit: Path,
         extra_args: Sequence[str] = (),
     ) -> list[str]:
-        cert, key = self._webhook_tls
+        """`gpupack-webhook serve` with the arguments the chart's Deployment renders (ports
+        as chart values), its Secret's files where the pod mounts them, plus the two
+        things a pod gets another way: the API server (its ServiceAccount token; here a
+        kubeconfig) and the audit lines (its stdout; here also a file the tests read)."""
+        container = containers.chart_container(
+            Path(self.binary("helm")),
+            "templates/webhook.yaml",
+            "webhook",
+            namespace=self.namespace,
+            sets=(
+                f"webhook.port={port}",
+                f"webhook.metricsPort={metrics_port}",
+                # Tests stop and restart the webhook; a user's value is 10 s per stop.
+                "webhook.shutdownDelaySeconds=0",
+            ),
+        )
         return [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "serve",
-            f"--host={host}",
-            f"--port={port}",
-            f"--metrics-port={metrics_port}",
-            f"--tls-cert-file={cert}",
-            f"--tls-private-key-file={key}",
+            *container.argv(
+                mounts={
+                    "/etc/gpupack/tls": self._webhook_tls[0].parent,
+                    "/etc/gpupack/decision": self.decision_key_file.parent,
+                },
+                executables=local_executables(),
+            ),
             f"--kubeconfig={kubeconfig}",
             f"--audit-file={audit}",
-            f"--decision-key-file={self.decision_key_file}",
-            f"--namespace={self.namespace}",
             *extra_args,
         ]
 
@@ -168,15 +193,16 @@ class LocalCluster(ControlPlane):
         self, name: str, host: str, extra_args: Sequence[str] = ()
     ) -> tuple[Process, int]:
         """Another `gpupack-webhook serve` (after `install_webhook`), as a second pod of
-        the Deployment: the same certificate, key and identity, listening on `host` and
-        a port of its own, auditing to `logs/<name>.audit.log`. Returns it and its port;
-        `route_webhook` puts it behind the webhook's Service."""
+        the Deployment: the same certificate, key and identity, a port of its own (it
+        listens on every address, as in a pod; readiness is checked on `host`), auditing
+        to `logs/<name>.audit.log`. Returns it and its port; `route_webhook` puts it
+        behind the webhook's Service."""
         kubeconfig = self.service_account_kubeconfig(WEBHOOK_NAME)
         port = free_port()
         audit = self.workdir / "logs" / f"{name}.audit.log"
         process = self._launch(
             name,
-            self._webhook_command(kubeconfig, host, port, free_port(), audit, extra_args),
+            self._webhook_command(kubeconfig, port, free_port(), audit, extra_args),
             env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self._wait_webhook_ready(process, host, port)
@@ -300,18 +326,27 @@ class LocalCluster(ControlPlane):
         process_name: str,
         user: str,
         template: str,
-        module: str,
-        args: Sequence[str],
+        container: str,
         *,
         sets: Sequence[str] = (),
+        mounts: Mapping[str, Path] | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> Process:
-        """Run `python -m module` as gpupack's ServiceAccount `user`, with the RBAC the
-        chart's `template` renders (and `sets`) for it (`component_kubeconfig`)."""
+        """Run the chart's `container` of `template` (rendered with `sets`) as a local
+        process, with its rendered command line (`containers.Container.argv`), as
+        gpupack's ServiceAccount `user` with the RBAC the chart renders for it
+        (`component_kubeconfig`; in a pod, the ServiceAccount token), then `extra_args`."""
         kubeconfig = self.component_kubeconfig(user, template, sets=sets)
+        rendered = containers.chart_container(
+            Path(self.binary("helm")), template, container, namespace=self.namespace, sets=sets
+        )
+        argv = rendered.argv(mounts=mounts or {}, env=env or {}, executables=local_executables())
+        environment = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         process = self._launch(
             process_name,
-            [sys.executable, "-m", module, f"--kubeconfig={kubeconfig}", *args],
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+            [*argv, f"--kubeconfig={kubeconfig}", *extra_args],
+            env={**environment, **rendered.env, **(env or {})},
         )
         self.write_state()
         return process
@@ -365,21 +400,18 @@ class LocalCluster(ControlPlane):
         extender believes it leads (harmless with one replica; with two, both keep
         house)."""
         port, metrics_port = free_port(), free_port()
-        sets = (*sets, f"scheduler.extenderPort={port}")
+        sets = (*sets, f"scheduler.extenderPort={port}", f"scheduler.metricsPort={metrics_port}")
         extender = self._run_component(
             name,
             chart.SCHEDULER_NAME,
             "templates/scheduler.yaml",
-            "scheduler.cli",
-            [
-                f"--namespace={self.namespace}",
-                f"--port={port}",
-                f"--decision-key-file={self.decision_key_file}",
-                f"--metrics-port={metrics_port}",
-                "--metrics-address=127.0.0.1",
-                *extra_args,
-            ],
+            "extender",
             sets=sets,
+            mounts={"/etc/gpupack/decision": self.decision_key_file.parent},
+            # In a pod, POD_NAME is the pod's hostname, which kube-scheduler's Lease
+            # identity starts with; the extender follows that Lease by it.
+            env={"POD_NAME": socket.gethostname()},
+            extra_args=extra_args,
         )
         service = self.metrics_service("templates/scheduler.yaml")
         self.metrics_targets[name] = Target(service, name, metrics_port)
@@ -387,12 +419,29 @@ class LocalCluster(ControlPlane):
         config.setdefault("clientConnection", {})["kubeconfig"] = str(
             self.service_account_kubeconfig(chart.SCHEDULER_NAME)
         )
-        path = self.workdir / f"{name}-kube-scheduler.yaml"
-        path.write_text(yaml.safe_dump(config))
+        folder = self.workdir / f"{name}-kube-scheduler"
+        folder.mkdir(exist_ok=True)
+        (folder / "config.yaml").write_text(yaml.safe_dump(config))
         self._wait_extender_ready(extender, port)
+        kube_scheduler = containers.chart_container(
+            Path(self.binary("helm")),
+            "templates/scheduler.yaml",
+            "kube-scheduler",
+            namespace=self.namespace,
+            sets=sets,
+        )
         self._launch(
             f"{name}-kube-scheduler",
-            [self.binary("kube-scheduler"), f"--config={path}", "--secure-port=0", "--v=1"],
+            [
+                *kube_scheduler.argv(
+                    mounts={"/etc/gpupack-scheduler": folder},
+                    executables={"kube-scheduler": self.binary("kube-scheduler")},
+                ),
+                # A pod's 10259 is its own; on this host every kube-scheduler shares one
+                # network, so the probe port is off (the pod's probes are tested on the
+                # real node).
+                "--secure-port=0",
+            ],
         )
         self.write_state()
         return extender
@@ -434,21 +483,18 @@ class LocalCluster(ControlPlane):
         renders (bound to the local user `gpupack-exporter`), talking to the kubelet
         pod-resources socket the caller serves. Returns the process and its port. No NVML
         here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
+        if pod_resources_socket.name != "kubelet.sock":
+            raise ValueError("the chart's exporter reads <pod-resources folder>/kubelet.sock")
         port = free_port()
         process = self._run_component(
             f"{chart.EXPORTER_NAME}-{node}",
             chart.EXPORTER_NAME,
             "templates/exporter.yaml",
-            "exporter.cli",
-            [
-                f"--node-name={node}",
-                f"--namespace={self.namespace}",
-                f"--pod-resources-socket={pod_resources_socket}",
-                f"--port={port}",
-                "--address=127.0.0.1",
-                *([f"--proc={proc}"] if proc else []),
-                *extra_args,
-            ],
+            "exporter",
+            sets=(f"exporter.port={port}",),
+            mounts={"/var/lib/kubelet/pod-resources": pod_resources_socket.parent},
+            env={"NODE_NAME": node},
+            extra_args=[*([f"--proc={proc}"] if proc else []), *extra_args],
         )
         return process, port
 
@@ -466,15 +512,10 @@ class LocalCluster(ControlPlane):
             name,
             chart.RECOMMENDER_NAME,
             "templates/recommender.yaml",
-            "recommender.cli",
-            [
-                f"--namespace={self.namespace}",
-                f"--identity={name}",
-                f"--metrics-port={metrics_port}",
-                "--metrics-address=127.0.0.1",
-                *extra_args,
-            ],
-            sets=("recommender.rollouts=true",),
+            "recommender",
+            sets=("recommender.rollouts=true", f"recommender.metricsPort={metrics_port}"),
+            env={"POD_NAME": name},
+            extra_args=extra_args,
         )
         service = self.metrics_service("templates/recommender.yaml")
         self.metrics_targets[name] = Target(service, name, metrics_port)
