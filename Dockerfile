@@ -1,14 +1,18 @@
 # One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
 # gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-mps-daemon,
 # gpupack-recommender). Build: docker build -t gpupack:dev .
-# The build stage makes wheels; the final stage installs them into a virtualenv and
-# carries no compiler, no pip cache, and runs as a non-root user.
+# CI builds this same file without Docker (hack/image: buildah, on a Python base made
+# from Debian's packages and passed as PYTHON_IMAGE).
+# The build stage makes gpupack's wheel; the final stage installs the locked runtime
+# dependencies (hack/requirements.lock, hashes checked) and that wheel into a
+# virtualenv, carries no compiler and no pip cache, and runs as a non-root user.
 
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-RUN pip install --no-cache-dir --upgrade pip==24.3.1 build==1.2.2
+# A virtualenv, so the base's own Python stays untouched (PEP 668 bases refuse pip).
+RUN python -m venv /build && /build/bin/pip install --no-cache-dir --upgrade pip==24.3.1
 COPY pyproject.toml README.md ./
 COPY gpupack gpupack
 COPY webhook webhook
@@ -16,15 +20,17 @@ COPY scheduler scheduler
 COPY recommender recommender
 COPY exporter exporter
 COPY certs certs
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN /build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 65532 gpupack \
  && useradd --system --uid 65532 --gid gpupack --no-create-home --shell /usr/sbin/nologin gpupack
+COPY hack/requirements.lock /tmp/requirements.lock
 COPY --from=build /wheels /wheels
 RUN python -m venv /opt/gpupack \
- && /opt/gpupack/bin/pip install --no-cache-dir --no-index --find-links /wheels gpupack \
- && rm -rf /wheels
+ && /opt/gpupack/bin/pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock \
+ && /opt/gpupack/bin/pip install --no-cache-dir --no-index --no-deps /wheels/*.whl \
+ && rm -rf /wheels /tmp/requirements.lock
 ENV PATH=/opt/gpupack/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
