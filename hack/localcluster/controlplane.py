@@ -20,6 +20,7 @@ from typing import Final, Self
 import yaml
 
 from certs import pem
+from hack.localcluster import realnode
 from hack.localcluster.client import ApiError, ClusterError, Kube
 from hack.localcluster.nodes import (
     DEFAULT_NODE_POOLS,
@@ -29,6 +30,7 @@ from hack.localcluster.nodes import (
     schedulable,
 )
 from hack.localcluster.processes import Process, free_port, log, stop_pid
+from hack.localcluster.realnode import RealNode
 
 SERVICE_CIDR: Final = "10.96.0.0/16"
 READY_TIMEOUT: Final = 120.0
@@ -43,9 +45,20 @@ class ControlPlane:
     node_pools: Sequence[NodePool] = DEFAULT_NODE_POOLS
     gpu_taint: bool = False
     detach: bool = False  # the demo leaves the cluster running after it exits
+    # One real kubelet node beside kwok's (hack/localcluster/realnode.py), running the
+    # OCI archives `node_images` (the pause image first). The API server then serves on
+    # the pod bridge's host address, where pods reach it, instead of loopback.
+    real_node: bool = False
+    node_images: Sequence[Path] = ()
     processes: dict[str, Process] = field(default_factory=dict)
     api_port: int = 0
+    node: RealNode | None = field(default=None, repr=False)
     _admin: Kube | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        """Where the API server listens: loopback, or the pod bridge's host address."""
+        return realnode.GATEWAY if self.real_node else "127.0.0.1"
 
     @property
     def pki(self) -> Path:
@@ -57,7 +70,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.address}:{self.api_port}"
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
@@ -75,11 +88,16 @@ class ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
+            if self.real_node:
+                realnode.prepare_network(SERVICE_CIDR)
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
             self._create_nodes()
+            if self.real_node:
+                self.node = RealNode(self)
+                self.node.start(self.node_images)
         except BaseException:
             self.stop()
             raise
@@ -88,6 +106,9 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         if self._admin is not None:
             self._admin.close()
             self._admin = None
@@ -151,9 +172,20 @@ class ControlPlane:
                 "kubernetes.default.svc",
                 "kubernetes.default.svc.cluster.local",
                 "10.96.0.1",
+                *([self.address] if self.real_node else []),
             ],
         )
         self._write_pair("apiserver", serving)
+        # The API server's client certificate towards kubelets (logs, exec, port-forward).
+        kubelet_client = pem.issue(
+            ca,
+            "kube-apiserver-kubelet-client",
+            now=now,
+            usage=pem.Usage.CLIENT,
+            organization="system:masters",
+            algorithm=algo,
+        )
+        self._write_pair("apiserver-kubelet-client", kubelet_client)
         private, public = pem.new_key_pair(pem.KeyAlgorithm.RSA2048)
         (self.pki / "sa.key").write_bytes(private)
         (self.pki / "sa.pub").write_bytes(public)
@@ -257,8 +289,8 @@ class ControlPlane:
             [
                 self.binary("kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.api_port}",
                 f"--tls-cert-file={self.pki / 'apiserver.crt'}",
                 f"--tls-private-key-file={self.pki / 'apiserver.key'}",
@@ -272,7 +304,13 @@ class ControlPlane:
                 # DefaultTolerationSeconds, ResourceQuota, PodSecurity, ...) plus:
                 "--enable-admission-plugins=NodeRestriction",
                 "--allow-privileged=true",
-                "--endpoint-reconciler-type=none",  # one API server on loopback: no endpoints
+                # On loopback the API server cannot be the `kubernetes` Service's endpoint;
+                # on the pod bridge it is, and pods reach it through that Service.
+                f"--endpoint-reconciler-type={'lease' if self.real_node else 'none'}",
+                f"--kubelet-client-certificate={self.pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={self.pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={self.pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
                 # Webhooks registered by Service are called at an endpoint's address (no
                 # kube-proxy here to route a ClusterIP): as behind a Service in a cluster.
                 "--enable-aggregator-routing=true",

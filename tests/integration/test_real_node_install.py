@@ -1,0 +1,240 @@
+"""`helm install` of the chart, unchanged, the way users install it: onto a cluster with a
+real kubelet node (containerd, runc, CNI, kube-proxy) that runs gpupack's image as hack/test
+builds it from the Dockerfile, beside kwok's simulated GPU nodes.
+
+Everything the chart makes runs as containers on that node: the certificate hook Jobs
+with their ServiceAccounts, the webhook, the scheduler (kube-scheduler + extender) and
+the recommender passing their probes, the API server calling the webhook through its
+Service. GPUs stay simulated: the GPU nodes are kwok's (tainted, so gpupack's own pods
+land on the real node), the exporter DaemonSet runs there only as kwok plays it, and the
+simulated node agent names each capacity pod's GPU (docs/local-cluster.md).
+"""
+
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from hack.localcluster import ApiError, Kube, LocalCluster, NodePool, SimulatedGpuAssigner, log
+from hack.localcluster.chart import EXPORTER_NAME
+from tests.integration.tools import REPO, cluster_of_its_own
+
+pytestmark = pytest.mark.integration
+NS = "gpupack-system"
+GPU_NODES = (NodePool("gpu-a100", 2, 8, "NVIDIA-A100-SXM4-80GB", 81920, "64", "512Gi"),)
+TOLERATE_GPUS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+
+@pytest.fixture(scope="module")
+def node_cluster(
+    tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
+) -> Iterator[LocalCluster]:
+    images = os.environ.get("GPUPACK_NODE_IMAGES", "")
+    assert images, "GPUPACK_NODE_IMAGES is set by hack/lib/node.sh: run through hack/test"
+    with cluster_of_its_own(
+        tmp_path_factory,
+        cluster,
+        "realnode",
+        real_node=True,
+        node_images=[Path(p) for p in images.split(":")],
+        node_pools=GPU_NODES,
+        gpu_taint=True,
+    ) as local:
+        yield local
+
+
+def run(cluster: LocalCluster, tool: str, *args: str, check: bool = True) -> str:
+    command = [str(cluster.bin_dir / tool), f"--kubeconfig={cluster.kubeconfig}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    if check:
+        assert result.returncode == 0, f"{tool} {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result.stdout + result.stderr
+
+
+def image_tag() -> str:
+    image = os.environ.get("GPUPACK_IMAGE", "")
+    assert ":" in image, "GPUPACK_IMAGE is set by hack/lib/image.sh: run through hack/test"
+    return image.rsplit(":", 1)[1]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def pods(kube: Kube, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = kube.get(
+        f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector
+    )["items"]
+    return found
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    """A Deployment that asks a whole GPU per pod and tolerates the GPU nodes' taint."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": name},
+                    "annotations": {keys.GPU_COMPUTE: "300m", keys.GPU_MEMORY: "8Gi"},
+                },
+                "spec": {
+                    "tolerations": TOLERATE_GPUS,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def https_status(address: str, port: int, ca: bytes, server_name: str) -> int:
+    """GET /healthz over TLS at address:port, checking the certificate for `server_name`."""
+    context = ssl.create_default_context(cadata=ca.decode())
+    with (
+        socket.create_connection((address, port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname=server_name) as tls,
+    ):
+        tls.sendall(
+            f"GET /healthz HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode()
+        )
+        return int(tls.recv(64).split()[1])
+
+
+def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
+    node_cluster: LocalCluster,
+) -> None:
+    cluster, kube = node_cluster, node_cluster.kube()
+    node = cluster.node
+    assert node is not None
+    chart = str(REPO / "charts" / "gpupack")
+    values = [f"--set=image.tag={image_tag()}"]
+
+    # One helm install: the CRDs, the certificate hook Jobs (containers, with their
+    # ServiceAccounts), every Deployment ready by its probes.
+    started = time.monotonic()
+    run(cluster, "helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
+        "--wait", "--timeout=5m", *values)  # fmt: skip
+    installed = time.monotonic() - started
+    for component, replicas in (("webhook", 2), ("scheduler", 2), ("recommender", 1)):
+        running = pods(kube, NS, f"app.kubernetes.io/component={component}")
+        assert len(running) == replicas, component
+        for pod in running:
+            assert pod["spec"]["nodeName"] == node.name, pod["metadata"]["name"]
+            assert ready(pod), f"{pod['metadata']['name']} is not Ready"
+            statuses = pod["status"]["containerStatuses"]
+            assert all(s["ready"] and s["restartCount"] == 0 for s in statuses), statuses
+    secret = kube.get(f"/api/v1/namespaces/{NS}/secrets/gpupack-webhook-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+
+    # The webhook through its Service over IPv4: the ClusterIP, which kube-proxy turns
+    # into a pod's address on the node, with the certificate the hook issued.
+    service = kube.get(f"/api/v1/namespaces/{NS}/services/gpupack-webhook")
+    ca = secret["data"]["ca.crt"]
+    name = f"gpupack-webhook.{NS}.svc"
+    cluster_ip = service["spec"]["clusterIP"]
+    assert https_status(cluster_ip, 443, base64.b64decode(ca), name) == 200
+
+    # An opted-in Deployment: the API server calls the webhook through the Service, the
+    # pods are rewritten and placed on a shared GPU of a (simulated) GPU node.
+    writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
+    with SimulatedGpuAssigner(kube, writer=writer):
+        ns = kube.create_namespace("it-real", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+        kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment("infer", 3))
+
+        def placed() -> list[dict[str, Any]]:
+            found = [
+                p for p in pods(kube, ns)
+                if p["spec"].get("nodeName") and (p.get("status") or {}).get("phase") == "Running"
+            ]  # fmt: skip
+            return found if len(found) == 3 else []
+
+        shares = kube.wait_for("3 rewritten pods placed", placed, timeout=120)
+        first_placed = time.monotonic() - started
+        for pod in shares:
+            assert pod["spec"]["schedulerName"] == keys.SCHEDULER_NAME
+            assert keys.GPU_UUID in pod["metadata"]["annotations"]
+            assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
+        uuids = {p["metadata"]["annotations"][keys.GPU_UUID] for p in shares}
+        assert len(uuids) == 1, "three 300m shares fit one GPU"
+        log(f"real node: helm install {installed:.1f} s; first rewritten pods placed "
+            f"{first_placed:.1f} s after helm install began")  # fmt: skip
+
+        # The renewal CronJob, run now as an operator would.
+        run(cluster, "kubectl", "create", "job", "--from=cronjob/gpupack-certs-renewal",
+            "renew-now", f"--namespace={NS}")  # fmt: skip
+        run(cluster, "kubectl", "wait", "--for=condition=complete", "job/renew-now",
+            f"--namespace={NS}", "--timeout=120s")  # fmt: skip
+        assert "caBundle" in run(cluster, "kubectl", "logs", "job/renew-now", f"--namespace={NS}")
+
+        # helm upgrade runs the CRD hook Job as a container.
+        run(cluster, "helm", "upgrade", "gpupack", chart, f"--namespace={NS}", "--wait",
+            "--timeout=5m", *values)  # fmt: skip
+        events = kube.get(f"/api/v1/namespaces/{NS}/events")["items"]
+        completed = {
+            e["involvedObject"]["name"]
+            for e in events
+            if e["involvedObject"]["kind"] == "Job" and e["reason"] == "Completed"
+        }
+        assert {"gpupack-certs", "gpupack-crds", "renew-now"} <= completed, completed
+
+        # helm uninstall refuses while pods share GPUs ...
+        refused = run(cluster, "helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait",
+                      check=False)  # fmt: skip
+        assert "gpupack-uninstall failed" in refused, refused
+        (hook,) = pods(kube, NS, "job-name=gpupack-uninstall")[:1]
+        said = run(cluster, "kubectl", "logs", hook["metadata"]["name"], f"--namespace={NS}")
+        assert "refusing to uninstall: 3 pods share GPUs through gpupack" in said
+        assert len(pods(kube, ns)) == 3
+
+        # ... and once the workload is gone and its namespace opted out, removes everything.
+        kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/infer")
+        kube.wait_for("the shares gone", lambda: not pods(kube, ns), timeout=60)
+        kube.merge_patch(
+            f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {keys.OPTIMIZE: None}}}
+        )
+        run(cluster, "helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
+
+    kube.wait_for("no pod left in the release namespace", lambda: not pods(kube, NS), timeout=120)
+    leftovers = []
+    for path in (
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/storage.k8s.io/v1/csidrivers",
+        f"/api/v1/namespaces/{NS}/secrets",
+        f"/api/v1/namespaces/{NS}/services",
+        f"/apis/batch/v1/namespaces/{NS}/jobs",
+        f"/apis/batch/v1/namespaces/{NS}/cronjobs",
+        f"/apis/apps/v1/namespaces/{NS}/daemonsets",
+        f"/apis/apps/v1/namespaces/{NS}/deployments",
+    ):
+        try:
+            items = kube.get(path)["items"]
+        except ApiError:
+            continue
+        leftovers += [
+            f"{path}/{i['metadata']['name']}" for i in items if "gpupack" in i["metadata"]["name"]
+        ]
+    assert leftovers == []
