@@ -1,11 +1,14 @@
-"""The main job: gpupack on a local cluster with simulated GPU nodes, explained.
+"""The main job: gpupack installed as users install it, on a local cluster with
+simulated GPU nodes, explained.
 
 `python -m hack.demo start` (what `hack/demo` runs) starts the local control plane with
-kwok GPU nodes, the webhook, the scheduler and the node agent's stand-in, all detached
-so they keep running; applies the sample workloads in examples/; and prints what
-happened: which pods were rewritten and why, where the scheduler placed them, the
-capacity pods, GPUs held versus GPUs asked for, and where the logs are.
-`python -m hack.demo stop` stops everything it started.
+kwok GPU nodes and one real kubelet node, installs gpupack with `helm install` of
+charts/gpupack and the image hack/demo built from the Dockerfile (its pods run as
+containers on the real node), and the node agent's stand-in, all detached so they keep
+running; applies the sample workloads in examples/; and prints what happened: which
+pods were rewritten and why, where the scheduler placed them, the capacity pods, GPUs
+held versus GPUs asked for, and where to look. `python -m hack.demo stop` stops
+everything it started and undoes what the real node changed on this machine.
 """
 
 import argparse
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.localcluster import (
+    EXPORTER_NAME,
     SYSTEM_NAMESPACE,
     ClusterError,
     Kube,
@@ -40,12 +44,24 @@ MANIFESTS = [
     REPO / "examples" / "demo" / "research.yaml",
 ]
 NAMESPACES = ("ml", "research")
+CAPACITY = "gpupack.io/role=capacity"
 JSON = dict[str, Any]
 
 
-def kubectl(cluster: LocalCluster, *args: str) -> str:
-    command = [cluster.binary("kubectl"), f"--kubeconfig={cluster.kubeconfig}", *args]
-    return subprocess.run(command, capture_output=True, text=True, check=True, timeout=120).stdout  # noqa: S603
+def kubectl(cluster: LocalCluster, *args: str, tool: str = "kubectl") -> str:
+    command = [cluster.binary(tool), f"--kubeconfig={cluster.kubeconfig}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)  # noqa: S603
+    if result.returncode != 0:
+        raise ClusterError(f"{tool} {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def webhook_logs(cluster: LocalCluster) -> list[str]:
+    """What the webhook pods wrote: their audit lines among their logs."""
+    selector = "app.kubernetes.io/component=webhook"
+    out = kubectl(cluster, "logs", "-n", SYSTEM_NAMESPACE, "-l", selector, "--prefix",
+                  "--tail=-1")  # fmt: skip
+    return out.splitlines()
 
 
 def kubectl_gpupack(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -73,6 +89,13 @@ def workload_pods(kube: Kube) -> list[JSON]:
     return pods
 
 
+def capacity_pods(kube: Kube) -> list[JSON]:
+    found: list[JSON] = kube.get(
+        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector=CAPACITY
+    )["items"]
+    return found
+
+
 def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
     """Until every sample pod exists and every capacity pod runs with its GPU."""
 
@@ -85,7 +108,9 @@ def wait_settled(kube: Kube, expected_pods: int, timeout: float = 90.0) -> None:
         ]
         if not all(p["spec"].get("nodeName") for p in rewritten):
             return False
-        capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods")["items"]
+        capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector=CAPACITY)[
+            "items"
+        ]
         return bool(capacity) and all(
             (c["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid") for c in capacity
         )
@@ -111,7 +136,9 @@ def anti_affine(pods: list[JSON]) -> dict[str, list[str]]:
 def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     kube = cluster.kube()
     pods = workload_pods(kube)
-    capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods")["items"]
+    capacity = kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", labelSelector=CAPACITY)[
+        "items"
+    ]
     rewritten = [
         p for p in pods if "gpupack.io/decision" in (p["metadata"].get("annotations") or {})
     ]
@@ -120,7 +147,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     whole = sum(gpus_asked(p) for p in untouched)
 
     out.write("\n== Decisions (the webhook's audit log)\n")
-    records = list(parse_lines(cluster.audit_log.read_text().splitlines()))
+    records = list(parse_lines(webhook_logs(cluster)))
     table(records, out)
 
     out.write("\n== Placement (gpupack-scheduler): GPU shares on GPUs held by capacity pods\n")
@@ -193,14 +220,15 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     out.write("\n== Where to look\n")
     out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
     out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")
-    out.write(f"  audit log:        {cluster.audit_log}\n")
+    out.write("  gpupack's pods:   kubectl get pods -n gpupack-system -o wide\n")
     out.write(
-        f"  decisions:        .venv/bin/gpupack-webhook decisions {cluster.audit_log} -n ml\n"
+        "  decisions:        kubectl logs -n gpupack-system -l "
+        "app.kubernetes.io/component=webhook --prefix | .venv/bin/gpupack-webhook decisions -n ml\n"
     )
     out.write("  the plugin:       PATH=$PWD/.venv/bin:$PATH kubectl gpupack status\n")
     out.write("  scheduler events: kubectl get events -n ml --field-selector reason=Scheduled\n")
-    out.write(f"  scheduler config: {cluster.workdir / 'gpupack-scheduler-kube-scheduler.yaml'}\n")
-    out.write(f"  component logs:   {cluster.workdir / 'logs'}/\n")
+    out.write(f"  the release:      {cluster.binary('helm')} status gpupack -n gpupack-system\n")
+    out.write(f"  cluster logs:     {cluster.workdir / 'logs'}/ (control plane, real node)\n")
     out.write("  stop everything:  hack/demo stop\n")
 
 
@@ -210,11 +238,22 @@ def start(workdir: Path) -> int:
         log(f"stopped the previous demo cluster ({', '.join(stopped)})")
     if workdir.exists():
         subprocess.run(["rm", "-rf", str(workdir)], check=True)  # noqa: S603, S607
-    cluster = LocalCluster(workdir, detach=True)
+    images = [Path(p) for p in os.environ.get("GPUPACK_NODE_IMAGES", "").split(":") if p]
+    image = os.environ.get("GPUPACK_IMAGE", "")
+    if not images or ":" not in image:
+        raise ClusterError("run through hack/demo: it builds the image and the node's images")
+    # The GPU nodes are tainted, as GPU Operator clusters' often are: gpupack's own pods
+    # go to the real node, the samples (which tolerate the taint) to the GPU nodes.
+    cluster = LocalCluster(workdir, detach=True, real_node=True, node_images=images, gpu_taint=True)
     try:
         cluster.start()
-        cluster.install_webhook()  # registered as the chart registers it
-        cluster.install_scheduler()  # kube-scheduler + extender, as the chart runs them
+        started = time.monotonic()
+        tag = image.rsplit(":", 1)[1]
+        log(f"helm install gpupack charts/gpupack --set image.tag={tag}")
+        kubectl(cluster, "install", "gpupack", str(REPO / "charts" / "gpupack"),
+                f"--namespace={SYSTEM_NAMESPACE}", "--create-namespace", "--wait",
+                "--timeout=5m", f"--set=image.tag={tag}", tool="helm")  # fmt: skip
+        log(f"gpupack installed and ready in {time.monotonic() - started:.1f} s")
         assigner = Process(
             "gpu-assigner",
             [
@@ -223,7 +262,8 @@ def start(workdir: Path) -> int:
                 "hack.localcluster",
                 "assign-gpus",
                 f"--kubeconfig={cluster.kubeconfig}",
-                f"--writer-kubeconfig={cluster.exporter_kubeconfig()}",
+                # The chart's exporter ServiceAccount, whose RBAC helm installed.
+                f"--writer-kubeconfig={cluster.service_account_kubeconfig(EXPORTER_NAME)}",
             ],
             workdir / "logs" / "gpu-assigner.log",
         )

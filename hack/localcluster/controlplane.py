@@ -138,6 +138,8 @@ class ControlPlane:
         state = json.loads(state_file.read_text())
         for pid in reversed(list(state.values())):
             stop_pid(int(pid))
+        for host_state in workdir.glob(f"*/{realnode.HOST_STATE}"):
+            realnode.clean_host(host_state.parent)  # a real node's changes to the host
         state_file.unlink()
         return list(state)
 

@@ -47,6 +47,7 @@ FIREWALL_CHAIN: Final = "GPUPACK-NODE"
 KUBELET_SYSCTLS: Final = ("kernel.panic_on_oops", "kernel.panic", "vm.overcommit_memory")
 VAR_LIB_KUBELET: Final = Path("/var/lib/kubelet")
 CONTAINER_LOG_LINKS: Final = Path("/var/log/containers")  # the kubelet's, whatever its config
+HOST_STATE: Final = "host-state.json"
 NODE_READY_TIMEOUT: Final = 120.0
 
 
@@ -131,6 +132,7 @@ class RealNode:
         self._sysctls = {name: _read_sysctl(name) for name in KUBELET_SYSCTLS}
         # The kubelet makes /var/lib/kubelet/device-plugins whatever --root-dir says.
         self._made_var_lib_kubelet = not VAR_LIB_KUBELET.exists()
+        self._save_host_state()
         self._start_containerd()
         for image in images:
             self._import(image)
@@ -339,52 +341,74 @@ state = "{base / "state"}"
 
     def stop(self) -> None:
         """Stop kube-proxy, the kubelet and containerd (and every container), then undo
-        what they changed on the host."""
+        what they changed on the host (`clean_host`)."""
         for process in reversed(self.processes):
             process.stop(grace=20)
             self.cluster.processes.pop(process.name, None)
         self.processes.clear()
-        kube_proxy = self.cluster.bin_dir / "kube-proxy"
-        if kube_proxy.is_file():
-            _run(str(kube_proxy), "--cleanup", check=False)
-        _kill_pods()  # containers outlive containerd and their shims
-        self._kill_shims()
-        for name, value in self._sysctls.items():
-            _write_sysctl(name, value)
-        _remove_kube_iptables()
-        self._unmount_under(self.folder)
-        for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods*"):
-            _remove_cgroup(cgroup)
-        for link in CONTAINER_LOG_LINKS.glob("*.log"):
-            if link.is_symlink() and str(self.folder) in os.readlink(link):
-                link.unlink()
-        if self._made_var_lib_kubelet:
-            shutil.rmtree(VAR_LIB_KUBELET, ignore_errors=True)
-        remove_network()
+        clean_host(self.folder)
 
-    def _kill_shims(self) -> None:
-        """containerd's shims outlive it (they are their own sessions): end them, and
-        with them the containers."""
-        shim = "containerd-shim-runc-v2"
-        found = _run("pgrep", "-f", f"{shim} .*-address {self.containerd_socket}", check=False)
-        pids = [int(pid) for pid in found.stdout.split()]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, 9)  # the shim leads its session: its containers go with it
-        deadline = time.monotonic() + 10
-        while pids and time.monotonic() < deadline:
-            pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
-            time.sleep(0.1)
+    def _save_host_state(self) -> None:
+        """What `clean_host` needs, on disk: a detached cluster (the demo's) is cleaned
+        up by a later process (`hack/demo stop`)."""
+        state = {
+            "sysctls": self._sysctls,
+            "made_var_lib_kubelet": self._made_var_lib_kubelet,
+            "containerd_socket": str(self.containerd_socket),
+            "kube_proxy": str(self.cluster.bin_dir / "kube-proxy"),
+        }
+        (self.folder / HOST_STATE).write_text(json.dumps(state))
 
-    @staticmethod
-    def _unmount_under(folder: Path) -> None:
-        mounts = [
-            line.split()[1]
-            for line in Path("/proc/self/mounts").read_text().splitlines()
-            if line.split()[1].startswith(str(folder))
-        ]
-        for mount in sorted(mounts, key=len, reverse=True):
-            _run("umount", "-l", mount, check=False)
+
+def clean_host(folder: Path) -> None:
+    """Undo what a stopped node under `folder` did to this machine: containers that
+    outlive containerd, kube-proxy's and the kubelet's iptables chains, sysctls, mounts,
+    cgroups, log links, /var/lib/kubelet, the bridge. Nothing to do without its state."""
+    path = folder / HOST_STATE
+    if not path.exists():
+        return
+    state = json.loads(path.read_text())
+    if Path(state["kube_proxy"]).is_file():
+        _run(state["kube_proxy"], "--cleanup", check=False)
+    _kill_pods()  # containers outlive containerd and their shims
+    _kill_shims(state["containerd_socket"])
+    for name, value in state["sysctls"].items():
+        _write_sysctl(name, value)
+    _remove_kube_iptables()
+    _unmount_under(folder)
+    for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods*"):
+        _remove_cgroup(cgroup)
+    for link in CONTAINER_LOG_LINKS.glob("*.log"):
+        if link.is_symlink() and str(folder) in os.readlink(link):
+            link.unlink()
+    if state["made_var_lib_kubelet"]:
+        shutil.rmtree(VAR_LIB_KUBELET, ignore_errors=True)
+    remove_network()
+    path.unlink()
+
+
+def _kill_shims(containerd_socket: str) -> None:
+    """containerd's shims outlive it (each leads a session of its own): end them."""
+    shim = "containerd-shim-runc-v2"
+    found = _run("pgrep", "-f", f"{shim} .*-address {containerd_socket}", check=False)
+    pids = [int(pid) for pid in found.stdout.split()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, 9)
+    deadline = time.monotonic() + 10
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+        time.sleep(0.1)
+
+
+def _unmount_under(folder: Path) -> None:
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(str(folder))
+    ]
+    for mount in sorted(mounts, key=len, reverse=True):
+        _run("umount", "-l", mount, check=False)
 
 
 def _kill_pods() -> None:
