@@ -8,6 +8,7 @@ import pytest
 
 from certs.cli import build_parser
 from certs.plan import service_dns_names
+from hack.localcluster.containers import pod_spec
 from tests.chart.test_chart import CUSTOM, NAMESPACE, of_kind, render
 
 CERT_MANAGER = "--set=certificates.provider=cert-manager"
@@ -19,11 +20,7 @@ def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def pod_of(job_or_cronjob: dict[str, Any]) -> dict[str, Any]:
-    spec = job_or_cronjob["spec"]
-    if job_or_cronjob["kind"] == "CronJob":
-        spec = spec["jobTemplate"]["spec"]
-    pod: dict[str, Any] = spec["template"]["spec"]
-    return pod
+    return dict(pod_spec(job_or_cronjob))
 
 
 def test_the_renewal_cronjob_runs_what_the_install_hook_runs_without_helm() -> None:

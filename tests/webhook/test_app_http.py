@@ -528,6 +528,31 @@ def test_serve_with_a_missing_certificate_exits_2_with_a_clear_message(tmp_path:
     assert "does not exist" in error["message"]
 
 
+def spawn_serve(*args: str) -> "subprocess.Popen[str]":
+    """`gpupack-webhook serve ARGS` without a cluster, its stderr kept."""
+    return subprocess.Popen(
+        serve_command(*args),
+        env=no_cluster_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def first_answer(
+    client: httpx.Client, url: str, process: "subprocess.Popen[str]"
+) -> httpx.Response:
+    """GET `url` once the process listens (it needs a moment to import); fails if it exits
+    or nothing answers there within 30 s."""
+    for _ in range(600):
+        try:
+            return client.get(url)
+        except httpx.ConnectError:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            time.sleep(0.05)
+    raise AssertionError(f"nothing answered at {url}")
+
+
 def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     tmp_path: Path, ca: CertificateAuthority, serving_files: ServingFiles
 ) -> None:
@@ -536,24 +561,12 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     args = ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0"]
     args += ["--tls-cert-file", str(serving_files.cert)]
     args += ["--tls-private-key-file", str(serving_files.key), "--audit-file", str(audit_file)]
-    process = subprocess.Popen(
-        serve_command(*args),
-        env=no_cluster_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn_serve(*args)
     try:
         with httpx.Client(
             base_url=f"https://127.0.0.1:{port}", verify=ca.client_context(), timeout=10
         ) as client:
-            for _ in range(600):  # the process needs a moment to import and listen
-                try:
-                    client.get("/healthz")
-                    break
-                except httpx.ConnectError:
-                    assert process.poll() is None, process.stderr.read() if process.stderr else ""
-                    time.sleep(0.05)
+            first_answer(client, "/healthz", process)
             response = client.post("/mutate", json=review(vllm_pod(), uid="sub-1"))
             assert response.json()["response"]["uid"] == "sub-1"
     finally:
@@ -578,24 +591,13 @@ def test_serve_on_the_default_address_answers_ipv4_and_ipv6_clients(
     port, metrics_port = free_port(), free_port()
     args = ["--port", str(port), "--metrics-port", str(metrics_port)]
     args += ["--tls-cert-file", str(cert), "--tls-private-key-file", str(key)]
-    process = subprocess.Popen(
-        serve_command(*args),
-        env=no_cluster_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = spawn_serve(*args)
     try:
         answers = {}
         for host in ("127.0.0.1", "[::1]"):
             with httpx.Client(verify=ca.client_context(), timeout=10) as client:
-                for _ in range(600):  # the process needs a moment to import and listen
-                    try:
-                        answers[host] = client.get(f"https://{host}:{port}/healthz").status_code
-                        break
-                    except httpx.ConnectError:
-                        assert process.poll() is None, process.stderr.read()  # type: ignore[union-attr]
-                        time.sleep(0.05)
+                url = f"https://{host}:{port}/healthz"
+                answers[host] = first_answer(client, url, process).status_code
                 metrics = httpx.get(f"http://{host}:{metrics_port}/metrics", timeout=10)
                 assert metrics.status_code == 200
                 assert b"gpupack_webhook_" in metrics.content
