@@ -498,6 +498,32 @@ class LocalCluster(ControlPlane):
         )
         return process, port
 
+    def install_mps_csi(self, node: str, folder: Path) -> tuple[Process, int]:
+        """Run the exporter DaemonSet's `mps-csi` container (the CSI driver
+        mps.gpupack.io) for `node` as a local process, with the chart's command line and
+        RBAC; its mounts (sockets, the kubelet's pods, the MPS root) are folders under
+        `folder`. Returns the process and its metrics port."""
+        port = free_port()
+        mounts = {
+            path: folder / path.strip("/").replace("/", "-")
+            for path in ("/csi", "/registration", "/var/lib/kubelet/pods", "/run/gpupack/mps")
+        }
+        for local in mounts.values():
+            local.mkdir(parents=True, exist_ok=True)
+        process = self._run_component(
+            f"mps-csi-{node}",
+            chart.EXPORTER_NAME,
+            "templates/exporter.yaml",
+            "mps-csi",
+            sets=(f"mps.metricsPort={port}",),
+            mounts=mounts,
+            env={"NODE_NAME": node},
+        )
+        return process, port
+
+    def stop_mps_csi(self, node: str) -> None:
+        self._stop(f"mps-csi-{node}")
+
     def stop_exporter(self, node: str) -> None:
         self._stop(f"{chart.EXPORTER_NAME}-{node}")
 

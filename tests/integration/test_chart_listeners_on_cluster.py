@@ -47,17 +47,19 @@ def status(host: str, port: int, path: str, context: ssl.SSLContext | None = Non
 
 @pytest.fixture(scope="module")
 def components(scheduler: LocalCluster) -> Iterator[tuple[LocalCluster, dict[str, int]]]:
-    """The webhook (session), the scheduler (module), a recommender and an exporter, each
-    as the chart runs it, and their metrics ports by component."""
+    """The webhook (session), the scheduler (module), a recommender, an exporter and the
+    MPS CSI driver beside it, each as the chart runs it, and their metrics ports."""
     scheduler.install_recommender(name="listeners-recommender")
     with short_tempdir() as directory:
         _, exporter_port = scheduler.install_exporter(
             "listeners-node", pod_resources_socket=directory / "kubelet.sock"
         )
+        _, csi_port = scheduler.install_mps_csi("listeners-node", directory / "csi")
         ports = {
             "extender": scheduler.metrics_targets[chart.SCHEDULER_NAME].port,
             "recommender": scheduler.metrics_targets["listeners-recommender"].port,
             "exporter": exporter_port,
+            "mps-csi": csi_port,
         }
         for port in ports.values():  # started: answering on either family
             deadline = time.monotonic() + 60
@@ -68,6 +70,7 @@ def components(scheduler: LocalCluster) -> Iterator[tuple[LocalCluster, dict[str
             yield scheduler, ports
         finally:
             scheduler.stop_exporter("listeners-node")
+            scheduler.stop_mps_csi("listeners-node")
             scheduler.stop_recommender("listeners-recommender")
 
 
@@ -83,7 +86,7 @@ def test_the_webhook_answers_https_and_metrics_on_both_families(
 
 
 @pytest.mark.parametrize("host", LOOPBACKS)
-@pytest.mark.parametrize("component", ["extender", "recommender", "exporter"])
+@pytest.mark.parametrize("component", ["extender", "recommender", "exporter", "mps-csi"])
 def test_each_component_serves_metrics_and_probes_on_both_families(
     components: tuple[LocalCluster, dict[str, int]], component: str, host: str
 ) -> None:
