@@ -24,7 +24,15 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from hack.localcluster import ApiError, Kube, LocalCluster, NodePool, SimulatedGpuAssigner, log
+from hack.localcluster import (
+    ApiError,
+    Kube,
+    LocalCluster,
+    NodePool,
+    SimulatedGpuAssigner,
+    log,
+    realnode,
+)
 from hack.localcluster.chart import EXPORTER_NAME
 from tests.integration.tools import REPO, cluster_of_its_own
 
@@ -40,6 +48,7 @@ def node_cluster(
 ) -> Iterator[LocalCluster]:
     images = os.environ.get("GPUPACK_NODE_IMAGES", "")
     assert images, "GPUPACK_NODE_IMAGES is set by hack/lib/node.sh: run through hack/test"
+    before = host_state()
     with cluster_of_its_own(
         tmp_path_factory,
         cluster,
@@ -50,6 +59,32 @@ def node_cluster(
         gpu_taint=True,
     ) as local:
         yield local
+    # The node stopped: the host is as it was (the kubelet changes sysctls, iptables,
+    # cgroups and mounts; the rest of the suite and the next run need them back).
+    assert host_state() == before
+
+
+def host_state() -> dict[str, Any]:
+    """What a kubelet node changes on this machine, as far as it can be read back."""
+
+    def sysctl(name: str) -> str:
+        return Path("/proc/sys", *name.split(".")).read_text().strip()
+
+    def chains(table: str) -> list[str]:
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True,
+                               check=True, timeout=30).stdout.splitlines()  # fmt: skip
+        return [rule for rule in rules if "KUBE-" in rule or "GPUPACK-" in rule]
+
+    return {
+        "sysctls": {n: sysctl(n) for n in realnode.KUBELET_SYSCTLS},
+        "iptables": {table: chains(table) for table in ("filter", "nat", "mangle")},
+        "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods*")),
+        "bridge": Path("/sys/class/net", realnode.BRIDGE).exists(),
+        "mounts": [
+            m for m in Path("/proc/self/mounts").read_text().splitlines() if "realnode" in m
+        ],
+        "var-lib-kubelet": realnode.VAR_LIB_KUBELET.exists(),
+    }
 
 
 def run(cluster: LocalCluster, tool: str, *args: str, check: bool = True) -> str:
