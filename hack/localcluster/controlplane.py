@@ -89,14 +89,16 @@ class ControlPlane:
         (self.workdir / "logs").mkdir(exist_ok=True)
         try:
             if self.real_node:
+                # One real node per machine: its bridge and iptables are the machine's.
+                self.node = RealNode(self)
+                self.node.claim_host()
                 realnode.prepare_network(SERVICE_CIDR)
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
             self._create_nodes()
-            if self.real_node:
-                self.node = RealNode(self)
+            if self.node is not None:
                 self.node.start(self.node_images)
         except BaseException:
             self.stop()

@@ -48,6 +48,12 @@ KUBELET_SYSCTLS: Final = ("kernel.panic_on_oops", "kernel.panic", "vm.overcommit
 VAR_LIB_KUBELET: Final = Path("/var/lib/kubelet")
 CONTAINER_LOG_LINKS: Final = Path("/var/log/containers")  # the kubelet's, whatever its config
 HOST_STATE: Final = "host-state.json"
+OWNER: Final = Path("/run/gpupack-real-node")  # the folder of the machine's real node
+RESTORED_SYSCTLS: Final = (
+    *KUBELET_SYSCTLS,
+    "net.ipv4.ip_forward",  # prepare_network's, for the bridge
+    "net.bridge.bridge-nf-call-iptables",
+)
 NODE_READY_TIMEOUT: Final = 120.0
 
 
@@ -128,11 +134,8 @@ class RealNode:
         for tool in ("containerd", "runc", "ctr", "iptables", "conntrack"):
             if shutil.which(tool) is None:
                 raise RuntimeError(f"{tool} is missing: hack/lib/node.sh installs it")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._sysctls = {name: _read_sysctl(name) for name in KUBELET_SYSCTLS}
-        # The kubelet makes /var/lib/kubelet/device-plugins whatever --root-dir says.
-        self._made_var_lib_kubelet = not VAR_LIB_KUBELET.exists()
-        self._save_host_state()
+        if not (self.folder / HOST_STATE).exists():
+            self.claim_host()
         self._start_containerd()
         for image in images:
             self._import(image)
@@ -141,6 +144,27 @@ class RealNode:
         self._start_kube_proxy()
         self._wait_ready()
         log(f"real node {self.name} Ready in {time.monotonic() - started:.1f} s")
+
+    def claim_host(self) -> None:
+        """Make this node the machine's one real node, and write down what it will
+        change (before `prepare_network` does). Another live node is an error (their
+        iptables chains and bridge would collide); one left by a run that died is
+        cleaned up first."""
+        if OWNER.exists():
+            other = Path(OWNER.read_text().strip())
+            if other != self.folder and _running(other):
+                raise RuntimeError(
+                    f"a real node from {other} is already running on this machine, and "
+                    "there can be one at a time (the bridge and iptables chains are the "
+                    "machine's): stop it first (`hack/demo stop` for the demo's)"
+                )
+            clean_host(other)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._sysctls = {name: _read_sysctl(name) for name in RESTORED_SYSCTLS}
+        # The kubelet makes /var/lib/kubelet/device-plugins whatever --root-dir says.
+        self._made_var_lib_kubelet = not VAR_LIB_KUBELET.exists()
+        self._save_host_state()
+        OWNER.write_text(str(self.folder))
 
     def _launch(self, name: str, args: list[str]) -> Process:
         process = self.cluster._launch(f"{self.name}-{name}", args)
@@ -385,6 +409,14 @@ def clean_host(folder: Path) -> None:
         shutil.rmtree(VAR_LIB_KUBELET, ignore_errors=True)
     remove_network()
     path.unlink()
+    if OWNER.exists() and OWNER.read_text().strip() == str(folder):
+        OWNER.unlink()
+
+
+def _running(folder: Path) -> bool:
+    """Whether the containerd of the node under `folder` still runs."""
+    config = folder / "containerd" / "config.toml"
+    return _run("pgrep", "-f", "--", f"--config={config}", check=False).returncode == 0
 
 
 def _kill_shims(containerd_socket: str) -> None:

@@ -16,6 +16,7 @@ import os
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 from gpupack import keys
 from hack.localcluster import (
     ApiError,
+    ControlPlane,
     Kube,
     LocalCluster,
     NodePool,
@@ -76,7 +78,7 @@ def host_state() -> dict[str, Any]:
         return [rule for rule in rules if "KUBE-" in rule or "GPUPACK-" in rule]
 
     return {
-        "sysctls": {n: sysctl(n) for n in realnode.KUBELET_SYSCTLS},
+        "sysctls": {n: sysctl(n) for n in realnode.RESTORED_SYSCTLS},
         "iptables": {table: chains(table) for table in ("filter", "nat", "mangle")},
         "cgroups": sorted(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods*")),
         "bridge": Path("/sys/class/net", realnode.BRIDGE).exists(),
@@ -273,3 +275,26 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
             f"{path}/{i['metadata']['name']}" for i in items if "gpupack" in i["metadata"]["name"]
         ]
     assert leftovers == []
+
+
+def test_a_second_real_node_on_the_machine_is_refused_while_the_first_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes would share the bridge and the machine's KUBE- chains: the second's
+    # cleanup would break the first (a running hack/demo under hack/test).
+    owner = tmp_path / "owner"
+    monkeypatch.setattr(realnode, "OWNER", owner)
+    first = tmp_path / "demo" / "gpupack-node"
+    (first / "containerd").mkdir(parents=True)
+    config = f"--config={first / 'containerd' / 'config.toml'}"
+    # A process whose command line names that containerd configuration, as its containerd's does.
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", config])
+    try:
+        owner.write_text(str(first))
+        second = realnode.RealNode(ControlPlane(tmp_path / "test"))
+        with pytest.raises(RuntimeError, match="already running on this machine"):
+            second.claim_host()
+        assert owner.read_text() == str(first)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
