@@ -10,6 +10,7 @@
 #   kwok                                                                  (sigs.k8s.io/kwok)
 #   helm                                                                  (helm.sh/helm/v3)
 #   prometheus, promtool                                (github.com/prometheus/prometheus)
+#   karpenter-kwok, and its CRDs in crds/               (sigs.k8s.io/karpenter/kwok)
 set -euo pipefail
 : "${repo:?source hack/lib/venv.sh first}"
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
@@ -80,6 +81,20 @@ _build_prometheus() {
     github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool
 }
 
+# Karpenter's kwok provider, the real autoscaler the tests start on demand. Its binary is
+# named kwok like the simulator, so it is installed as karpenter-kwok; the CRDs it needs
+# (NodePool, NodeClaim, NodeOverlay from kwok/charts/crds, KWOKNodeClass from
+# kwok/apis/crds: the copies under pkg/apis/crds refuse the kwok labels) go beside it.
+_build_karpenter() {
+  local module
+  GOBIN="$1/gobin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/karpenter/kwok@$KARPENTER_VERSION"
+  mv "$1/gobin/kwok" "$1/karpenter-kwok" && rmdir "$1/gobin"
+  module=$(go mod download -json "sigs.k8s.io/karpenter@$KARPENTER_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  mkdir -p "$1/crds"
+  cp "$module"/kwok/charts/crds/karpenter.sh_*.yaml "$module"/kwok/apis/crds/*.yaml "$1/crds/"
+  chmod -R u+w "$1/crds"
+}
+
 # tool  version variable  binaries it provides
 _TOOLS=(
   "kubernetes KUBERNETES_VERSION ${KUBE_COMMANDS[*]}"
@@ -87,6 +102,7 @@ _TOOLS=(
   "kwok KWOK_VERSION kwok"
   "helm HELM_VERSION helm"
   "prometheus PROMETHEUS_VERSION prometheus promtool"
+  "karpenter KARPENTER_VERSION karpenter-kwok"
 )
 
 _tool_dir() {  # cache tool version binaries: where that build of the tool lives

@@ -13,6 +13,10 @@ One concept a module:
 - `nodes`: the simulated GPU nodes kwok plays;
 - `chart`: what `helm template` renders: every component's RBAC, the webhook's
   registration, the gpupack kube-scheduler's configuration;
+- `containers`: a container the chart renders, as a local process with the same
+  command line;
+- `realnode`: one real kubelet node (containerd, runc, CNI, kube-proxy) beside kwok's;
+- `karpenter`: Karpenter's kwok provider, the real autoscaler, started on demand;
 - `components`: `LocalCluster`, the control plane plus gpupack's CRDs and components as
   local processes;
 - `gpus`: the node agent's stand-in that gives capacity pods fake GPU UUIDs;

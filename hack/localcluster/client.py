@@ -245,6 +245,8 @@ _PLURALS = {
     ),
     "GPUPolicy": ("/apis/gpupack.io/v1alpha1", "gpupolicies", True),
     "GPURecommendation": ("/apis/gpupack.io/v1alpha1", "gpurecommendations", True),
+    "NodePool": ("/apis/karpenter.sh/v1", "nodepools", False),
+    "KWOKNodeClass": ("/apis/karpenter.kwok.sh/v1alpha1", "kwoknodeclasses", False),
 }
 
 

@@ -1,0 +1,199 @@
+"""Karpenter's kwok provider: a real autoscaler for the local cluster, started on demand.
+
+It watches Pending pods the way Karpenter does in a cloud, and "buys" nodes from a list
+of instance types: its Node objects carry the `kwok.x-k8s.io/node: fake` annotation, so
+the cluster's kwok adopts them (Ready, pods Running) as it does the GPU nodes it was
+started with. It also consolidates: it evicts pods from under-used nodes and removes
+empty ones. That is what gpupack's capacity pods meet in a cluster with Karpenter.
+
+The binary (`karpenter-kwok`, built by hack/lib/binaries.sh from
+`sigs.k8s.io/karpenter/kwok`) runs as a local process with the cluster's admin identity;
+its CRDs come from the same module (`crds/` beside the binary). Karpenter's nodes carry
+the `karpenter.sh/termination` finalizer, which only the running controller removes:
+`stop()` deletes its NodeClaims and waits for their nodes before it stops the process.
+"""
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import yaml
+
+from hack.localcluster.client import ApiError
+from hack.localcluster.nodes import GPU_TAINT
+from hack.localcluster.processes import Process, free_port
+
+if TYPE_CHECKING:
+    from hack.localcluster.controlplane import ControlPlane
+
+NODEPOOL: Final = "gpu"
+NODECLASS: Final = "default"
+ZONE: Final = "test-zone-a"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInstanceType:
+    """An instance type Karpenter may buy: `gpus` NVIDIA GPUs of `product`, labelled as
+    GPU Feature Discovery labels nodes (gpupack reads the memory from them)."""
+
+    name: str
+    gpus: int
+    product: str
+    gpu_memory_mib: int
+    cpu: str
+    memory: str
+    price: float
+
+    def as_json(self) -> dict[str, Any]:
+        labels = {
+            "nvidia.com/gpu.product": self.product,
+            "nvidia.com/gpu.count": str(self.gpus),
+            "nvidia.com/gpu.memory": str(self.gpu_memory_mib),
+            "nvidia.com/gpu.present": "true",
+        }
+        requirements = [
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [ZONE]},
+            *({"key": k, "operator": "In", "values": [v]} for k, v in labels.items()),
+        ]
+        return {
+            "name": self.name,
+            "offerings": [{"Price": self.price, "Available": True, "Requirements": requirements}],
+            "architecture": "amd64",
+            "operatingSystems": ["linux"],
+            "resources": {
+                "cpu": self.cpu,
+                "memory": self.memory,
+                "ephemeral-storage": "100Gi",
+                "pods": "110",
+                "nvidia.com/gpu": str(self.gpus),
+            },
+        }
+
+
+A100_X8: Final = GpuInstanceType(
+    "gpu-a100x8", 8, "NVIDIA-A100-SXM4-80GB", 81920, "96", "1024Gi", 32.0
+)
+
+
+@dataclass
+class Karpenter:
+    """Karpenter for `cluster`: one NodePool `gpu` of `instance_types`, tainted as GPU
+    nodes are, at most `gpu_limit` GPUs, consolidating after `consolidate_after`."""
+
+    cluster: "ControlPlane"
+    instance_types: Sequence[GpuInstanceType] = (A100_X8,)
+    gpu_limit: int = 64
+    consolidate_after: str = "10s"
+    process: Process | None = field(default=None, repr=False)
+
+    @property
+    def folder(self) -> Path:
+        return self.cluster.workdir / "karpenter"
+
+    def start(self) -> "Karpenter":
+        admin = self.cluster.kube()
+        crds = Path(self.cluster.binary("karpenter-kwok")).resolve().parent / "crds"
+        names = []
+        for path in sorted(crds.glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            admin.apply(crd)
+            names.append(crd["metadata"]["name"])
+        admin.wait_for(
+            "Karpenter's CRDs to be established", lambda: self._established(names), timeout=60
+        )
+        admin.apply(
+            {
+                "apiVersion": "karpenter.kwok.sh/v1alpha1",
+                "kind": "KWOKNodeClass",
+                "metadata": {"name": NODECLASS},
+            }
+        )
+        admin.apply(self._nodepool())
+        self.folder.mkdir(parents=True, exist_ok=True)
+        types = self.folder / "instance-types.json"
+        types.write_text(json.dumps([t.as_json() for t in self.instance_types], indent=1))
+        kubeconfig = self.cluster.user_kubeconfig("karpenter", ["system:masters"])
+        env = {
+            "KUBECONFIG": str(kubeconfig),
+            "DISABLE_LEADER_ELECTION": "true",
+            "METRICS_PORT": str(free_port()),
+            "HEALTH_PROBE_PORT": str(free_port()),
+            "INSTANCE_TYPES_FILE_PATH": str(types),
+            "LOG_LEVEL": "info",
+            "PATH": "/usr/bin:/bin",
+        }
+        self.process = self.cluster._launch(
+            "karpenter", [self.cluster.binary("karpenter-kwok")], env
+        )
+        self.cluster.write_state()
+        return self
+
+    def _established(self, names: Sequence[str]) -> bool:
+        admin = self.cluster.kube()
+        for name in names:
+            crd = admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                return False
+        return True
+
+    def _nodepool(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "karpenter.sh/v1",
+            "kind": "NodePool",
+            "metadata": {"name": NODEPOOL},
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeClassRef": {
+                            "group": "karpenter.kwok.sh",
+                            "kind": "KWOKNodeClass",
+                            "name": NODECLASS,
+                        },
+                        "requirements": [
+                            {
+                                "key": "node.kubernetes.io/instance-type",
+                                "operator": "In",
+                                "values": [t.name for t in self.instance_types],
+                            }
+                        ],
+                        "taints": [GPU_TAINT],
+                        "expireAfter": "Never",
+                    }
+                },
+                "limits": {"nvidia.com/gpu": str(self.gpu_limit)},
+                "disruption": {
+                    "consolidationPolicy": "WhenEmptyOrUnderutilized",
+                    "consolidateAfter": self.consolidate_after,
+                },
+            },
+        }
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The nodes Karpenter made."""
+        found: list[dict[str, Any]] = self.cluster.kube().get(
+            "/api/v1/nodes", labelSelector=f"karpenter.sh/nodepool={NODEPOOL}"
+        )["items"]
+        return found
+
+    def stop(self) -> None:
+        """Delete what Karpenter bought while it still runs (its finalizers), then stop it."""
+        admin = self.cluster.kube()
+        if self.process is not None and self.process.alive():
+            claims = "/apis/karpenter.sh/v1/nodeclaims"
+            try:
+                for claim in admin.get(claims)["items"]:
+                    admin.delete(f"{claims}/{claim['metadata']['name']}")
+                deadline = time.monotonic() + 60
+                while self.nodes() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            except ApiError:
+                pass
+        if self.process is not None:
+            self.process.stop()
+            self.cluster.processes.pop(self.process.name, None)
+            self.process = None
