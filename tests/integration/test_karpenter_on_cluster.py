@@ -16,9 +16,9 @@ from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
 from hack.localcluster.karpenter import Karpenter
 from tests.integration.scheduling import FAST, FAST_LEASE
 from tests.integration.tools import cluster_of_its_own
+from tests.integration.workloads import TOLERATE_GPUS, deployment
 
 pytestmark = pytest.mark.integration
-TOLERATE_GPUS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 @pytest.fixture(scope="module")
@@ -37,34 +37,6 @@ def autoscaled(
             karpenter.stop()
 
 
-def share(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": name},
-                    "annotations": {keys.GPU_COMPUTE: "300m", keys.GPU_MEMORY: "8Gi"},
-                },
-                "spec": {
-                    "tolerations": TOLERATE_GPUS,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def test_a_capacity_pod_no_node_can_take_makes_karpenter_buy_a_gpu_node_the_share_runs_on(
     autoscaled: tuple[LocalCluster, Karpenter],
 ) -> None:
@@ -72,7 +44,8 @@ def test_a_capacity_pod_no_node_can_take_makes_karpenter_buy_a_gpu_node_the_shar
     kube = cluster.kube()
     assert karpenter.nodes() == []
     ns = kube.create_namespace("it-karpenter", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
-    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", share("infer"))
+    infer = deployment(ns, "infer", 1, memory="8Gi", tolerations=TOLERATE_GPUS)
+    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", infer)
 
     def running_share() -> dict[str, Any] | None:
         for pod in kube.get(f"/api/v1/namespaces/{ns}/pods")["items"]:

@@ -37,11 +37,11 @@ from hack.localcluster import (
 )
 from hack.localcluster.chart import EXPORTER_NAME
 from tests.integration.tools import REPO, cluster_of_its_own
+from tests.integration.workloads import TOLERATE_GPUS, deployment
 
 pytestmark = pytest.mark.integration
 NS = "gpupack-system"
 GPU_NODES = (NodePool("gpu-a100", 2, 8, "NVIDIA-A100-SXM4-80GB", 81920, "64", "512Gi"),)
-TOLERATE_GPUS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
 @pytest.fixture(scope="module")
@@ -115,35 +115,6 @@ def pods(kube: Kube, namespace: str, selector: str = "") -> list[dict[str, Any]]
     return found
 
 
-def deployment(name: str, replicas: int) -> dict[str, Any]:
-    """A Deployment that asks a whole GPU per pod and tolerates the GPU nodes' taint."""
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": name},
-                    "annotations": {keys.GPU_COMPUTE: "300m", keys.GPU_MEMORY: "8Gi"},
-                },
-                "spec": {
-                    "tolerations": TOLERATE_GPUS,
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
-                        }
-                    ],
-                },
-            },
-        },
-    }
-
-
 def https_status(address: str, port: int, ca: bytes, server_name: str) -> int:
     """GET /healthz over TLS at address:port, checking the certificate for `server_name`."""
     context = ssl.create_default_context(cadata=ca.decode())
@@ -196,7 +167,8 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
     writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
     with SimulatedGpuAssigner(kube, writer=writer):
         ns = kube.create_namespace("it-real", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
-        kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", deployment("infer", 3))
+        infer = deployment(ns, "infer", 3, memory="8Gi", tolerations=TOLERATE_GPUS)
+        kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", infer)
 
         def placed() -> list[dict[str, Any]]:
             found = [

@@ -16,9 +16,11 @@ def deployment(
     memory: str | None = None,
     policy: str = "batch",
     node_selector: dict[str, str] | None = None,
+    tolerations: list[JSON] | None = None,
 ) -> JSON:
     """A Deployment of GPU pods in a pool of its own. `compute` (and `memory`) pin the
-    allocation; None leaves it to the policy and the workload's recommendation."""
+    allocation; None leaves it to the policy and the workload's recommendation.
+    `tolerations` are added (a tainted GPU node's, say)."""
     annotations = {keys.POLICY: policy}
     if compute is not None:
         annotations[keys.GPU_COMPUTE] = compute
@@ -37,7 +39,8 @@ def deployment(
         ],
         # A pool of its own: no node has this taint, so the toleration only isolates.
         "tolerations": [
-            {"key": "gpupack.test/isolate", "value": f"{ns}-{name}", "effect": "NoSchedule"}
+            {"key": "gpupack.test/isolate", "value": f"{ns}-{name}", "effect": "NoSchedule"},
+            *(tolerations or []),
         ],
         "terminationGracePeriodSeconds": 0,
     }
@@ -71,3 +74,9 @@ def gpu_pod(name: str, gpus: str = "1", annotations: dict[str, str] | None = Non
         "metadata": {"name": name, "annotations": dict(annotations or {})},
         "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
     }
+
+
+# The taint GPU nodes often carry (hack/localcluster's `gpu_taint`, Karpenter's NodePool).
+TOLERATE_GPUS: list[JSON] = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+]
