@@ -1,7 +1,7 @@
 # One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
 # gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-mps-daemon,
 # gpupack-recommender). Build: docker build -t gpupack:dev .
-# CI builds this same file without Docker (hack/image: buildah, on a Python base made
+# CI builds this same file without Docker (hack/lib/image.sh: buildah, on a Python base made
 # from Debian's packages and passed as PYTHON_IMAGE).
 # The build stage makes gpupack's wheel; the final stage installs the locked runtime
 # dependencies (hack/requirements.lock, hashes checked) and that wheel into a

@@ -121,8 +121,14 @@ class Kube:
                 # Never reuse a connection a request failed on: http.client would refuse it.
                 connection.close()
                 self._local.connection = None
+                # An idle connection the API server closed shows as one of these; over TLS,
+                # as an EOF while the request is sent (seen after a minute's idle in CI).
                 stale = isinstance(
-                    exc, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                    exc,
+                    http.client.RemoteDisconnected
+                    | BrokenPipeError
+                    | ConnectionResetError
+                    | ssl.SSLEOFError,
                 )
                 if attempt == 2 or not stale:
                     raise
