@@ -43,6 +43,12 @@ def local_executables() -> dict[str, str]:
     return {path.name: str(path) for path in scripts.glob("gpupack-*")}
 
 
+def host_environment() -> dict[str, str]:
+    """This process's environment less KUBECONFIG: a component finds the API server
+    through the `--kubeconfig` the harness passes, as a pod through its token."""
+    return {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+
+
 @dataclass
 class LocalCluster(ControlPlane):
     """The control plane, kwok's GPU nodes, and gpupack's components as local processes."""
@@ -64,6 +70,25 @@ class LocalCluster(ControlPlane):
         key.write_bytes(pair.key_pem)
         key.chmod(0o600)
         return cert, key
+
+    def chart_command(
+        self,
+        template: str,
+        container: str,
+        *,
+        sets: Sequence[str] = (),
+        mounts: Mapping[str, Path] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of the chart's `container` of `template`
+        (rendered with `sets`) as a local process runs it (`containers.Container.argv`:
+        `mounts` for its volumeMounts, `env` for its downward-API values)."""
+        rendered = containers.chart_container(
+            Path(self.binary("helm")), template, container, namespace=self.namespace, sets=sets
+        )
+        executables = {**local_executables(), "kube-scheduler": self.binary("kube-scheduler")}
+        argv = rendered.argv(mounts=mounts or {}, env=env or {}, executables=executables)
+        return argv, {**host_environment(), **rendered.env, **(env or {})}
 
     def service_account_kubeconfig(self, name: str) -> Path:
         """A kubeconfig authenticating as gpupack's ServiceAccount `name` would."""
@@ -128,10 +153,9 @@ class LocalCluster(ControlPlane):
         self.audit_log = self.workdir / "logs" / "audit.log"
         process = self._launch(
             WEBHOOK_NAME,
-            self._webhook_command(
+            *self._webhook_command(
                 kubeconfig, self.webhook_port, self.webhook_metrics_port, self.audit_log, extra_args
             ),
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
         )
         self._wait_webhook_ready(process, "127.0.0.1", self.webhook_port)
         self.metrics_targets[WEBHOOK_NAME] = Target(
@@ -159,35 +183,27 @@ class LocalCluster(ControlPlane):
         metrics_port: int,
         audit: Path,
         extra_args: Sequence[str] = (),
-    ) -> list[str]:
+    ) -> tuple[list[str], dict[str, str]]:
         """`gpupack-webhook serve` with the arguments the chart's Deployment renders (ports
         as chart values), its Secret's files where the pod mounts them, plus the two
         things a pod gets another way: the API server (its ServiceAccount token; here a
-        kubeconfig) and the audit lines (its stdout; here also a file the tests read)."""
-        container = containers.chart_container(
-            Path(self.binary("helm")),
+        kubeconfig) and the audit lines (its stdout; here also a file the tests read).
+        Returns the command line and its environment."""
+        argv, env = self.chart_command(
             "templates/webhook.yaml",
             "webhook",
-            namespace=self.namespace,
             sets=(
                 f"webhook.port={port}",
                 f"webhook.metricsPort={metrics_port}",
                 # Tests stop and restart the webhook; a user's value is 10 s per stop.
                 "webhook.shutdownDelaySeconds=0",
             ),
+            mounts={
+                "/etc/gpupack/tls": self._webhook_tls[0].parent,
+                "/etc/gpupack/decision": self.decision_key_file.parent,
+            },
         )
-        return [
-            *container.argv(
-                mounts={
-                    "/etc/gpupack/tls": self._webhook_tls[0].parent,
-                    "/etc/gpupack/decision": self.decision_key_file.parent,
-                },
-                executables=local_executables(),
-            ),
-            f"--kubeconfig={kubeconfig}",
-            f"--audit-file={audit}",
-            *extra_args,
-        ]
+        return [*argv, f"--kubeconfig={kubeconfig}", f"--audit-file={audit}", *extra_args], env
 
     def start_webhook_replica(
         self, name: str, host: str, extra_args: Sequence[str] = ()
@@ -201,9 +217,7 @@ class LocalCluster(ControlPlane):
         port = free_port()
         audit = self.workdir / "logs" / f"{name}.audit.log"
         process = self._launch(
-            name,
-            self._webhook_command(kubeconfig, port, free_port(), audit, extra_args),
-            env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+            name, *self._webhook_command(kubeconfig, port, free_port(), audit, extra_args)
         )
         self._wait_webhook_ready(process, host, port)
         self.write_state()
@@ -338,15 +352,11 @@ class LocalCluster(ControlPlane):
         gpupack's ServiceAccount `user` with the RBAC the chart renders for it
         (`component_kubeconfig`; in a pod, the ServiceAccount token), then `extra_args`."""
         kubeconfig = self.component_kubeconfig(user, template, sets=sets)
-        rendered = containers.chart_container(
-            Path(self.binary("helm")), template, container, namespace=self.namespace, sets=sets
+        argv, environment = self.chart_command(
+            template, container, sets=sets, mounts=mounts, env=env
         )
-        argv = rendered.argv(mounts=mounts or {}, env=env or {}, executables=local_executables())
-        environment = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         process = self._launch(
-            process_name,
-            [*argv, f"--kubeconfig={kubeconfig}", *extra_args],
-            env={**environment, **rendered.env, **(env or {})},
+            process_name, [*argv, f"--kubeconfig={kubeconfig}", *extra_args], environment
         )
         self.write_state()
         return process
@@ -423,26 +433,15 @@ class LocalCluster(ControlPlane):
         folder.mkdir(exist_ok=True)
         (folder / "config.yaml").write_text(yaml.safe_dump(config))
         self._wait_extender_ready(extender, port)
-        kube_scheduler = containers.chart_container(
-            Path(self.binary("helm")),
+        argv, _ = self.chart_command(
             "templates/scheduler.yaml",
             "kube-scheduler",
-            namespace=self.namespace,
             sets=sets,
+            mounts={"/etc/gpupack-scheduler": folder},
         )
-        self._launch(
-            f"{name}-kube-scheduler",
-            [
-                *kube_scheduler.argv(
-                    mounts={"/etc/gpupack-scheduler": folder},
-                    executables={"kube-scheduler": self.binary("kube-scheduler")},
-                ),
-                # A pod's 10259 is its own; on this host every kube-scheduler shares one
-                # network, so the probe port is off (the pod's probes are tested on the
-                # real node).
-                "--secure-port=0",
-            ],
-        )
+        # A pod's 10259 is its own; on this host every kube-scheduler shares one network,
+        # so the probe port is off (the pod's probes are tested on the real node).
+        self._launch(f"{name}-kube-scheduler", [*argv, "--secure-port=0"])
         self.write_state()
         return extender
 
