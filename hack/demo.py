@@ -48,19 +48,11 @@ CAPACITY = "gpupack.io/role=capacity"
 JSON = dict[str, Any]
 
 
-def kubectl(cluster: LocalCluster, *args: str, tool: str = "kubectl") -> str:
-    command = [cluster.binary(tool), f"--kubeconfig={cluster.kubeconfig}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600)  # noqa: S603
-    if result.returncode != 0:
-        raise ClusterError(f"{tool} {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
-    return result.stdout
-
-
 def webhook_logs(cluster: LocalCluster) -> list[str]:
     """What the webhook pods wrote: their audit lines among their logs."""
     selector = "app.kubernetes.io/component=webhook"
-    out = kubectl(cluster, "logs", "-n", SYSTEM_NAMESPACE, "-l", selector, "--prefix",
-                  "--tail=-1")  # fmt: skip
+    out = cluster.tool("kubectl", "logs", "-n", SYSTEM_NAMESPACE, "-l", selector, "--prefix",
+                       "--tail=-1")  # fmt: skip
     return out.splitlines()
 
 
@@ -250,9 +242,9 @@ def start(workdir: Path) -> int:
         started = time.monotonic()
         tag = image.rsplit(":", 1)[1]
         log(f"helm install gpupack charts/gpupack --set image.tag={tag}")
-        kubectl(cluster, "install", "gpupack", str(REPO / "charts" / "gpupack"),
-                f"--namespace={SYSTEM_NAMESPACE}", "--create-namespace", "--wait",
-                "--timeout=5m", f"--set=image.tag={tag}", tool="helm")  # fmt: skip
+        cluster.tool("helm", "install", "gpupack", str(REPO / "charts" / "gpupack"),
+                     f"--namespace={SYSTEM_NAMESPACE}", "--create-namespace", "--wait",
+                     "--timeout=5m", f"--set=image.tag={tag}")  # fmt: skip
         log(f"gpupack installed and ready in {time.monotonic() - started:.1f} s")
         assigner = Process(
             "gpu-assigner",
@@ -272,7 +264,7 @@ def start(workdir: Path) -> int:
         cluster.write_state()
         for manifest in MANIFESTS:
             log(f"kubectl apply -f {manifest.relative_to(REPO)}")
-            kubectl(cluster, "apply", "-f", str(manifest))
+            cluster.tool("kubectl", "apply", "-f", str(manifest))
         wait_settled(cluster.kube(), expected_pods=9 + 2 + 1 + 1 + 1 + 4 + 3 + 1)
         time.sleep(1)  # let the last audit lines land
         report(cluster)

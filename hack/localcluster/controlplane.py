@@ -9,6 +9,7 @@ import contextlib
 import http.client
 import json
 import os
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -237,6 +238,21 @@ class ControlPlane:
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
         return path
+
+    def tool(self, name: str, *args: str, check: bool = True, timeout: float = 600) -> str:
+        """Run a pinned command-line tool (`kubectl`, `helm`) as the cluster's admin, as a
+        user would; its output (stdout, then stderr). ClusterError with that output if it
+        fails and `check`."""
+        result = subprocess.run(  # noqa: S603 (our pinned binaries)
+            [self.binary(name), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise ClusterError(f"{name} {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+        return result.stdout + result.stderr
 
     def kube(self, kubeconfig: Path | None = None) -> Kube:
         """A client for `kubeconfig`; the admin client is shared and closed by `stop()`."""

@@ -89,14 +89,6 @@ def host_state() -> dict[str, Any]:
     }
 
 
-def run(cluster: LocalCluster, tool: str, *args: str, check: bool = True) -> str:
-    command = [str(cluster.bin_dir / tool), f"--kubeconfig={cluster.kubeconfig}", *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
-    if check:
-        assert result.returncode == 0, f"{tool} {' '.join(args)}:\n{result.stdout}{result.stderr}"
-    return result.stdout + result.stderr
-
-
 def image_tag() -> str:
     image = os.environ.get("GPUPACK_IMAGE", "")
     assert ":" in image, "GPUPACK_IMAGE is set by hack/lib/image.sh: run through hack/test"
@@ -140,8 +132,8 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
     # One helm install: the CRDs, the certificate hook Jobs (containers, with their
     # ServiceAccounts), every Deployment ready by its probes.
     started = time.monotonic()
-    run(cluster, "helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
-        "--wait", "--timeout=5m", *values)  # fmt: skip
+    cluster.tool("helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
+                 "--wait", "--timeout=5m", *values)  # fmt: skip
     installed = time.monotonic() - started
     for component, replicas in (("webhook", 2), ("scheduler", 2), ("recommender", 1)):
         running = pods(kube, NS, f"app.kubernetes.io/component={component}")
@@ -189,15 +181,15 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
             f"{first_placed:.1f} s after helm install began")  # fmt: skip
 
         # The renewal CronJob, run now as an operator would.
-        run(cluster, "kubectl", "create", "job", "--from=cronjob/gpupack-certs-renewal",
-            "renew-now", f"--namespace={NS}")  # fmt: skip
-        run(cluster, "kubectl", "wait", "--for=condition=complete", "job/renew-now",
-            f"--namespace={NS}", "--timeout=120s")  # fmt: skip
-        assert "caBundle" in run(cluster, "kubectl", "logs", "job/renew-now", f"--namespace={NS}")
+        cluster.tool("kubectl", "create", "job", "--from=cronjob/gpupack-certs-renewal",
+                     "renew-now", f"--namespace={NS}")  # fmt: skip
+        cluster.tool("kubectl", "wait", "--for=condition=complete", "job/renew-now",
+                     f"--namespace={NS}", "--timeout=120s")  # fmt: skip
+        assert "caBundle" in cluster.tool("kubectl", "logs", "job/renew-now", f"--namespace={NS}")
 
         # helm upgrade runs the CRD hook Job as a container.
-        run(cluster, "helm", "upgrade", "gpupack", chart, f"--namespace={NS}", "--wait",
-            "--timeout=5m", *values)  # fmt: skip
+        cluster.tool("helm", "upgrade", "gpupack", chart, f"--namespace={NS}", "--wait",
+                     "--timeout=5m", *values)  # fmt: skip
         events = kube.get(f"/api/v1/namespaces/{NS}/events")["items"]
         completed = {
             e["involvedObject"]["name"]
@@ -207,11 +199,11 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
         assert {"gpupack-certs", "gpupack-crds", "renew-now"} <= completed, completed
 
         # helm uninstall refuses while pods share GPUs ...
-        refused = run(cluster, "helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait",
-                      check=False)  # fmt: skip
+        refused = cluster.tool("helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait",
+                               check=False)  # fmt: skip
         assert "gpupack-uninstall failed" in refused, refused
         (hook,) = pods(kube, NS, "job-name=gpupack-uninstall")[:1]
-        said = run(cluster, "kubectl", "logs", hook["metadata"]["name"], f"--namespace={NS}")
+        said = cluster.tool("kubectl", "logs", hook["metadata"]["name"], f"--namespace={NS}")
         assert "refusing to uninstall: 3 pods share GPUs through gpupack" in said
         assert len(pods(kube, ns)) == 3
 
@@ -221,7 +213,7 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
         kube.merge_patch(
             f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {keys.OPTIMIZE: None}}}
         )
-        run(cluster, "helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
+        cluster.tool("helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
 
     kube.wait_for("no pod left in the release namespace", lambda: not pods(kube, NS), timeout=120)
     leftovers = []
