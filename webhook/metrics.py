@@ -162,10 +162,7 @@ class WebhookMetrics:
         self._certificate_reloads.labels("success" if succeeded else "failure").inc()
 
 
-MetricsServer = Endpoints
-
-
-def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> Endpoints:
     """Serve `registry` at http://host:port/metrics (port 0: any free port), on the same
     dual-stack listener as every other binary's endpoints. The kubelet probes the HTTPS
     port, not this one, so its `/readyz` only says the process is up."""

@@ -27,13 +27,13 @@ from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
 from gpupack.runtime import config
 from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds, version
-from gpupack.runtime.endpoints import ANY, listen_family, listening_socket
+from gpupack.runtime.endpoints import ANY, Endpoints, listen_family, listening_socket
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments, settle_heap
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import Drain, GuardedProtocol, Limits
-from webhook.metrics import ErrorKind, MetricsServer, WebhookMetrics, start_metrics_server
+from webhook.metrics import ErrorKind, WebhookMetrics, start_metrics_server
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
 
@@ -311,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: %s", exc)
         return EXIT_CONFIG
     previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
-    metrics_server: MetricsServer | None = None
+    metrics_server: Endpoints | None = None
     try:
         try:
             cluster = connect_cluster(args, metrics)
