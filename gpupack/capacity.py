@@ -238,7 +238,31 @@ def capacity_names(pool: str, used: Iterable[str], count: int) -> tuple[str, ...
 
 STEER_WEIGHT: Final = 100  # towards a node the waiting pod may go to
 PACK_WEIGHT: Final = 50  # towards a node that already holds capacity pods
-MAX_STEER: Final = 1000  # node names in one preference; more is a huge pod, not a better one
+MAX_NODES: Final = 1000  # node names in one term; more is a huge pod, not a better one
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """Where a new capacity pod may go (required) and should go (preferred).
+
+    - `avoid` (required): the existing nodes where the pods it is made for may not run, by
+      any of their rules (kube-scheduler found them infeasible). A GPU there would be
+      wasted, so the capacity pod may go to any other node, including one an autoscaler
+      adds.
+    - `near` (required): the pods' required pod-affinity terms, with their namespaces
+      pinned: a pod that must sit next to another is helped only by a GPU next to it,
+      and an autoscaler must not add a node for it that the pod could not use.
+    - `steer` (preferred, weight 100): the nodes the pods may go to.
+    - `packed` (preferred, weight 50): the nodes already holding capacity pods.
+    """
+
+    steer: tuple[str, ...] = ()
+    packed: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    near: tuple[JSON, ...] = ()
+
+
+ANYWHERE: Final = Where()  # no requirement, no preference
 
 
 def holding_nodes(pods: Iterable[JSON]) -> list[str]:
@@ -248,8 +272,61 @@ def holding_nodes(pods: Iterable[JSON]) -> list[str]:
     )
 
 
+def selects(selector: JSON | None, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) selects `labels`. A null
+    selector selects nothing, an empty one everything (as pod affinity reads them)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or ():
+        key, operator = expression.get("key"), expression.get("operator")
+        values = expression.get("values") or ()
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def affinity_to_others(pod: JSON) -> tuple[JSON, ...]:
+    """The pod's required pod-affinity terms that a capacity pod carries (`Where.near`):
+    the terms that do not select the pod itself (a pod that must sit with its own
+    replicas may start anywhere when none runs yet, and `Where.avoid` already keeps its
+    GPU on the nodes where they run), with `namespaces` pinned to the pod's own when the term
+    names none (a capacity pod lives in another namespace). `matchLabelKeys` is merged
+    into the selector by the API server when the pod is created, so it is dropped."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace", ""))
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("podAffinity") or {}
+    terms: list[JSON] = []
+    for term in affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or ():
+        scoped = term.get("namespaces") or term.get("namespaceSelector") is not None
+        # A namespaceSelector may select the pod's own namespace: read as "it does", so a
+        # term that could be the pod's own is never carried (carried, it could leave the
+        # first replica's capacity pod nowhere to go).
+        in_scope = namespace in term["namespaces"] if term.get("namespaces") else True
+        if in_scope and selects(term.get("labelSelector"), labels):
+            continue
+        carried = {
+            k: copy.deepcopy(v)
+            for k, v in term.items()
+            if k not in ("matchLabelKeys", "mismatchLabelKeys")
+        }
+        if not scoped:
+            carried["namespaces"] = [namespace]
+        terms.append(carried)
+    return tuple(terms)
+
+
 def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
-    """Add the placement preferences to a capacity pod's spec (see `capacity_pod`), all as
+    """Add the placement preferences to a capacity pod's spec (see `Where`), all as
     node affinity: kube-scheduler normalises each plugin's scores, so preferences in two
     plugins tie at their maxima, and an existing capacity pod's pod affinity would pull
     every new one towards its node, even where the waiting pod may not go. In one plugin
@@ -264,11 +341,32 @@ def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
             },
         }
         for weight, nodes in terms
-        if nodes and len(nodes) <= MAX_STEER
+        if nodes and len(nodes) <= MAX_NODES
     ]
     if preferred:
         node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
         node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(preferred)
+
+
+def _require(spec: JSON, avoid: Sequence[str], near: Sequence[JSON]) -> None:
+    """Add the requirements of `Where` to a capacity pod's spec: `avoid` as a hostname
+    NotIn in every required node-selector term (terms are ORed, so each needs it), `near`
+    as required pod affinity. More than `MAX_NODES` names to avoid is left to the
+    preferences (and to scale-down, which releases a GPU no waiting pod can use)."""
+    if avoid and len(avoid) <= MAX_NODES:
+        expression = {"key": HOSTNAME, "operator": "NotIn", "values": sorted(avoid)}
+        node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+        required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({})
+        for term in terms:
+            term.setdefault("matchExpressions", []).append(copy.deepcopy(expression))
+    if near:
+        pod_affinity = spec.setdefault("affinity", {}).setdefault("podAffinity", {})
+        pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).extend(
+            copy.deepcopy(list(near))
+        )
 
 
 def capacity_pod(
@@ -280,22 +378,17 @@ def capacity_pod(
     image: str = DEFAULT_IMAGE,
     mps_image: str | None = None,
     namespace: str = keys.SYSTEM_NAMESPACE,
-    steer: Sequence[str] = (),
-    packed: Sequence[str] = (),
+    where: Where = ANYWHERE,
 ) -> JSON:
     """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else,
     or, for an MPS pool (`gpupack.pool.is_mps`), runs the GPU's MPS control daemon
     (`mps_daemon_container`, in `mps_image`, gpupack's own).
 
     It inherits the workload's scheduling metadata (nodeSelector, node affinity,
-    tolerations, priorityClassName, runtimeClassName) so the default scheduler puts it
-    where the workload may run. Preferences steer it further: towards `steer`, the nodes
-    the waiting pod may go to (its own rules, such as anti-affinity, spread or volumes,
-    exclude the others: a GPU there would be wasted), and, less, towards `packed`, the
-    nodes already holding capacity pods (`holding_nodes`), so GPU nodes fill up before
-    new ones are used and the autoscaler can remove idle ones. Preferences, not
-    requirements: when none of those nodes has a GPU free, the pod stays schedulable where
-    the autoscaler can add one.
+    tolerations, priorityClassName, runtimeClassName) so kube-scheduler puts it where the
+    workload may run, and `where` narrows that to where the pods it is made for could
+    then run (`Where`): required, it never lands (nor makes an autoscaler add a node)
+    where those pods could not use it; preferred, it fills nodes that already hold GPUs.
     No owner reference: owners cannot cross namespaces.
     """
     one_gpu = {keys.NVIDIA_GPU: "1"}
@@ -337,7 +430,8 @@ def capacity_pod(
         spec["containers"] = [mps_daemon_container(container, str(mps_image))]
         spec["volumes"] = [mps.volume()]
         labels[SHARING] = mps.SHARING_MPS
-    _prefer(spec, steer, packed)
+    _require(spec, where.avoid, where.near)
+    _prefer(spec, where.steer, where.packed)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -242,6 +242,16 @@ class Cache:
         """What a pod to place asks for, or why it will not be placed (its seal included)."""
         return request_of(pod, self._key)
 
+    def gpu_nodes(self) -> list[str]:
+        """The nodes that offer whole GPUs (`nvidia.com/gpu` allocatable): where a
+        capacity pod could land."""
+        names = []
+        for obj in self._nodes.items():
+            allocatable = (obj.get("status") or {}).get("allocatable") or {}
+            if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
+                names.append(str(obj["metadata"]["name"]))
+        return sorted(names)
+
     def coming(self, pool: str) -> list[Capacity]:
         """Capacity pods of `pool` that are not a usable GPU yet."""
         return [

@@ -6,8 +6,10 @@ the extender's thread pool through `submit`.
 
 - **Scale up:** the first-fit plan of the pool's waiting pods over its coming GPUs says
   how many capacity pods are missing; they are created under deterministic names (a
-  retry or a racing webhook collides), preferring the nodes kube-scheduler found
-  feasible for the pod and nodes that already hold GPUs (`gpupack.capacity`).
+  retry or a racing webhook collides). Each may land only where the pod it is made for
+  could then run: never on an existing node kube-scheduler found infeasible for it, and
+  next to what its required pod affinity names; among those it prefers the feasible
+  nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`).
 - **Scale down:** a capacity pod with nothing booked on its GPU for `grace_period`
   seconds is deleted (uid and resourceVersion preconditions), unless a waiting pod of
   its pool could use it: its GPU is not on a node yet, or on a node the pod may go to
@@ -28,12 +30,12 @@ the extender's thread pool through `submit`.
 """
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
-from gpupack.capacity import Allocation, holding_nodes, plan
+from gpupack.capacity import Allocation, Where, affinity_to_others, holding_nodes, plan
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
@@ -85,13 +87,15 @@ class Lifecycle:
         self._overcommitted: set[str] = set()  # pods reported over-committed
 
     def request(
-        self, pool: str, example: JSON, waiting: list[Allocation], steer: Collection[str] = ()
+        self, pool: str, example: JSON, waiting: list[Allocation], feasible: Collection[str] = ()
     ) -> None:
         """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
-        `example` is one of them (its scheduling metadata is the pool's), `steer` the
-        nodes it may go to (the new GPU should land on one of them). A pod asking more
-        memory than the largest GPU the pool holds gets none: another such GPU would not
-        take it either (its FailedScheduling says `insufficient GPU memory`)."""
+        `example` is one of them (its scheduling metadata is the pool's), `feasible` the
+        nodes kube-scheduler let it go to. A new GPU lands only where `example` could then
+        run (`gpupack.capacity.Where`): on a feasible node or a node that does not exist
+        yet, next to the pods its required pod affinity names. A pod asking more memory
+        than the largest GPU the pool holds gets none: another such GPU would not take it
+        either (its FailedScheduling says `insufficient GPU memory`)."""
         creating = self._creator.in_flight(pool, seen=self.cache.capacity)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
         coming += [PlanGpu(name) for name in creating]
@@ -101,25 +105,23 @@ class Lifecycle:
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
         names = self._creator.claim(pool, missing, used)
+        if not names:
+            return
+        where = Where(
+            steer=tuple(sorted(feasible)),
+            packed=tuple(holding_nodes(c.pod for c in self.cache.capacity.values())),
+            avoid=tuple(n for n in self.cache.gpu_nodes() if n not in feasible),
+            near=affinity_to_others(example),
+        )
         spec = scheduling_of(example)
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
-        packed = holding_nodes(c.pod for c in self.cache.capacity.values()) if names else []
         for name in names:
-            self._submit(
-                self._create_capacity, pool, name, spec, owner, example, tuple(steer), packed
-            )
+            self._submit(self._create_capacity, pool, name, spec, owner, example, where)
 
     def _create_capacity(
-        self,
-        pool: str,
-        name: str,
-        spec: JSON,
-        owner: str,
-        example: JSON,
-        steer: Sequence[str],
-        packed: Sequence[str],
+        self, pool: str, name: str, spec: JSON, owner: str, example: JSON, where: Where
     ) -> None:
-        made = self._creator.create(pool, (name,), spec, owner, steer=steer, packed=packed)
+        made = self._creator.create(pool, (name,), spec, owner, where=where)
         if made.failure is not None:
             log.warning("could not create capacity pod %s: %s", name, made.failure)
             return

@@ -29,6 +29,7 @@ from gpupack.capacity import (
     DEFAULT_IMAGE,
     Allocation,
     Gpu,
+    Where,
     capacity_names,
     holding_nodes,
     plan,
@@ -193,7 +194,7 @@ class CapacityManager:
                 claimed.created,
                 demand.scheduling,
                 created_for=f"{demand.namespace}/{demand.workload}",
-                packed=holding_nodes(self._capacity.items()),
+                where=Where(packed=tuple(holding_nodes(self._capacity.items()))),
             )
         except Exception as exc:  # a bug: release the claim, never raise
             log.exception("creating capacity for pool %s failed", demand.pool)

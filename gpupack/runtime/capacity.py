@@ -21,12 +21,19 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from gpupack import keys
-from gpupack.capacity import DEFAULT_IMAGE, capacity_index, capacity_names, capacity_pod
+from gpupack.capacity import (
+    ANYWHERE,
+    DEFAULT_IMAGE,
+    Where,
+    capacity_index,
+    capacity_names,
+    capacity_pod,
+)
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError, Backoff, retry
 
@@ -107,13 +114,11 @@ class CapacityCreator:
         scheduling: JSON,
         created_for: str,
         *,
-        steer: Sequence[str] = (),
-        packed: Sequence[str] = (),
+        where: Where = ANYWHERE,
     ) -> Created:
         """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
-        scheduling metadata, `created_for` the workload for the pod's annotation, `steer`
-        the nodes the waiting pod may go to, `packed` those already holding capacity pods
-        (`gpupack.capacity.capacity_pod`)."""
+        scheduling metadata, `created_for` the workload for the pod's annotation, `where`
+        where they may and should go (`gpupack.capacity.Where`)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         todo = list(names)
         created: list[str] = []
@@ -131,8 +136,7 @@ class CapacityCreator:
                 image=self.image,
                 mps_image=self.mps_image,
                 namespace=self.namespace,
-                steer=steer,
-                packed=packed,
+                where=where,
             )
             try:
                 retry(

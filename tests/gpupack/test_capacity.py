@@ -12,6 +12,8 @@ from gpupack.capacity import (
     Allocation,
     Bin,
     Gpu,
+    Where,
+    affinity_to_others,
     capacity_index,
     capacity_names,
     capacity_pod,
@@ -309,9 +311,8 @@ def test_capacity_pod_prefers_where_the_pod_may_go_then_nodes_already_holding_gp
     """Both preferences are node affinity, so their weights add in one plugin: a node of
     `steer` (100) beats one merely holding capacity pods (50); one in both wins (150).
     No pod affinity: an existing capacity pod's would pull every new one to its node."""
-    pod = capacity_pod(
-        POOL, SCHEDULING, index=0, created_for="ml/Pod/p", steer=["n2", "n1"], packed=["n3", "n1"]
-    )
+    where = Where(steer=("n2", "n1"), packed=("n3", "n1"))
+    pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p", where=where)
 
     kubernetes_validate.validate(pod, "1.34", strict=True)
     affinity = pod["spec"]["affinity"]
@@ -411,3 +412,142 @@ def test_packing_runs_of_equal_shapes_equals_first_fit_one_at_a_time(
     assert [[a.key for a in b.allocations] for b in result.bins] == one_at_a_time(
         gpus, unplaced, new_gpu_memory
     )
+
+
+def test_capacity_pod_never_goes_where_the_pods_it_is_for_may_not_run() -> None:
+    """`avoid` joins every required node-selector term (they are ORed), so no term lets
+    the capacity pod onto a node the waiting pod may not use; a new node is still fine."""
+    scheduling = {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": ["x"]}
+                            ]
+                        },
+                    ]
+                }
+            }
+        }
+    }
+    pod = capacity_pod(
+        POOL, scheduling, index=0, created_for="ml/Pod/p", where=Where(avoid=("n2", "n1"))
+    )
+
+    kubernetes_validate.validate(pod, "1.34", strict=True)
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    not_in = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n1", "n2"]}
+    assert [t["matchExpressions"][-1] for t in terms["nodeSelectorTerms"]] == [not_in, not_in]
+    assert terms["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "zone"
+    assert (
+        "matchExpressions"
+        not in scheduling["affinity"]["nodeAffinity"][  # not aliased
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"][1]
+    )
+
+    alone = capacity_pod(POOL, {}, index=0, created_for="ml/Pod/p", where=Where(avoid=("n1",)))
+    required = alone["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required == {"nodeSelectorTerms": [{"matchExpressions": [{**not_in, "values": ["n1"]}]}]}
+
+
+def test_capacity_pod_leaves_a_huge_avoid_list_to_the_preferences() -> None:
+    avoid = tuple(f"n{i}" for i in range(1001))
+    pod = capacity_pod(POOL, {}, index=0, created_for="ml/Pod/p", where=Where(avoid=avoid))
+    assert "affinity" not in pod["spec"]
+
+
+def _waiting(labels: dict[str, str], *terms: JSON) -> JSON:
+    return {
+        "metadata": {"name": "p", "namespace": "ml", "labels": labels},
+        "spec": {
+            "affinity": {
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list(terms)}
+            }
+        },
+    }
+
+
+def test_a_pod_that_must_sit_next_to_another_gives_its_capacity_pod_that_affinity() -> None:
+    """Carried with its namespace pinned: the capacity pod lives in gpupack's namespace,
+    where the term would otherwise look. matchLabelKeys is already merged by then."""
+    next_to_db = {
+        "labelSelector": {"matchLabels": {"app": "db"}},
+        "topologyKey": "kubernetes.io/hostname",
+        "matchLabelKeys": ["pod-template-hash"],
+    }
+    pod = _waiting({"app": "web"}, next_to_db)
+
+    near = affinity_to_others(pod)
+
+    assert near == (
+        {
+            "labelSelector": {"matchLabels": {"app": "db"}},
+            "topologyKey": "kubernetes.io/hostname",
+            "namespaces": ["ml"],
+        },
+    )
+    capacity = capacity_pod(POOL, {}, index=0, created_for="ml/Pod/p", where=Where(near=near))
+    kubernetes_validate.validate(capacity, "1.34", strict=True)
+    assert capacity["spec"]["affinity"]["podAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": list(near)
+    }
+    assert "namespaces" not in next_to_db  # not aliased
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "zone"},
+        {
+            "labelSelector": {
+                "matchExpressions": [{"key": "app", "operator": "In", "values": ["web"]}]
+            },
+            "topologyKey": "zone",
+            "namespaces": ["ml", "other"],
+        },
+        {
+            "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+            "topologyKey": "zone",
+            "namespaceSelector": {},
+        },
+        {"labelSelector": {}, "topologyKey": "zone"},
+    ],
+)
+def test_a_pods_affinity_to_its_own_replicas_is_not_carried(term: JSON) -> None:
+    """The first replica may start anywhere (kube-scheduler lets a pod that matches its
+    own term go where none runs yet); its capacity pod, carrying the term, could not."""
+    assert affinity_to_others(_waiting({"app": "web"}, term)) == ()
+
+
+@pytest.mark.parametrize(
+    "term",
+    [
+        {
+            "labelSelector": {"matchLabels": {"app": "web"}},
+            "topologyKey": "zone",
+            "namespaces": ["other"],
+        },
+        {
+            "labelSelector": {
+                "matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["web"]}]
+            },
+            "topologyKey": "zone",
+        },
+        {
+            "labelSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
+            "topologyKey": "zone",
+        },
+        {"topologyKey": "zone"},  # a null selector selects nothing
+    ],
+)
+def test_affinity_to_other_pods_is_carried(term: JSON) -> None:
+    pod = _waiting({"app": "web", "tier": "front"}, term)
+    assert len(affinity_to_others(pod)) == 1

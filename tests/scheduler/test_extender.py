@@ -123,6 +123,10 @@ def _finish_capacity_writes() -> Iterator[None]:
         _made.pop().run(stop)
 
 
+NODES_OF: dict[int, Store] = {}  # id of an extender -> its node informer's store
+HOSTNAME = "kubernetes.io/hostname"
+
+
 def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Clock]:
     nodes, pods = Store(), Store()
     nodes.objects["n1"] = node("n1")
@@ -134,6 +138,7 @@ def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Cloc
     settings = Settings(reservation_timeout=timeout, workers=1)
     extender = Extender(api, cache, PackingScorer(), settings, clock=clock)
     _made.append(extender)
+    NODES_OF[id(extender)] = nodes
     return extender, pods, api, clock
 
 
@@ -432,6 +437,39 @@ def test_a_pod_that_fits_no_gpu_of_its_pool_gets_capacity() -> None:
     filter_(extender, pending(pods, "more", "900m"))
 
     assert len(created_capacity(extender, api)) == 1
+
+
+def test_capacity_for_a_pod_lands_only_where_that_pod_could_then_run() -> None:
+    """kube-scheduler judged the pod: of the GPU nodes, only n1 is feasible (say its
+    anti-affinity or a host port excludes n2 and n3). Its capacity pod may go to n1 or to a
+    node an autoscaler adds, never to n2 or n3; and it carries the pod's affinity to
+    other pods, so a node added for it is one the pod could use."""
+    extender, pods, api, _ = setup(0)
+    for name in ("n1", "n2", "n3"):
+        gpu_node = node(name)
+        gpu_node["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
+        extender.cache.dirty.node(name)
+        NODES_OF[id(extender)].objects[name] = gpu_node
+    NODES_OF[id(extender)].objects["cpu-only"] = node("cpu-only")
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
+    pod = pending(pods, "web", "900m")
+    near_db = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": HOSTNAME}
+    pod["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [near_db]}
+    }
+
+    filter_(extender, pod, nodes=("n1", "cpu-only"))
+
+    assert len(created_capacity(extender, api)) == 1
+    [body] = [b for path, b in api.created if path.endswith("/pods")]
+    affinity = body["spec"]["affinity"]
+    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": HOSTNAME, "operator": "NotIn", "values": ["n2", "n3"]} in (
+        required["nodeSelectorTerms"][0]["matchExpressions"]
+    )
+    assert affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
+        {**near_db, "namespaces": ["ml"]}
+    ]
 
 
 def test_a_pod_larger_than_every_gpu_of_its_pool_gets_no_capacity() -> None:
