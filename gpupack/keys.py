@@ -34,6 +34,12 @@ SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
 # Written by the webhook alone: a user-supplied value is stripped at CREATE unless the
 # pod carries a valid, fresh seal (a reinvocation of the same admission).
 WEBHOOK_ONLY: Final = (DECISION, SEAL, ORIGINAL_RESOURCES, ENFORCEMENT)
+# On a fractional pod the extender refused, by the scheduler: when it last asked
+# kube-scheduler to try the pod again because a GPU with room for it appeared (a share
+# freed, a reservation expired, a capacity pod became usable). kube-scheduler parks a
+# refused pod until an event its own plugins care about, and none of those is one; an
+# update of the pod itself is.
+REQUEUE: Final = f"{DOMAIN}/requeued-at"
 # On a capacity pod, by the exporter: why its GPU is unhealthy (lost, a critical XID);
 # absent while it is healthy. The scheduler places no new pod on such a GPU.
 GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"

@@ -54,6 +54,7 @@ from scheduler.snapshot import Gpu, Request, Snapshot
 log = logging.getLogger(__name__)
 
 WAITING_FORGET: float = 60.0  # seconds a waiting pod the informer never showed is kept
+REQUEUE_EVERY: float = 2.0  # seconds between two requeues of one pod, at least
 
 
 @dataclass(slots=True)
@@ -98,6 +99,8 @@ class Extender:
         # until the informer brings the labelled copy, the next binds need not label again.
         self._marked: dict[str, str] = {}
         self._mark_gates: dict[str, threading.Lock] = {}  # one label write per capacity pod
+        self._changed = True  # whether the books changed since the last requeue round
+        self._requeued: dict[str, float] = {}  # pod -> when it was last requeued
         self.leading = False  # whether the kube-scheduler beside us leads (`leadership`)
         self.usage = Usage(0, 0, 0, 0, 0, leader=False)
 
@@ -128,7 +131,9 @@ class Extender:
             allocation = Allocation(
                 key, request.compute, request.gpu_memory, request.owner, request.exclusive
             )
-            self.waiting[key] = Waiting(request.pool, allocation, frozenset(nodes), now)
+            feasible = frozenset(nodes)
+            rejected = frozenset(n for n in snapshot.nodes if n not in feasible)
+            self.waiting[key] = Waiting(request.pool, allocation, feasible, now, rejected)
             starting = _starting(snapshot, request, nodes)
             if starting is not None:
                 return wire.retry(
@@ -212,8 +217,11 @@ class Extender:
                 del self._marked[holder]
             for holder in [h for h in self._mark_gates if h not in self.cache.capacity]:
                 del self._mark_gates[holder]
+            for key in [k for k in self._requeued if k not in self.waiting]:
+                del self._requeued[key]
             if self.leading:
                 self._lifecycle.housekeeping(now, self.waiting)
+                self._requeue(now)
             self.notices.report(self.leading)
             self._refresh_mix()
             self.usage = measure(self.cache, self.reservations, self.leading, self.escapes)
@@ -232,7 +240,8 @@ class Extender:
         """Fold informer changes in (a reservation whose pod was deleted or bound leaves
         `cache.assumed` then); the time now."""
         now = self._clock()
-        self.cache.refresh()
+        if self.cache.refresh():
+            self._changed = True
         return now
 
     def _expire(self, now: float) -> None:
@@ -282,6 +291,7 @@ class Extender:
         if held is None or key not in self.cache.assumed:
             return
         log.debug("released reservation", extra={"pod": key, "gpu": held.gpu, "why": why})
+        self._changed = True
         self.cache.assumed.discard(key)
         self.cache.snapshot.forget(key)
         self.cache.dirty.pod(key)  # back to pending from the informer's copy
@@ -305,6 +315,45 @@ class Extender:
             return f"the GPU reserved for {args.key} was released and {args.node} has {why}"
         self._reserve(args.key, pod, request, result, now)
         return None
+
+    # Requeueing what was refused.
+
+    def _requeue(self, now: float) -> None:
+        """Ask kube-scheduler to try again each refused pod that a GPU now has room for:
+        a share freed, a reservation expired, a capacity pod became usable. Without it
+        kube-scheduler keeps such a pod parked until an event its own plugins care about,
+        or its five-minute flush. A pod may go to the nodes kube-scheduler found feasible
+        at its last filter and to nodes that were not there then. Only when the books
+        changed, and at most once per `REQUEUE_EVERY` seconds per pod."""
+        if not self._changed:
+            return
+        self._changed = False
+        snapshot = self.cache.snapshot
+        for key, waiting in self.waiting.items():
+            if key in self.cache.assumed:
+                continue
+            if now - self._requeued.get(key, -REQUEUE_EVERY) < REQUEUE_EVERY:
+                self._changed = True  # look again next round
+                continue
+            pod = self.cache.pod(key)
+            request = self.cache.request(pod) if pod is not None else None
+            if pod is None or not isinstance(request, Request):
+                continue
+            nodes = [n for n in snapshot.nodes if n not in waiting.rejected]
+            if isinstance(place(snapshot, request, self._scorer, nodes), Placement):
+                self._requeued[key] = now
+                self._pool.submit(self._requeue_pod, pod)
+
+    def _requeue_pod(self, pod: JSON) -> None:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            writer.requeue(self._kube, pod, when)
+        except ApiError as error:
+            log.warning("could not requeue %s: %s", pod_key(pod), error)
+            return
+        log.debug("requeued", extra={"pod": pod_key(pod)})
+        if self._metrics is not None:
+            self._metrics.requeued.inc()
 
     # Capacity planning and the scorer's mix.
 

@@ -59,6 +59,7 @@ class Waiting:
     allocation: Allocation
     nodes: frozenset[str]  # where kube-scheduler would let it go
     since: float
+    rejected: frozenset[str] = frozenset()  # the nodes it would not (others are new)
 
 
 class Lifecycle:

@@ -148,6 +148,12 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.requeued = Counter(
+            "gpupack_scheduler_pods_requeued",
+            "Refused pods kube-scheduler was asked to try again because a GPU with room "
+            "for them appeared",
+            registry=registry,
+        )
         self.evicted = Counter(
             "gpupack_scheduler_orphans_evicted",
             "Pods evicted because the capacity pod holding their GPU vanished",

@@ -76,6 +76,19 @@ def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str, request: Requ
         assign(str(fresh_meta.get("resourceVersion", "")))
 
 
+def requeue(kube: Kube, pod: JSON, when: str) -> None:
+    """Ask kube-scheduler to try a refused pod again: an update of the pod itself moves it
+    out of the unschedulable queue (`keys.REQUEUE`). Only our annotation changes, so
+    nothing the pod asks for does; a pod gone or bound meanwhile is no error."""
+    meta = pod["metadata"]
+    body = {"metadata": {"annotations": {keys.REQUEUE: when}}}
+    try:
+        kube.patch(_pod_path(meta["namespace"], meta["name"]), body)
+    except ApiError as error:
+        if error.status != 404:
+            raise
+
+
 def event(
     kube: Kube,
     regarding: JSON,

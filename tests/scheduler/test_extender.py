@@ -555,3 +555,63 @@ def test_an_mps_daemon_that_restarts_is_reported_on_its_gpu_and_its_pods_and_tak
     assert "ml/on-it" in events[0]["note"]
     assert (extender.usage.mps_daemons, extender.usage.mps_daemons_ready) == (1, 0)
     assert extender.usage.unhealthy == 1  # no new pods while its daemon does not answer
+
+
+def requeued(extender: Extender, api: Api) -> list[str]:
+    """The pods the extender asked kube-scheduler to try again, once its writes finished."""
+    created_capacity(extender, api)
+    return [
+        path.rsplit("/", 1)[1]
+        for path, body in api.patched
+        if keys.REQUEUE in body["metadata"].get("annotations", {})
+    ]
+
+
+def refused_behind(nodes: tuple[str, ...]) -> tuple[Extender, Store, Api, Clock]:
+    """`first` holds the one GPU (cap-0 on n1); `web` was refused, feasible on `nodes`."""
+    extender, pods, api, clock = setup(0)
+    extender.leading = True
+    assert filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))["NodeNames"]
+    assert not filter_(extender, pending(pods, "web", "900m"), nodes=nodes).get("NodeNames")
+    extender.tick()
+    return extender, pods, api, clock
+
+
+def test_a_refused_pod_is_requeued_as_soon_as_a_gpu_it_may_use_has_room() -> None:
+    """kube-scheduler parks a pod its extender refused until an event its own plugins care
+    about; a share freeing on a GPU is none. An update of the pod itself is."""
+    extender, pods, api, clock = refused_behind(("n1", "n2"))
+    extender.tick()
+    assert not any(keys.REQUEUE in str(body) for _, body in api.patched)  # still no room
+
+    del pods.objects["ml/first"]  # its share frees
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+    extender.tick()  # nothing changed since: no second request
+
+    assert requeued(extender, api) == ["web"]
+    assert pods.objects["ml/web"]["metadata"]["annotations"][keys.REQUEUE]
+
+
+def test_a_refused_pod_is_not_requeued_for_room_on_a_node_it_may_not_use() -> None:
+    extender, pods, api, clock = refused_behind(("n2",))  # kube-scheduler excluded n1
+
+    del pods.objects["ml/first"]
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+
+    assert requeued(extender, api) == []
+
+
+def test_only_the_leader_requeues() -> None:
+    extender, pods, api, clock = refused_behind(("n1", "n2"))
+    extender.leading = False
+
+    del pods.objects["ml/first"]
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+
+    assert requeued(extender, api) == []
