@@ -1,19 +1,22 @@
 """How many capacity pods a pool is missing, what to call them, and what they look like.
 
-Pure and standard-library only: part of the contract, because the webhook (capacity at
-admission) and the scheduler (capacity when a pod fits nowhere) must agree on names and
-packing. Each turns its caches into `Gpu`s and `Allocation`s, asks `plan` how many GPUs
-the pool lacks, names them with `capacity_names` and builds them with `capacity_pod`.
+Pure and standard-library only: part of the contract, because the scheduler (which
+creates capacity when a pod fits nowhere), the webhook (which plans at admission, for
+its audit line) and `kubectl gpupack` reports must agree on names and packing. Each
+turns its caches into `Gpu`s and `Allocation`s and asks `plan` how many GPUs the pool
+lacks; the scheduler names them with `capacity_names` and builds them with
+`capacity_pod`, placed where `Where` says.
 
 Packing is first-fit-decreasing in two dimensions: compute (millis, 1000 per GPU) and
 memory (bytes, checked only where the GPU's memory is known; the exporter writes it on
 the capacity pod). An exclusive allocation (`real-time-mps`) shares a GPU only with
 allocations of the same workload. The result depends only on the values, never on the
-order they arrive in, so every webhook replica computes the same answer.
+order they arrive in, so every replica computes the same answer.
 
-Names are `gpupack-capacity-<pool>-<n>` with the lowest free n: two replicas racing for
-the same pool choose the same names, and the API server's AlreadyExists turns the second
-create into a no-op instead of a duplicate GPU.
+Names are `gpupack-capacity-<pool>-<n>` with the lowest free n: two writers racing for
+the same pool (a restarted extender and its predecessor's creates still in flight)
+choose the same names, and the API server's AlreadyExists turns the second create into
+a no-op instead of a duplicate GPU.
 """
 
 import copy
@@ -412,6 +415,7 @@ def capacity_pod(
         },
     }
     spec: JSON = {
+        "schedulerName": keys.CAPACITY_SCHEDULER_NAME,
         "containers": [container],
         "restartPolicy": "Always",
         "automountServiceAccountToken": False,

@@ -38,9 +38,7 @@ from webhook.plans import PlanCache
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
 
-NO_CLUSTER: Final = CapacityOutcome(
-    "no-cluster", detail="no cluster access: capacity spawning skipped"
-)
+NO_CLUSTER: Final = CapacityOutcome("no-cluster", detail="no cluster access: capacity not planned")
 DEFAULT_CAPACITY_TIMEOUT: Final = 2.0
 JSON_TYPE: Final = "application/json"
 
@@ -149,7 +147,7 @@ class Admissions:
         capacity = None
         if decision.demand is not None:
             capacity = await self._ensure_capacity(decision.demand, review.dry_run)
-            self.metrics.capacity(capacity.action, len(capacity.created))
+            self.metrics.capacity(capacity.action)
             if capacity.action == "error":
                 self.metrics.error(ErrorKind.CAPACITY)
         decision, response = self._respond(review, decision)
@@ -221,10 +219,6 @@ class Admissions:
         exc = task.exception()
         if exc is not None:
             log.error("late capacity check failed", exc_info=exc)
-        elif task.result().action == "created":  # the admission counted the check as an
-            # error already; count the pods it created. Names merely claimed ("creating")
-            # are counted by the background creator once they exist.
-            self.metrics.capacity_pods_created(len(task.result().created))
 
     def _write_audit(
         self,

@@ -76,7 +76,8 @@ def audit_line(
     if decision.warnings:
         line["warnings"] = list(decision.warnings)
     if capacity is not None:
-        line["capacity"] = {"action": capacity.action, "created": list(capacity.created)}
+        # The plan: its pool, the GPUs it holds or has coming, how many it lacks.
+        line["capacity"] = {"action": capacity.action, **capacity.extra}
         if capacity.detail:
             line["capacity"]["detail"] = capacity.detail
     return line

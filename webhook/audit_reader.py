@@ -109,8 +109,10 @@ def _cell(record: JSON, field: str) -> str:
         return str(record.get("pod") or record.get("generateName") or "-")
     if field == "capacity":
         capacity = record.get("capacity") or {}
-        created = capacity.get("created") or []
         action = str(capacity.get("action") or "-")
+        if action == "needed":  # GPUs the pool lacks, which gpupack-scheduler creates
+            return f"needed:{capacity.get('missing', '?')}"
+        created = capacity.get("created") or []  # lines of versions whose webhook created
         return f"{action}:{len(created)}" if created else action
     if field == "time":
         return str(record.get("time", ""))[:19].replace("T", " ")

@@ -1,4 +1,10 @@
-"""The capacity manager: make sure a pool has a GPU for the pod being admitted.
+"""The capacity planner: what a pool lacks for the pod being admitted, for the audit log.
+
+The webhook creates no capacity pods: gpupack-scheduler alone does, when it places a pod
+and no GPU it may use has room (one writer, so capacity stays bounded however many
+webhook replicas admit a burst, and every capacity pod is made knowing where the pod may
+run). At admission the webhook only plans, so the audit line says whether the pool's
+GPUs (held and coming) hold the new pod too, or how many more it needs.
 
 The pool view comes from two caches (informers): capacity pods (`gpupack-system`, label
 `gpupack.io/role=capacity`, pool from their `gpupack.io/pool` label) and fractional pods
@@ -6,15 +12,13 @@ The pool view comes from two caches (informers): capacity pods (`gpupack-system`
 deleting pods do not count. A fractional pod annotated `gpupack.io/capacity-pod` sits on
 that GPU; one without it and without a node is waiting for a GPU.
 
-Two things the caches cannot know yet are remembered for `ttl` seconds: reservations
-(pods this replica admitted that the watch has not shown yet, keyed by decision id,
-dropped as soon as a pod with that `gpupack.io/decision` appears), here per pool, and
-capacity pods claimed or created but not yet seen, in `gpupack.runtime.capacity` (which
-the scheduler creates capacity with too). Admissions of one pool are serialized by a
-lock, so the nine pods a ReplicaSet creates at once count each other.
+Pods this replica admitted that the watch has not shown yet are remembered for `ttl`
+seconds as reservations (keyed by decision id, dropped as soon as a pod with that
+`gpupack.io/decision` appears), so the nine pods a ReplicaSet creates at once count each
+other. Admissions of one pool are serialized by a lock.
 
-Nothing here raises into an admission: API failures and bugs become an "error" outcome,
-and the pod is admitted anyway (the scheduler creates capacity when nothing fits).
+Nothing here raises into an admission: bugs become an "error" outcome, and the pod is
+admitted anyway.
 """
 
 import logging
@@ -25,20 +29,10 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar
 
 from gpupack import keys
-from gpupack.capacity import (
-    DEFAULT_IMAGE,
-    Allocation,
-    Gpu,
-    Where,
-    capacity_names,
-    holding_nodes,
-    plan,
-)
+from gpupack.capacity import Allocation, Gpu, plan
 from gpupack.kube import JSON, annotations_of, labels_of
-from gpupack.runtime.capacity import CREATE_BUDGET, CapacityCreator, Created
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
-from webhook.kube import KubeClient
 
 
 def allocation_of(demand: Demand) -> Allocation:
@@ -116,49 +110,28 @@ class _PoolState:
 
 @dataclass(frozen=True, slots=True)
 class PoolView:
-    """A pool as the planner needs it: GPUs, allocations waiting, names in use."""
+    """A pool as the planner needs it: GPUs and allocations waiting."""
 
     gpus: tuple[Gpu, ...]
     unplaced: tuple[Allocation, ...]
-    used_names: frozenset[str]
     new_gpu_memory: int | None
 
 
 class CapacityManager:
-    """Creates capacity pods when a pool lacks room for a new fractional pod."""
+    """Plans, for each admission, whether its pool's GPUs hold the new pod."""
 
     def __init__(
         self,
-        client: KubeClient,
         capacity_pods: PodCache,
         fractional_pods: PodCache,
         *,
-        image: str = DEFAULT_IMAGE,
-        mps_image: str | None = None,
-        namespace: str = keys.SYSTEM_NAMESPACE,
         ttl: float = RESERVATION_TTL,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        create_attempts: int = 3,
-        create_budget: float = CREATE_BUDGET,
-        on_created: Callable[[int], None] | None = None,
     ) -> None:
         self._capacity = capacity_pods
         self._fractional = fractional_pods
         self._ttl = ttl
         self._clock = clock
-        self._on_created = on_created
-        self._creator = CapacityCreator(
-            client,
-            namespace=namespace,
-            image=image,
-            mps_image=mps_image,
-            ttl=ttl,
-            clock=clock,
-            sleep=sleep,
-            attempts=create_attempts,
-            budget=create_budget,
-        )
         self._guard = threading.Lock()
         self._pools: dict[str, _PoolState] = {}
 
@@ -167,40 +140,17 @@ class CapacityManager:
         return self._capacity.synced and self._fractional.synced
 
     def ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        """`claim`, then create what it claimed (blocking: it may call the API)."""
-        claimed = self.claim(demand, dry_run)
-        return self.create_claimed(demand, claimed) if claimed.action == "creating" else claimed
-
-    def claim(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        """Plan without calling the API. When GPUs are missing, reserve the pod and claim
-        the capacity pods' names (counted as GPUs on their way from now on), and answer
-        "creating" with them; `create_claimed` then creates them, off the admission's path.
-        Holds the pool's lock only while planning."""
+        """Plan the pod's pool with the pod in it (no API call): "sufficient", or "needed"
+        with how many GPUs it lacks. Unless `dry_run`, the pod is reserved, so the next
+        admissions of the pool count it. Holds the pool's lock while planning."""
         state = self._state(demand.pool)
         with state.lock:
             try:
-                return self._plan_and_claim(state, demand, dry_run)
+                return self._plan(state, demand, dry_run)
             except Exception as exc:  # never into the admission
                 log.exception("capacity for pool %s failed", demand.pool)
                 detail = f"internal error: {type(exc).__name__}: {exc}"
                 return CapacityOutcome("error", detail=detail)
-
-    def create_claimed(self, demand: Demand, claimed: CapacityOutcome) -> CapacityOutcome:
-        """Create the capacity pods `claim` answered "creating" for (blocking: API calls).
-        Names that could not be created are released, so the next admission plans again."""
-        try:
-            made = self._creator.create(
-                demand.pool,
-                claimed.created,
-                demand.scheduling,
-                created_for=f"{demand.namespace}/{demand.workload}",
-                where=Where(packed=tuple(holding_nodes(self._capacity.items()))),
-            )
-        except Exception as exc:  # a bug: release the claim, never raise
-            log.exception("creating capacity for pool %s failed", demand.pool)
-            self._creator.release(demand.pool, claimed.created)
-            return CapacityOutcome("error", detail=f"internal error: {type(exc).__name__}: {exc}")
-        return self._outcome(made, claimed.extra)
 
     def reservations(self, pool: str) -> dict[str, Allocation]:
         """The live reservations of a pool, by decision id (for tests and debugging)."""
@@ -213,14 +163,12 @@ class CapacityManager:
         with self._guard:
             return self._pools.setdefault(pool, _PoolState())
 
-    def _plan_and_claim(self, state: _PoolState, demand: Demand, dry_run: bool) -> CapacityOutcome:
+    def _plan(self, state: _PoolState, demand: Demand, dry_run: bool) -> CapacityOutcome:
         now = self._clock()
+        if not dry_run:
+            self._reserve(state, demand, now)
         if not self.synced:
-            if not dry_run:
-                self._reserve(state, demand, now)
-            return CapacityOutcome(
-                "not-synced", detail="the pod caches have not synced yet; created nothing"
-            )
+            return CapacityOutcome("not-synced", detail="the pod caches have not synced yet")
         self._prune(state, now)
         view = self._view(state, demand)
         needed = plan(
@@ -232,16 +180,12 @@ class CapacityManager:
         if needed.oversized:  # larger than the pool's known GPUs: a bigger one must come
             extra["oversized"] = list(needed.oversized)
         if needed.missing == 0:
-            if not dry_run:
-                self._reserve(state, demand, now)
             return CapacityOutcome("sufficient", extra=extra)
-        if dry_run:
-            names = capacity_names(demand.pool, view.used_names, needed.missing)
-            detail = f"would create {len(names)} capacity pod(s): {', '.join(names)}"
-            return CapacityOutcome("dry-run", detail=detail, extra=extra)
-        self._reserve(state, demand, now)
-        names = self._creator.claim(demand.pool, needed.missing, view.used_names)
-        return CapacityOutcome("creating", created=names, extra=extra)
+        detail = (
+            f"the pool lacks {needed.missing} GPU(s); gpupack-scheduler creates the capacity "
+            "pods when it places the pod"
+        )
+        return CapacityOutcome("needed", detail=detail, extra=extra)
 
     def _reserve(self, state: _PoolState, demand: Demand, now: float) -> None:
         state.reservations[demand.decision_id] = _Reservation(
@@ -258,12 +202,10 @@ class CapacityManager:
         """The pool from the caches. Every admission reads the whole pool, so each pod is
         read once per version of it (`_seat`, `_holding`): the rest is a pass of lookups."""
         capacity = self._capacity.by_index(POOL_INDEX, demand.pool)
-        seen = [pod["metadata"]["name"] for pod in capacity]
-        in_flight = self._creator.in_flight(demand.pool, seen)
         state.held = _reread(state.held, capacity, _holding)
         live = {
-            name: held
-            for name, pod in zip(seen, capacity, strict=True)
+            pod["metadata"]["name"]: held
+            for pod in capacity
             if (held := state.held[id(pod)][1]) is not None
         }
         placed: dict[str, list[Allocation]] = {name: [] for name in live}
@@ -285,25 +227,12 @@ class CapacityManager:
             Gpu(name=name, memory=memory, running=running, allocations=tuple(placed[name]))
             for name, (memory, running) in live.items()
         ]
-        gpus.extend(Gpu(name=name) for name in in_flight)
         known = [memory for memory, _ in live.values() if memory is not None]
         return PoolView(
             gpus=tuple(gpus),
             unplaced=tuple(unplaced),
-            used_names=frozenset(seen) | frozenset(in_flight),
             new_gpu_memory=min(known) if known else None,
         )
-
-    def _outcome(self, made: Created, extra: JSON) -> CapacityOutcome:
-        if made.created and self._on_created is not None:
-            self._on_created(len(made.created))
-        extra = {**extra, "already_existed": list(made.existing)} if made.existing else extra
-        if made.failure is not None:
-            return CapacityOutcome("error", created=made.created, detail=made.failure, extra=extra)
-        if not made.created:
-            detail = f"already created by another replica: {', '.join(made.existing)}"
-            return CapacityOutcome("sufficient", detail=detail, extra=extra)
-        return CapacityOutcome("created", created=made.created, extra=extra)
 
 
 def _seat(pod: JSON) -> _Seat:

@@ -1,26 +1,24 @@
-"""The webhook's view of the cluster: five informers and the capacity manager.
+"""The webhook's view of the cluster: five informers and the capacity planner.
 
 `connect` returns None when there is no cluster to talk to (the server then runs without
-namespace opt-in lookups, GPUPolicy objects, recommendations and capacity spawning).
+namespace opt-in lookups, GPUPolicy objects, recommendations and capacity planning).
 `Cluster` is what the server uses: `synced`, `namespace(name)`, `policies` (the
 PolicySet in force, from the GPUPolicy objects in the system namespace),
 `recommendation(namespace, kind, name)` (a workload's GPURecommendation, parsed),
 `ensure_capacity(demand, dry_run)`, `start`, `stop`. Policies and recommendations are
 parsed when their watch caches change (`webhook.rightsizing`), never per admission.
-`ensure_capacity` plans from the caches on the event loop and answers at once; when
-GPUs are missing it claims the capacity pods' names (the next admission counts them) and
-creates them on a background thread, so no admission waits for another pod's creation.
+`ensure_capacity` plans from the caches on the event loop and answers at once (no API
+call): whether the pod's pool holds it, or how many GPUs it lacks. Creating capacity is
+gpupack-scheduler's alone (`webhook.capacity`).
 """
 
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
 from gpupack import keys
-from gpupack.capacity import DEFAULT_IMAGE
 from gpupack.kube import JSON
 from gpupack.policy import API_VERSION as POLICY_API_VERSION
 from gpupack.policy import PLURAL as POLICY_PLURAL
@@ -44,7 +42,6 @@ from webhook.rightsizing import PolicyCache, RecommendationCache
 
 log = logging.getLogger(__name__)
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
-CREATORS: Final = 2  # background threads creating capacity pods
 ALL_PODS_PATH: Final = "/api/v1/pods"
 
 
@@ -55,20 +52,15 @@ def policies_path(namespace: str) -> str:
 
 class Cluster:
     """Informers for namespaces, capacity pods, fractional pods, GPUPolicy objects and
-    GPURecommendations, plus capacity spawning."""
+    GPURecommendations, plus capacity planning."""
 
     def __init__(
         self,
         client: KubeClient,
         *,
-        capacity_image: str = DEFAULT_IMAGE,
-        mps_image: str | None = None,
         system_namespace: str = keys.SYSTEM_NAMESPACE,
         reservation_ttl: float = RESERVATION_TTL,
-        on_capacity_created: Callable[[int], None] | None = None,
-        on_capacity_failed: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
         self.namespaces = Informer(
@@ -94,16 +86,7 @@ class Cluster:
             watch_timeout_seconds=watch_timeout_seconds,
         )
         self.capacity = CapacityManager(
-            client,
-            self.capacity_pods,
-            self.fractional_pods,
-            image=capacity_image,
-            mps_image=mps_image,
-            namespace=system_namespace,
-            ttl=reservation_ttl,
-            clock=clock,
-            sleep=sleep,
-            on_created=on_capacity_created,
+            self.capacity_pods, self.fractional_pods, ttl=reservation_ttl, clock=clock
         )
         self._policies = PolicyCache()
         self.gpupolicies = Informer(
@@ -129,8 +112,6 @@ class Cluster:
             self.gpurecommendations,
         )
         self._client = client
-        self._on_failed = on_capacity_failed
-        self._creators = ThreadPoolExecutor(CREATORS, thread_name_prefix="capacity")
 
     @property
     def synced(self) -> bool:
@@ -165,24 +146,13 @@ class Cluster:
             self._recommendations.reset(self.gpurecommendations.items())
 
     async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        outcome = self.capacity.claim(demand, dry_run)
-        if outcome.action == "creating":
-            self._creators.submit(self._create, demand, outcome)
-        return outcome
-
-    def _create(self, demand: Demand, claimed: CapacityOutcome) -> None:
-        result = self.capacity.create_claimed(demand, claimed)
-        if result.action == "error":
-            log.warning("capacity for %s/%s: %s", demand.namespace, demand.workload, result.detail)
-            if self._on_failed is not None:
-                self._on_failed(result.detail)
+        return self.capacity.ensure(demand, dry_run)
 
     def start(self) -> None:
         for informer in self._informers:
             informer.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        self._creators.shutdown(wait=True, cancel_futures=False)  # finish claimed creates
         for informer in self._informers:
             informer.stop(timeout=0)  # interrupt all first, then wait for each
         for informer in self._informers:
@@ -193,11 +163,7 @@ class Cluster:
 def connect(
     kubeconfig: str | None,
     *,
-    capacity_image: str = DEFAULT_IMAGE,
-    mps_image: str | None = None,
     system_namespace: str = keys.SYSTEM_NAMESPACE,
-    on_capacity_created: Callable[[int], None] | None = None,
-    on_capacity_failed: Callable[[str], None] | None = None,
     reservation_ttl: float = RESERVATION_TTL,
     environ: Mapping[str, str] | None = None,
     home: Path | None = None,
@@ -211,10 +177,6 @@ def connect(
     log.info("using %s", loaded.source)
     return Cluster(
         Transport(loaded.configuration, user_agent="gpupack-webhook"),
-        capacity_image=capacity_image,
-        mps_image=mps_image,
         system_namespace=system_namespace,
         reservation_ttl=reservation_ttl,
-        on_capacity_created=on_capacity_created,
-        on_capacity_failed=on_capacity_failed,
     )

@@ -78,11 +78,10 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class CapacityOutcome:
-    """What the capacity manager did for one admission."""
+    """What the capacity plan said for one admission (`webhook.capacity`)."""
 
-    # "sufficient", "creating" (the webhook: names claimed, created in the background),
-    # "created" (a blocking ensure), "dry-run", "no-cluster", "not-synced", "error"
+    # "sufficient" (the pool's GPUs hold the pod), "needed" (it lacks GPUs; the scheduler
+    # creates them), "no-cluster", "not-synced", "error"
     action: str
-    created: tuple[str, ...] = ()
     detail: str = ""
     extra: JSON = field(default_factory=dict)

@@ -46,7 +46,7 @@ class ErrorKind(StrEnum):
     BAD_REQUEST = "bad_request"  # not a usable AdmissionReview: HTTP 400
     BODY_TOO_LARGE = "body_too_large"  # HTTP 413
     INTERNAL = "internal"  # a bug in the decision: the pod was admitted unchanged
-    CAPACITY = "capacity"  # capacity check failed or timed out: admitted, capacity unsure
+    CAPACITY = "capacity"  # the capacity plan failed or timed out: admitted, plan unknown
     AUDIT = "audit"  # the audit line could not be built or written
 
 
@@ -69,13 +69,9 @@ class WebhookMetrics:
         )
         self._capacity_checks = Counter(
             "gpupack_webhook_capacity_checks",
-            "Capacity checks for admitted fractional pods, by what the capacity manager did.",
+            "Capacity plans for admitted fractional pods, by outcome (sufficient: the pool's "
+            "GPUs hold the pod; needed: gpupack-scheduler will create capacity).",
             ["action"],
-            registry=registry,
-        )
-        self._capacity_pods_created = Counter(
-            "gpupack_webhook_capacity_pods_created",
-            "Capacity pods (one whole GPU each) created by the webhook.",
             registry=registry,
         )
         self._errors = Counter(
@@ -136,17 +132,11 @@ class WebhookMetrics:
     def recommendation_applied(self) -> None:
         self._recommendations_applied.inc()
 
-    def capacity(self, action: str, created: int) -> None:
+    def capacity(self, action: str) -> None:
         child = self._capacity_children.get(action)
         if child is None:
             child = self._capacity_children[action] = self._capacity_checks.labels(action)
         child.inc()
-        if action == "created":  # "creating": counted when the background create succeeds
-            self.capacity_pods_created(created)
-
-    def capacity_pods_created(self, count: int) -> None:
-        if count:
-            self._capacity_pods_created.inc(count)
 
     def error(self, kind: ErrorKind) -> None:
         self._error_children[kind].inc()

@@ -24,16 +24,15 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp
 
 from gpupack import keys, seal
-from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
 from gpupack.runtime import config
-from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds, version
+from gpupack.runtime.args import non_negative_seconds, positive_int, positive_seconds
 from gpupack.runtime.endpoints import ANY, Endpoints, listen_family, listening_socket
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments, settle_heap
 from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import Drain, GuardedProtocol, Limits
-from webhook.metrics import ErrorKind, WebhookMetrics, start_metrics_server
+from webhook.metrics import WebhookMetrics, start_metrics_server
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
 
@@ -108,14 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=positive_seconds,
         default=DEFAULT_CAPACITY_TIMEOUT,
         metavar="DURATION",
-        help="longest an admission waits for the capacity check; the pod is admitted "
-        "either way (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--capacity-image",
-        default=DEFAULT_IMAGE,
-        metavar="IMAGE",
-        help="image of the capacity pods that hold a GPU (default: %(default)s)",
+        help="longest an admission waits for the capacity plan in its audit line; the pod "
+        "is admitted either way (default: %(default)s)",
     )
     parser.add_argument(
         "--mps",
@@ -124,13 +117,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share GPUs through CUDA MPS for real-time-mps pods; off where the node agents "
         "do not serve the MPS CSI driver: such pods then keep their whole GPU "
         "(default: on)",
-    )
-    parser.add_argument(
-        "--mps-image",
-        default=default_mps_image(version()),
-        metavar="IMAGE",
-        help="image of the capacity pods of real-time-mps GPUs, which run the GPU's MPS "
-        "daemon: gpupack's own (default: %(default)s)",
     )
     limits = DEFAULT_LIMITS
     parser.add_argument(
@@ -266,14 +252,7 @@ def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> Cluste
     # Lazy: importing the kubernetes client is slow, and `explain` never needs it.
     from webhook.cluster import connect  # noqa: PLC0415
 
-    cluster: ClusterPort | None = connect(
-        args.kubeconfig,
-        capacity_image=args.capacity_image,
-        mps_image=args.mps_image,
-        system_namespace=args.namespace,
-        on_capacity_created=metrics.capacity_pods_created,
-        on_capacity_failed=lambda _detail: metrics.error(ErrorKind.CAPACITY),
-    )
+    cluster: ClusterPort | None = connect(args.kubeconfig, system_namespace=args.namespace)
     return cluster
 
 

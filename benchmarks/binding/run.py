@@ -2,12 +2,13 @@
 
 In one run (hack/localcluster/, webhook registered as the chart registers it):
 
-1. gpupack: with the gpupack scheduler stopped, create N single-GPU pods in an opted-in
-   namespace (the webhook rewrites them to 50m shares and creates their capacity pods)
-   and wait until every capacity pod runs with its GPU. Then start the gpupack scheduler
-   as the chart runs it (a kube-scheduler with the chart's configuration, its extender
-   choosing, reserving and binding each GPU share) and time from its start to the last
-   of the N pods bound.
+1. gpupack: GPUs held first. The gpupack scheduler, as the chart runs it (a
+   kube-scheduler with the chart's configuration, its extender choosing, reserving and
+   binding each GPU share), places N single-GPU pods of an opted-in namespace (the
+   webhook rewrites them to 50m shares; the extender creates their capacity pods); they
+   are deleted, and their capacity pods stay (grace period one hour). Then, with the
+   scheduler stopped, N new pods are created; the scheduler is started again and timed
+   from its start to the last of the N pods bound.
 2. kube-scheduler: with kube-scheduler stopped, create N plain pods (same CPU and
    memory requests, no GPU) in a namespace that is not opted in; start kube-scheduler
    and time from its start to the last pod bound.
@@ -121,18 +122,30 @@ def main(argv: list[str] | None = None) -> int:
         kube = cluster.kube()
         writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
         with SimulatedGpuAssigner(cluster.kube(), writer=writer):
-            ns_in = namespace(kube, opted_in=True)
-            create_pods(kube, ns_in, args.pods, gpu=True)
+            scheduler_args = ["--no-leader-elect", "--grace-period=3600"]
+            cluster.install_scheduler(extra_args=scheduler_args)
+            warm = namespace(kube, opted_in=True)
+            create_pods(kube, warm, args.pods, gpu=True)
+            wait_all_bound(kube, warm, args.pods)
 
             def all_ready() -> bool:
                 ready, total = capacity_ready(kube)
                 return ready == total > 0
 
             kube.wait_for("every capacity pod running with its GPU", all_ready, timeout=300)
+            kube.delete(f"/api/v1/namespaces/{warm}")
+            kube.wait_for(
+                "the first pods gone",
+                lambda: not kube.get(f"/api/v1/namespaces/{warm}/pods")["items"],
+                timeout=300,
+            )
+            cluster.stop_scheduler(SCHEDULER_NAME)
+            ns_in = namespace(kube, opted_in=True)
+            create_pods(kube, ns_in, args.pods, gpu=True)
             gpus = capacity_ready(kube)[0]
             print(f"  gpupack: {args.pods} pods pending, {gpus} GPUs held", file=log)
             started = time.monotonic()
-            cluster.install_scheduler(extra_args=["--no-leader-elect", "--grace-period=3600"])
+            cluster.install_scheduler(extra_args=scheduler_args)
             gpupack_s = wait_all_bound(kube, ns_in, args.pods) - started
             print(
                 f"  gpupack (kube-scheduler, extender): {args.pods} bound in {gpupack_s:.2f} s",

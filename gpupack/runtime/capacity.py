@@ -1,20 +1,20 @@
-"""Creating capacity pods: the one way the webhook (at admission) and the scheduler (when a
-pod fits nowhere) turn "this pool lacks N GPUs" into pods on the API server.
+"""Creating capacity pods: how the scheduler (when a pod fits nowhere; it is their one
+creator) turns "this pool lacks N GPUs" into pods on the API server.
 
-Both plan with the contract (`gpupack.capacity.plan`); this module owns what follows:
+It plans with the contract (`gpupack.capacity.plan`); this module owns what follows:
 
 - **claim**: names for the missing GPUs, the lowest free indices of the pool
   (`capacity_names`), counting the names already in flight as used. Claimed names are
   *in flight* (counted as GPUs on their way by the next plan) until the caller's
-  informer shows them or `ttl` seconds pass, so two admissions a few milliseconds apart
+  informer shows them or `ttl` seconds pass, so two refusals a few milliseconds apart
   do not both create a GPU for the same pods.
 - **create**: each name's manifest (`capacity_pod`), created with the one retry helper
   within a time budget. AlreadyExists is success: names are deterministic, so another
-  replica (or the scheduler) that won the race created the very same GPU. On any other
+  writer that won the race (a predecessor's create still in flight after a restart)
+  created the very same GPU. On any other
   failure the names not created are released, and the next plan tries again.
 
-Thread-safe: the webhook claims on its event loop and creates on a thread pool; the
-scheduler claims on its loop thread and creates on its writers.
+Thread-safe: the scheduler claims under its lock and creates on its writer threads.
 """
 
 import functools

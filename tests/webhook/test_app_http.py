@@ -86,7 +86,7 @@ class FakeCluster:
         self.finished.append(demand.decision_id)
         if self.capacity is not None:
             return self.capacity(demand, dry_run)
-        return CapacityOutcome("dry-run" if dry_run else "sufficient")
+        return CapacityOutcome("sufficient")
 
     def start(self) -> None:
         self.lifecycle.append("start")
@@ -231,7 +231,6 @@ def test_dry_run_is_passed_to_the_capacity_check(start_webhook: StartWebhook) ->
     assert answer["allowed"] is True
     assert [dry_run for _, dry_run in cluster.calls] == [True]
     assert webhook.audit_lines()[0]["dryRun"] is True
-    assert webhook.audit_lines()[0]["capacity"]["action"] == "dry-run"
 
 
 def test_namespace_from_the_cluster_is_used_for_the_opt_in(start_webhook: StartWebhook) -> None:
@@ -272,40 +271,37 @@ def test_policies_and_recommendations_come_from_the_cluster(start_webhook: Start
     assert webhook.metric("gpupack_webhook_recommendations_applied_total") == 1
 
 
-def test_created_capacity_pods_are_counted(start_webhook: StartWebhook) -> None:
-    created = CapacityOutcome("created", created=("gpupack-system/capacity-a1b2c3",))
-    webhook = start_webhook(cluster=FakeCluster(capacity=lambda demand, dry_run: created))
+def test_the_capacity_plan_is_counted_and_written_to_the_audit_line(
+    start_webhook: StartWebhook,
+) -> None:
+    needed = CapacityOutcome("needed", "the pool lacks 1 GPU(s)", {"pool": "p", "missing": 1})
+    webhook = start_webhook(cluster=FakeCluster(capacity=lambda demand, dry_run: needed))
 
     webhook.admit(vllm_pod())
 
-    assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
-    assert webhook.metric("gpupack_webhook_capacity_checks_total", action="created") == 1
-    assert webhook.audit_lines()[0]["capacity"]["created"] == ["gpupack-system/capacity-a1b2c3"]
+    assert webhook.metric("gpupack_webhook_capacity_checks_total", action="needed") == 1
+    capacity = webhook.audit_lines()[0]["capacity"]
+    assert capacity == {"action": "needed", "pool": "p", "missing": 1, "detail": needed.detail}
 
 
-def test_a_late_capacity_check_counts_only_pods_it_created(start_webhook: StartWebhook) -> None:
-    """A check that outlives the admission finishes in the background. Names it merely
-    claimed ("creating") are not pods yet: the creator counts those when they exist."""
-    answers = {
-        "req-1": CapacityOutcome("creating", created=("gpupack-capacity-p-0",)),
-        "req-2": CapacityOutcome("created", created=("gpupack-capacity-p-1",)),
-    }
+def test_a_late_capacity_plan_finishes_in_the_background(start_webhook: StartWebhook) -> None:
+    """A plan that outlives the admission (`--capacity-timeout`) is not cancelled: it
+    reserved the pod, which later admissions count."""
     cluster = FakeCluster(
-        capacity=lambda demand, dry_run: answers[demand.decision_id],
-        delays={"req-1": 0.2, "req-2": 0.4},  # req-1's check ends first
+        capacity=lambda demand, dry_run: CapacityOutcome("sufficient"),
+        delays={"req-1": 0.2},
     )
     webhook = start_webhook(cluster=cluster, capacity_timeout=0.05)
 
     webhook.admit(vllm_pod(), uid="req-1")
-    webhook.admit(vllm_pod(), uid="req-2")
 
     deadline = time.monotonic() + 10
-    while len(cluster.finished) < 2:
-        assert time.monotonic() < deadline, "the late checks never finished"
+    while len(cluster.finished) < 1:
+        assert time.monotonic() < deadline, "the late plan never finished"
         time.sleep(0.05)
-    # The checks' done-callbacks were queued on the server's loop before this request.
     assert webhook.client.get("/healthz").status_code == 200
-    assert webhook.metric("gpupack_webhook_capacity_pods_created_total") == 1
+    assert webhook.audit_lines()[0]["capacity"]["action"] == "error"
+    assert webhook.metric("gpupack_webhook_errors_total", kind="capacity") == 1
 
 
 def _raise(demand: Demand, dry_run: bool) -> CapacityOutcome:
@@ -576,7 +572,7 @@ def test_serve_admits_pods_and_stops_cleanly_on_sigterm(
     assert process.returncode == 0, stderr
     assert json.loads(audit_file.read_text().splitlines()[0])["uid"] == "sub-1"
     messages = [json.loads(line)["message"] for line in stderr.splitlines()]
-    assert "no cluster access: capacity spawning skipped" in messages
+    assert "no cluster access: capacity not planned" in messages
     assert "stopped on SIGTERM" in messages
 
 

@@ -1,19 +1,19 @@
-"""The capacity manager against the in-memory API server: counting, naming, races, errors."""
+"""The capacity planner against the in-memory API server: what a pool lacks, counted once per
+pod, and never a pod created (capacity is gpupack-scheduler's to create)."""
 
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import pytest
 
 from gpupack import keys
-from gpupack.capacity import CREATED_FOR, Allocation, capacity_name
+from gpupack.capacity import Allocation, capacity_name
 from gpupack.kube import JSON
 from gpupack.pool import pool_key, scheduling_metadata
-from gpupack.runtime.api import ApiError
 from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube
 from webhook.capacity import (
@@ -128,8 +128,6 @@ class Replica:
     manager: CapacityManager
     capacity_pods: Informer
     fractional_pods: Informer
-    created: list[int] = field(default_factory=list)
-    sleeps: list[float] = field(default_factory=list)
 
 
 @pytest.fixture
@@ -159,19 +157,8 @@ def replicas(kube: FakeKube, clock: Clock) -> Iterator[Callable[..., Replica]]:
             {"fieldSelector": f"spec.schedulerName={keys.SCHEDULER_NAME}"},
             indexers={POOL_INDEX: fractional_pool, DECISION_INDEX: decision_of},
         )
-        created: list[int] = []
-        sleeps: list[float] = []
-        manager = CapacityManager(
-            kube,
-            capacity_pods,
-            fractional_pods,
-            ttl=TTL,
-            clock=clock,
-            sleep=sleeps.append,
-            on_created=created.append,
-            **kwargs,
-        )
-        replica = Replica(manager, capacity_pods, fractional_pods, created, sleeps)
+        manager = CapacityManager(capacity_pods, fractional_pods, ttl=TTL, clock=clock, **kwargs)
+        replica = Replica(manager, capacity_pods, fractional_pods)
         made.append(replica)
         if start:
             capacity_pods.start()
@@ -186,10 +173,6 @@ def replicas(kube: FakeKube, clock: Clock) -> Iterator[Callable[..., Replica]]:
         replica.fractional_pods.stop()
 
 
-def created_names(kube: FakeKube) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in kube.objects("pods", SYSTEM))
-
-
 def run_concurrently(calls: list[Callable[[], CapacityOutcome]]) -> list[CapacityOutcome]:
     start = threading.Barrier(len(calls))
 
@@ -201,40 +184,37 @@ def run_concurrently(calls: list[Callable[[], CapacityOutcome]]) -> list[Capacit
         return list(pool.map(run, calls))
 
 
-def test_nine_concurrent_admissions_create_exactly_three_capacity_pods(
+def missing(outcome: CapacityOutcome) -> int:
+    assert outcome.action in ("sufficient", "needed"), outcome
+    return int(outcome.extra["missing"])
+
+
+def test_nine_concurrent_admissions_plan_three_gpus_and_create_nothing(
     kube: FakeKube, replicas: Callable[..., Replica]
 ) -> None:
+    """Each admission counts the ones before it (reservations): the ninth pod's plan is
+    the pool's, three GPUs. The webhook only plans; it creates no pod."""
     replica = replicas()
 
     outcomes = run_concurrently(
         [partial(replica.manager.ensure, demand(f"uid-{i}"), False) for i in range(9)]
     )
 
-    assert created_names(kube) == [capacity_name(POOL, i) for i in range(3)]
-    assert sorted(name for o in outcomes for name in o.created) == created_names(kube)
-    assert {o.action for o in outcomes} <= {"created", "sufficient"}
-    assert sum(replica.created) == 3
-    for pod in kube.objects("pods", SYSTEM):
-        spec = pod["spec"]
-        assert spec["nodeSelector"] == SPEC["nodeSelector"]
-        assert spec["tolerations"] == SPEC["tolerations"]
-        assert spec["priorityClassName"] == "inference"
-        assert spec["containers"][0]["resources"]["limits"] == {keys.NVIDIA_GPU: "1"}
-        assert pod["metadata"]["labels"][keys.POOL] == POOL
-        assert pod["metadata"]["annotations"][CREATED_FOR] == "ml/Deployment/llm"
+    assert sorted(missing(o) for o in outcomes) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert kube.count("create") == 0
+    needed = next(o for o in outcomes if missing(o) == 3)
+    assert needed.action == "needed"
+    assert "gpupack-scheduler creates" in needed.detail
 
 
-def test_capacity_is_created_only_when_something_is_missing(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
+def test_a_pool_with_room_is_sufficient(kube: FakeKube, replicas: Callable[..., Replica]) -> None:
     kube.put(capacity_pod(0))
     replica = replicas()
 
     outcomes = [replica.manager.ensure(demand(f"uid-{i}"), False) for i in range(3)]
 
     assert [o.action for o in outcomes] == ["sufficient"] * 3
-    assert kube.count("create") == 0
-    assert replica.manager.ensure(demand("uid-3"), False).created == (capacity_name(POOL, 1),)
+    assert missing(replica.manager.ensure(demand("uid-3"), False)) == 1
 
 
 def test_pods_already_placed_and_pending_fill_the_pool(
@@ -251,21 +231,20 @@ def test_pods_already_placed_and_pending_fill_the_pool(
 
     outcome = replica.manager.ensure(demand("uid-new"), False)
 
-    assert outcome.action == "created"
-    assert outcome.created == (capacity_name(POOL, 2),)
-    assert outcome.extra["gpus"] == 2
+    assert outcome.action == "needed"
+    assert outcome.extra == {"pool": POOL, "gpus": 2, "missing": 1}
 
 
 def test_a_pod_read_before_is_read_again_once_it_changes(
     kube: FakeKube, replicas: Callable[..., Replica]
 ) -> None:
-    """Each pod is read once per version (the manager remembers what it read): a pod that
+    """Each pod is read once per version (the planner remembers what it read): a pod that
     finishes, or a GPU whose memory becomes known, changes the next plan."""
     kube.put(capacity_pod(0))
     for i in range(3):
         kube.put(fractional_pod(f"llm-{i}", on=capacity_name(POOL, 0), phase="Running"))
     replica = replicas()
-    assert replica.manager.ensure(demand("uid-a", memory=GiB), True).action == "dry-run"
+    assert replica.manager.ensure(demand("uid-a", memory=GiB), True).action == "needed"
 
     kube.put(fractional_pod("llm-2", on=capacity_name(POOL, 0), phase="Succeeded"))
     assert replica.fractional_pods.wait_for(
@@ -277,7 +256,7 @@ def test_a_pod_read_before_is_read_again_once_it_changes(
     assert replica.capacity_pods.wait_for(
         lambda i: any(p["metadata"]["annotations"] for p in i.items()), WAIT
     )
-    assert replica.manager.ensure(demand("uid-c", memory=3 * GiB), True).action == "dry-run"
+    assert replica.manager.ensure(demand("uid-c", memory=3 * GiB), True).action == "needed"
 
 
 def test_known_gpu_memory_limits_what_fits(
@@ -291,7 +270,7 @@ def test_known_gpu_memory_limits_what_fits(
     large = replica.manager.ensure(demand("uid-large", memory=8 * GiB), False)
 
     assert small.action == "sufficient"
-    assert large.created == (capacity_name(POOL, 1),)
+    assert missing(large) == 1
 
 
 def test_an_mps_pod_does_not_join_another_workloads_gpu(
@@ -309,10 +288,10 @@ def test_an_mps_pod_does_not_join_another_workloads_gpu(
     other = replica.manager.ensure(demand("uid-b", workload="StatefulSet/b", exclusive=True), False)
 
     assert same.action == "sufficient"
-    assert other.created == (capacity_name(POOL, 1),)
+    assert missing(other) == 1
 
 
-def test_names_skip_capacity_pods_that_are_terminating_or_finished(
+def test_terminating_and_finished_capacity_pods_hold_no_gpu(
     kube: FakeKube, replicas: Callable[..., Replica]
 ) -> None:
     kube.put(capacity_pod(0, phase="Failed"))
@@ -323,107 +302,29 @@ def test_names_skip_capacity_pods_that_are_terminating_or_finished(
 
     outcome = replica.manager.ensure(demand("uid-1"), False)
 
-    assert outcome.created == (capacity_name(POOL, 2),)
     assert outcome.extra["gpus"] == 0
+    assert missing(outcome) == 1
 
 
-def test_a_second_replica_with_a_stale_cache_creates_no_duplicate(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
-    first = replicas()
-    second = replicas()
-    second.capacity_pods.stop()  # its cache stays as it was: empty
-    second.fractional_pods.stop()
-
-    won = first.manager.ensure(demand("uid-1"), False)
-    lost = second.manager.ensure(demand("uid-2"), False)
-
-    assert won.created == (capacity_name(POOL, 0),)
-    assert lost.action == "sufficient"
-    assert lost.created == ()
-    assert capacity_name(POOL, 0) in lost.detail
-    assert created_names(kube) == [capacity_name(POOL, 0)]
-    assert second.created == []
-
-
-def test_two_replicas_racing_never_duplicate_a_name(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
-    first, second = replicas(), replicas()
-
-    outcomes = run_concurrently(
-        [
-            partial((first if i % 2 else second).manager.ensure, demand(f"uid-{i}"), False)
-            for i in range(9)
-        ]
-    )
-
-    names = created_names(kube)
-    assert {o.action for o in outcomes} <= {"created", "sufficient"}
-    assert sorted(n for o in outcomes for n in o.created) == names  # each created once
-    assert names == [capacity_name(POOL, i) for i in range(len(names))]
-    assert 2 <= len(names) <= 3
-
-
-def test_dry_run_creates_nothing_and_reserves_nothing(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
+def test_dry_run_reserves_nothing(kube: FakeKube, replicas: Callable[..., Replica]) -> None:
     replica = replicas()
 
     outcome = replica.manager.ensure(demand("uid-dry"), True)
 
-    assert outcome.action == "dry-run"
-    assert capacity_name(POOL, 0) in outcome.detail
-    assert kube.count("create") == 0
+    assert missing(outcome) == 1
     assert replica.manager.reservations(POOL) == {}
-    assert replica.manager.ensure(demand("uid-real"), False).action == "created"
-
-
-@pytest.mark.parametrize(
-    ("error", "calls"),
-    [
-        pytest.param(ApiError(500, "InternalError", "etcd is down"), 3, id="server-error-retried"),
-        pytest.param(ApiError(0, "ConnectionError", "refused"), 3, id="connection-error-retried"),
-        pytest.param(ApiError(403, "Forbidden", "cannot create pods"), 1, id="forbidden-fails"),
-    ],
-)
-def test_an_api_error_becomes_an_error_outcome(
-    kube: FakeKube, replicas: Callable[..., Replica], error: ApiError, calls: int
-) -> None:
-    replica = replicas()
-    kube.fail("create", error, times=3)
-
-    outcome = replica.manager.ensure(demand("uid-1"), False)
-
-    assert outcome.action == "error"
-    assert error.reason in outcome.detail
-    assert kube.count("create") == calls
-    assert len(replica.sleeps) == calls - 1
-    assert created_names(kube) == []
-    assert replica.manager.reservations(POOL).keys() == {"uid-1"}  # the pod is admitted
-
-
-def test_a_transient_create_failure_is_retried(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
-    replica = replicas()
-    kube.fail("create", ApiError(503, "ServiceUnavailable", "try again"))
-
-    outcome = replica.manager.ensure(demand("uid-1"), False)
-
-    assert outcome.created == (capacity_name(POOL, 0),)
-    assert kube.count("create") == 2
+    assert kube.count("create") == 0
 
 
 def test_a_bug_becomes_an_error_outcome_not_an_exception(
-    kube: FakeKube, replicas: Callable[..., Replica]
+    replicas: Callable[..., Replica], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     replica = replicas()
 
-    def explode(_: JSON) -> None:
+    def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("boom")
 
-    kube.before_create = explode
+    monkeypatch.setattr("webhook.capacity.plan", explode)
 
     outcome = replica.manager.ensure(demand("uid-1"), False)
 
@@ -431,15 +332,13 @@ def test_a_bug_becomes_an_error_outcome_not_an_exception(
     assert "boom" in outcome.detail
 
 
-def test_nothing_is_created_before_the_caches_sync(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
+def test_nothing_is_planned_before_the_caches_sync(replicas: Callable[..., Replica]) -> None:
     replica = replicas(start=False)
 
     outcome = replica.manager.ensure(demand("uid-1"), False)
 
     assert outcome.action == "not-synced"
-    assert kube.count("create") == 0
+    assert replica.manager.reservations(POOL).keys() == {"uid-1"}  # counted once synced
 
 
 def test_reservations_expire(
@@ -471,86 +370,7 @@ def test_a_reservation_is_dropped_once_its_pod_is_seen(
     assert replica.manager.reservations(POOL).keys() == {"uid-2"}
     # Counted once, as a pending pod: 300m (llm-0) + 300m (uid-2) + 300m + 300m > 1 GPU.
     assert replica.manager.ensure(demand("uid-3"), False).action == "sufficient"
-    assert replica.manager.ensure(demand("uid-4"), False).action == "created"
-
-
-def test_created_capacity_pods_count_before_the_watch_shows_them(
-    kube: FakeKube, replicas: Callable[..., Replica], clock: Clock
-) -> None:
-    replica = replicas()
-    replica.capacity_pods.stop()  # the watch never shows the new capacity pod
-
-    assert replica.manager.ensure(demand("uid-1"), False).action == "created"
-    assert replica.manager.ensure(demand("uid-2"), False).action == "sufficient"
-    clock.now += TTL
-    second = replica.manager.ensure(demand("uid-3"), False)
-    assert second.action == "sufficient"  # the name is still taken on the server
-    assert "already created" in second.detail
-
-
-def test_create_retries_stop_when_the_admission_budget_is_spent(
-    kube: FakeKube, replicas: Callable[..., Replica], clock: Clock
-) -> None:
-    replica = replicas()
-
-    def sleep(seconds: float) -> None:
-        clock.now += seconds
-
-    manager = CapacityManager(
-        kube,
-        replica.capacity_pods,
-        replica.fractional_pods,
-        clock=clock,
-        sleep=sleep,
-        create_attempts=10,
-        create_budget=0.25,
-    )
-    kube.fail("create", ApiError(500, "InternalError", "etcd is down"), times=10)
-
-    outcome = manager.ensure(demand("uid-1"), False)
-
-    assert outcome.action == "error"
-    assert kube.count("create") == 3  # at 0, 0.1 and 0.3 seconds; then the budget is gone
-
-
-def test_claim_calls_no_api_and_counts_the_claimed_gpu_at_once(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
-    replica = replicas()
-    first = replica.manager.claim(demand("uid-1"), False)
-    assert first.action == "creating"
-    assert first.created == (capacity_name(POOL, 0),)
-    assert kube.count("create") == 0  # the admission never waits for the API
-    # The claimed GPU (1000m) counts before it exists: 300m + 300m + 300m fit on it.
-    assert [replica.manager.claim(demand(f"uid-{i}"), False).action for i in (2, 3)] == [
-        "sufficient",
-        "sufficient",
-    ]
-    created = replica.manager.create_claimed(demand("uid-1"), first)
-    assert created.action == "created"
-    assert created_names(kube) == [capacity_name(POOL, 0)]
-    assert replica.created == [1]
-
-
-def test_a_failed_background_create_releases_its_claim(
-    kube: FakeKube, replicas: Callable[..., Replica]
-) -> None:
-    replica = replicas()
-    kube.fail("create", ApiError(403, "Forbidden", "pods is forbidden"), times=1)
-    claimed = replica.manager.claim(demand("uid-1"), False)
-    failed = replica.manager.create_claimed(demand("uid-1"), claimed)
-    assert failed.action == "error"
-    assert "Forbidden" in failed.detail
-    # Nothing is on its way any more, so the next admission plans (and claims) again.
-    again = replica.manager.claim(demand("uid-2"), False)
-    assert again.action == "creating"
-    assert again.created == (capacity_name(POOL, 0),)
-
-
-def test_claim_on_a_dry_run_creates_and_claims_nothing(replicas: Callable[..., Replica]) -> None:
-    replica = replicas()
-    assert replica.manager.claim(demand("uid-1"), True).action == "dry-run"
-    assert replica.manager.claim(demand("uid-2"), False).created == (capacity_name(POOL, 0),)
+    assert replica.manager.ensure(demand("uid-4"), False).action == "needed"
 
 
 def test_a_demand_becomes_an_allocation_of_its_workload() -> None:

@@ -165,7 +165,7 @@ def _audit_log(tmp_path: Path) -> Path:
             audit_line(
                 req,
                 decision,
-                CapacityOutcome("created", ("cap-0",)),
+                CapacityOutcome("needed", "", {"missing": 1}),
                 0.0012,
                 datetime.fromisoformat(when),
             )
@@ -188,7 +188,7 @@ def test_decisions_table_filters_by_namespace(
     assert len(lines) == 3
     assert "Deployment/llm" in lines[1]
     assert "mutated" in lines[1]
-    assert "created:1" in lines[1]
+    assert "needed:1" in lines[1]
     assert "no-gpu" in lines[2]
 
 
@@ -233,7 +233,13 @@ def test_audit_line_has_every_field_the_issue_names() -> None:
     req = request(deployment_pod(), uid="u-1", dry_run=True)
     decision = decide(req, MutationContext())
     line = audit_line(
-        req, decision, CapacityOutcome("dry-run"), 0.002, datetime(2026, 11, 21, tzinfo=UTC)
+        req,
+        decision,
+        CapacityOutcome(
+            "needed", "the pool lacks 1 GPU(s)", {"pool": "p", "gpus": 0, "missing": 1}
+        ),
+        0.002,
+        datetime(2026, 11, 21, tzinfo=UTC),
     )
     assert line["time"] == "2026-11-21T00:00:00.000+00:00"
     assert line["generateName"] == "llm-6d5f8b9c7-"
@@ -255,6 +261,12 @@ def test_audit_line_has_every_field_the_issue_names() -> None:
         "8Gi",
         "policy-initial",
     )
-    assert line["capacity"] == {"action": "dry-run", "created": []}
+    assert line["capacity"] == {
+        "action": "needed",
+        "pool": "p",
+        "gpus": 0,
+        "missing": 1,
+        "detail": "the pool lacks 1 GPU(s)",
+    }
     assert line["patchOps"] == len(decision.patch)
     assert line["latencyMs"] == 2.0

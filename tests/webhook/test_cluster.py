@@ -2,7 +2,6 @@
 end to end, and otherwise against the in-memory fake."""
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -12,7 +11,6 @@ from urllib.parse import urlsplit
 import pytest
 
 from gpupack import keys
-from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key, scheduling_metadata
@@ -84,13 +82,10 @@ def test_cluster_matches_the_servers_port() -> None:
     assert not port.synced
 
 
-def test_cluster_over_http_syncs_and_creates_capacity(
+def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
     server: str, tmp_path: Path, stub: ApiStub
 ) -> None:
-    created: list[int] = []
-    cluster = connect(
-        str(write_kubeconfig(tmp_path / "config", server)), on_capacity_created=created.append
-    )
+    cluster = connect(str(write_kubeconfig(tmp_path / "config", server)))
     assert cluster is not None
     cluster.start()
     try:
@@ -102,11 +97,10 @@ def test_cluster_over_http_syncs_and_creates_capacity(
     finally:
         cluster.stop()
 
-    # The admission is answered before the pod exists; stop() waits for the creation.
-    assert outcome.action == "creating"
-    assert outcome.created == (capacity_name(POOL, 0),)
-    assert list(stub.pods["gpupack-system"]) == [capacity_name(POOL, 0)]
-    assert created == [1]
+    assert outcome.action == "needed"
+    assert outcome.extra["missing"] == 1
+    assert not stub.pods.get("gpupack-system")  # capacity is gpupack-scheduler's to create
+    assert all(verb == "GET" for verb, _, _ in stub.requests)
     assert not any(
         i.running
         for i in (
@@ -124,31 +118,27 @@ def test_cluster_over_http_syncs_and_creates_capacity(
     }
 
 
-def test_ensure_capacity_answers_on_the_event_loop_and_creates_in_the_background() -> None:
+def test_ensure_capacity_counts_each_admission_for_the_next() -> None:
     kube = FakeKube()
-    threads: list[str] = []
-    kube.before_create = lambda _: threads.append(threading.current_thread().name)
     cluster = Cluster(kube)
     cluster.start()
     try:
         assert cluster.capacity_pods.wait_synced(WAIT)
         assert cluster.fractional_pods.wait_synced(WAIT)
 
-        async def admit() -> list[str]:
-            first = await cluster.ensure_capacity(demand("uid-1"), dry_run=False)
-            second = await cluster.ensure_capacity(demand("uid-2"), dry_run=False)
-            dry = await cluster.ensure_capacity(demand("uid-3", compute=900), dry_run=True)
-            return [first.action, second.action, dry.action]
+        async def admit() -> list[int]:
+            first = await cluster.ensure_capacity(demand("uid-1", compute=600), dry_run=False)
+            dry = await cluster.ensure_capacity(demand("uid-2", compute=600), dry_run=True)
+            second = await cluster.ensure_capacity(demand("uid-3", compute=600), dry_run=False)
+            return [o.extra["missing"] for o in (first, dry, second)]
 
-        actions = asyncio.run(admit())
+        missing = asyncio.run(admit())
     finally:
-        cluster.stop()  # waits for the background creation
+        cluster.stop()
 
-    # The second pod counts the GPU the first one claimed; the dry run claims nothing.
-    assert actions == ["creating", "sufficient", "dry-run"]
-    assert len(threads) == 1
-    assert threads[0].startswith("capacity")
-    assert kube.count("create") == 1
+    # The dry run counts the first pod but is not counted by the second.
+    assert missing == [1, 2, 2]
+    assert kube.count("create") == 0
 
 
 # GPUPolicy objects and GPURecommendations.
