@@ -34,12 +34,11 @@ SCHEDULER_ONLY: Final = (GPU_UUID, CAPACITY_POD)
 # Written by the webhook alone: a user-supplied value is stripped at CREATE unless the
 # pod carries a valid, fresh seal (a reinvocation of the same admission).
 WEBHOOK_ONLY: Final = (DECISION, SEAL, ORIGINAL_RESOURCES, ENFORCEMENT)
-# On a fractional pod the extender refused, by the scheduler: when it last asked
-# kube-scheduler to try the pod again because a GPU with room for it appeared (a share
-# freed, a reservation expired, a capacity pod became usable). kube-scheduler parks a
-# refused pod until an event its own plugins care about, and none of those is one; an
-# update of the pod itself is.
-REQUEUE: Final = f"{DOMAIN}/requeued-at"
+# A condition on a fractional pod the extender refused, set by the scheduler when a GPU
+# the pod may use has room again (a share freed, a reservation expired, a capacity pod
+# became usable); its lastTransitionTime says when. kube-scheduler retries a pod it
+# parked after its extender refused it on any update of that pod, and this is one.
+REQUEUE_CONDITION: Final = f"{DOMAIN}/GPUWithRoom"
 # On a capacity pod, by the exporter: why its GPU is unhealthy (lost, a critical XID);
 # absent while it is healthy. The scheduler places no new pod on such a GPU.
 GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
@@ -54,6 +53,10 @@ RESTARTED_AT: Final = f"{DOMAIN}/restarted-at"
 HOSTING: Final = f"{DOMAIN}/hosting"
 
 SCHEDULER_NAME: Final = "gpupack-scheduler"
+# The second profile of gpupack's kube-scheduler: it places capacity pods, packing GPU
+# nodes (NodeResourcesFit MostAllocated on nvidia.com/gpu) where the default scheduler
+# would spread them.
+CAPACITY_SCHEDULER_NAME: Final = "gpupack-capacity"
 SYSTEM_NAMESPACE: Final = "gpupack-system"
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 

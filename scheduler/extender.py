@@ -226,6 +226,11 @@ class Extender:
             self._refresh_mix()
             self.usage = measure(self.cache, self.reservations, self.leading, self.escapes)
 
+    def flush(self) -> None:
+        """Wait until the API writes submitted so far are done (with one worker they run in
+        order; with more, until the ones ahead of a marker started and it ran)."""
+        self._pool.submit(lambda: None).result()
+
     def run(self, stop: threading.Event) -> None:
         """`tick` every housekeeping interval until `stop`."""
         try:
@@ -345,7 +350,7 @@ class Extender:
                 self._pool.submit(self._requeue_pod, pod)
 
     def _requeue_pod(self, pod: JSON) -> None:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # wall time, not the clock
         try:
             writer.requeue(self._kube, pod, when)
         except ApiError as error:

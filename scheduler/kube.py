@@ -12,9 +12,9 @@ from typing import Protocol
 
 from gpupack.kube import JSON
 from gpupack.runtime.api import WatchStream
-from gpupack.runtime.transport import MERGE_PATCH
+from gpupack.runtime.transport import MERGE_PATCH, STRATEGIC_PATCH
 
-__all__ = ["MERGE_PATCH", "Kube"]
+__all__ = ["MERGE_PATCH", "STRATEGIC_PATCH", "Kube"]
 
 
 class Kube(Protocol):

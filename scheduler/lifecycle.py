@@ -10,6 +10,9 @@ the extender's thread pool through `submit`.
   could then run: never on an existing node kube-scheduler found infeasible for it, and
   next to what its required pod affinity names; among those it prefers the feasible
   nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`).
+- **Released for another pool:** an empty capacity pod on a node where a waiting pod of
+  another pool may go, whose own capacity pod kube-scheduler cannot place, is deleted at
+  once rather than after the grace period: its GPU is the one that pod needs.
 - **Scale down:** a capacity pod with nothing booked on its GPU for `grace_period`
   seconds is deleted (uid and resourceVersion preconditions), unless a waiting pod of
   its pool could use it: its GPU is not on a node yet, or on a node the pod may go to
@@ -146,7 +149,10 @@ class Lifecycle:
         by_pool: dict[str, list[Waiting]] = {}
         for entry in waiting.values():
             by_pool.setdefault(entry.pool, []).append(entry)
+        released = self._release_for_other_pools(by_pool)
         for name, capacity in list(self.cache.capacity.items()):
+            if name in released:
+                continue
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
             pods = gpu.pods if gpu is not None else 0
             if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
@@ -163,6 +169,38 @@ class Lifecycle:
             del self._empty_since[name]
         self._evict_orphans(now)
         self._report_overcommitted()
+
+    def _release_for_other_pools(self, by_pool: Mapping[str, list[Waiting]]) -> set[str]:
+        """Delete, without waiting for the grace period, empty capacity pods that hold a
+        GPU another pool's waiting pod needs: that pool's own capacity pod cannot be
+        placed (kube-scheduler found no node for it), and the empty one sits on a node
+        the waiting pod may go to while no pod of its own pool could use it. At most one
+        per such stuck capacity pod. Returns the names deleted."""
+        stuck: dict[str, int] = {}
+        for capacity in self.cache.capacity.values():
+            if capacity.gpu is None and _unschedulable(capacity.pod):
+                stuck[capacity.pool] = stuck.get(capacity.pool, 0) + 1
+        released: set[str] = set()
+        snapshot = self.cache.snapshot
+        for pool, wanted in stuck.items():
+            nodes = set().union(*(w.nodes for w in by_pool.get(pool, ())))
+            left = wanted
+            for name, capacity in self.cache.capacity.items():
+                if left == 0:
+                    break
+                gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
+                if capacity.pool == pool or name in released or gpu is None:
+                    continue
+                if gpu.pods or gpu.node not in nodes or writer.hosting(capacity.pod):
+                    continue
+                if any(_could_use(e, gpu) for e in by_pool.get(capacity.pool, ())):
+                    continue
+                released.add(name)
+                left -= 1
+                self._empty_since.pop(name, None)
+                log.info("releasing empty %s for pool %s, whose capacity fits nowhere", name, pool)
+                self._submit(self._delete_capacity, capacity.pod, 0.0, "released-for-pool")
+        return released
 
     def _report_overcommitted(self) -> None:
         over = {b.request.key: b for b in self.cache.snapshot.overcommitted()}
@@ -188,7 +226,7 @@ class Lifecycle:
         except ApiError as error:
             log.warning("could not annotate %s: %s", pod["metadata"]["name"], error)
 
-    def _delete_capacity(self, pod: JSON, empty_for: float) -> None:
+    def _delete_capacity(self, pod: JSON, empty_for: float, reason: str = "empty") -> None:
         try:
             deleted = writer.delete_capacity(self._kube, pod)
         except ApiError as error:
@@ -197,7 +235,7 @@ class Lifecycle:
         if deleted:
             log.info("deleted capacity pod %s, empty for %.0fs", pod["metadata"]["name"], empty_for)
             if self._metrics is not None:
-                self._metrics.capacity_deleted.labels(reason="empty").inc()
+                self._metrics.capacity_deleted.labels(reason=reason).inc()
 
     def _evict_orphans(self, now: float) -> None:
         orphans = {b.request.key for b in self.cache.orphans()}
@@ -228,6 +266,14 @@ class Lifecycle:
             return
         if self._metrics is not None:
             self._metrics.evicted.inc()
+
+
+def _unschedulable(pod: JSON) -> bool:
+    """kube-scheduler found no node for the pod (its PodScheduled condition says so)."""
+    conditions = (pod.get("status") or {}).get("conditions") or ()
+    return any(
+        c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
+    )
 
 
 def _could_use(waiting: Waiting, gpu: Gpu | None) -> bool:

@@ -144,7 +144,8 @@ class Metrics:
         )
         self.capacity_deleted = Counter(
             "gpupack_scheduler_capacity_pods_deleted",
-            "Capacity pods deleted, by reason (empty)",
+            "Capacity pods deleted, by reason (empty: after the grace period; "
+            "released-for-pool: its GPU was the one another pool's waiting pod needed)",
             ["reason"],
             registry=registry,
         )
@@ -165,5 +166,6 @@ class Metrics:
             self.filters.labels(result=result)
         for result in ("scheduled", "error"):
             self.attempts.labels(result=result)
-        self.capacity_deleted.labels(reason="empty")
+        for reason in ("empty", "released-for-pool"):
+            self.capacity_deleted.labels(reason=reason)
         registry.register(_UsageCollector(usage, wall))

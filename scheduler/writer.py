@@ -16,7 +16,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.runtime import events
 from gpupack.runtime.api import ApiError, retry
-from scheduler.kube import Kube
+from scheduler.kube import STRATEGIC_PATCH, Kube
 from scheduler.ledger import request_of
 from scheduler.snapshot import Request
 
@@ -77,13 +77,21 @@ def bind(kube: Kube, pod: JSON, node: str, uuid: str, holder: str, request: Requ
 
 
 def requeue(kube: Kube, pod: JSON, when: str) -> None:
-    """Ask kube-scheduler to try a refused pod again: an update of the pod itself moves it
-    out of the unschedulable queue (`keys.REQUEUE`). Only our annotation changes, so
-    nothing the pod asks for does; a pod gone or bound meanwhile is no error."""
+    """Ask kube-scheduler to try a refused pod again: set the pod's
+    `keys.REQUEUE_CONDITION` (a status patch, `when` its lastTransitionTime). An update
+    of the pod moves it out of kube-scheduler's unschedulable queue; nothing the pod asks
+    for changes. A pod gone meanwhile is no error."""
     meta = pod["metadata"]
-    body = {"metadata": {"annotations": {keys.REQUEUE: when}}}
+    condition = {
+        "type": keys.REQUEUE_CONDITION,
+        "status": "True",
+        "lastTransitionTime": when,
+        "reason": "GPUWithRoom",
+        "message": "a GPU this pod may use has room; gpupack asked kube-scheduler to try again",
+    }
+    body = {"status": {"conditions": [condition]}}  # merged by condition type
     try:
-        kube.patch(_pod_path(meta["namespace"], meta["name"]), body)
+        kube.patch(_pod_path(meta["namespace"], meta["name"]) + "/status", body, STRATEGIC_PATCH)
     except ApiError as error:
         if error.status != 404:
             raise

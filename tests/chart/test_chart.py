@@ -375,13 +375,14 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     }
     assert verbs[("", "pods")] == {"get", "list", "watch"}  # no write cluster-wide
     assert verbs[("", "pods/binding")] == {"create"}
+    assert verbs[("", "pods/status")] == {"patch"}  # the condition that requeues a pod
     assert ("", "secrets") not in verbs
     (local,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
     lease_updates = [r for r in local["rules"] if "update" in r["verbs"]]
     assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)
 
 
-def test_the_gpupack_kube_scheduler_runs_one_profile_with_the_extender_that_cannot_be_skipped() -> (
+def test_the_gpupack_kube_scheduler_runs_its_profiles_with_the_extender_that_cannot_be_skipped() -> (
     None
 ):
     docs = render()
@@ -390,7 +391,17 @@ def test_the_gpupack_kube_scheduler_runs_one_profile_with_the_extender_that_cann
     ]
     config = yaml.safe_load(config_map["data"]["config.yaml"])
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert [p["schedulerName"] for p in config["profiles"]] == ["gpupack-scheduler"]
+    assert [p["schedulerName"] for p in config["profiles"]] == [
+        "gpupack-scheduler",
+        "gpupack-capacity",
+    ]
+    packing = config["profiles"][1]
+    assert packing["plugins"]["score"]["enabled"] == [{"name": "NodeResourcesFit", "weight": 5}]
+    (fit,) = packing["pluginConfig"]
+    assert fit["args"]["scoringStrategy"] == {
+        "type": "MostAllocated",
+        "resources": [{"name": "nvidia.com/gpu", "weight": 1}],
+    }
     assert config["percentageOfNodesToScore"] == 100
     (extender,) = config["extenders"]
     assert extender["urlPrefix"] == "http://127.0.0.1:8888"
@@ -435,7 +446,8 @@ def test_a_pinned_kube_scheduler_tag_wins() -> None:
 
 def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywhere() -> None:
     """Least privilege: GPURecommendations live in the workloads' namespaces, GPUPolicy
-    objects only in the release namespace; the local cluster binds exactly these rules."""
+    objects only in the release namespace, and the webhook writes nothing; the local
+    cluster binds exactly these rules."""
     from hack.localcluster import chart_rbac
 
     docs = render()
@@ -452,7 +464,11 @@ def test_the_webhook_reads_policies_in_its_namespace_and_recommendations_everywh
     assert gpupack_io == [
         {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": read}
     ]
-    assert {"apiGroups": ["gpupack.io"], "resources": ["gpupolicies"], "verbs": read} in namespaced
+    assert namespaced == [
+        {"apiGroups": ["gpupack.io"], "resources": ["gpupolicies"], "verbs": read}
+    ]
+    # It writes nothing: capacity pods are gpupack-scheduler's to create.
+    assert all(set(rule["verbs"]) <= set(read) for rule in cluster_wide + namespaced)
     local = chart_rbac(Path(helm()), "templates/webhook.yaml")
     assert {obj["kind"]: obj["rules"] for obj in local if "rules" in obj} == {
         "ClusterRole": cluster_wide,

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from gpupack import keys, seal
+from gpupack.capacity import Allocation, plan
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
+from gpupack.shares import pool_of
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
@@ -51,7 +53,7 @@ class Api:
         time.sleep(self.patch_seconds)
         self.patched.append((path, body))
         self.calls.append(f"patch {path}")
-        if self.lagging:
+        if self.lagging or path.endswith("/status"):
             return body
         meta = self.get(path)["metadata"]
         for field in ("labels", "annotations"):
@@ -561,9 +563,10 @@ def requeued(extender: Extender, api: Api) -> list[str]:
     """The pods the extender asked kube-scheduler to try again, once its writes finished."""
     created_capacity(extender, api)
     return [
-        path.rsplit("/", 1)[1]
+        path.split("/")[-2]
         for path, body in api.patched
-        if keys.REQUEUE in body["metadata"].get("annotations", {})
+        if path.endswith("/status")
+        and [c["type"] for c in body["status"]["conditions"]] == [keys.REQUEUE_CONDITION]
     ]
 
 
@@ -582,7 +585,7 @@ def test_a_refused_pod_is_requeued_as_soon_as_a_gpu_it_may_use_has_room() -> Non
     about; a share freeing on a GPU is none. An update of the pod itself is."""
     extender, pods, api, clock = refused_behind(("n1", "n2"))
     extender.tick()
-    assert not any(keys.REQUEUE in str(body) for _, body in api.patched)  # still no room
+    assert not any(path.endswith("/status") for path, _ in api.patched)  # still no room
 
     del pods.objects["ml/first"]  # its share frees
     extender.cache.dirty.pod("ml/first")
@@ -591,7 +594,6 @@ def test_a_refused_pod_is_requeued_as_soon_as_a_gpu_it_may_use_has_room() -> Non
     extender.tick()  # nothing changed since: no second request
 
     assert requeued(extender, api) == ["web"]
-    assert pods.objects["ml/web"]["metadata"]["annotations"][keys.REQUEUE]
 
 
 def test_a_refused_pod_is_not_requeued_for_room_on_a_node_it_may_not_use() -> None:
@@ -615,3 +617,153 @@ def test_only_the_leader_requeues() -> None:
     extender.tick()
 
     assert requeued(extender, api) == []
+
+
+def _live_capacity(api: Api, pods: Store) -> set[str]:
+    """Capacity pods the API server has: created (whether the informer shows them yet or
+    not), not deleted."""
+    created = {
+        body["metadata"]["name"]
+        for path, body in api.created
+        if path == f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods"
+    }
+    return created | {k.split("/")[1] for k in pods.objects if k.startswith(keys.SYSTEM_NAMESPACE)}
+
+
+class CreatingApi(Api):
+    """The API server refuses a second pod of one name, as the real one does."""
+
+    def create(self, path: str, body: JSON) -> JSON:
+        if path.endswith(f"{keys.SYSTEM_NAMESPACE}/pods"):
+            name = body["metadata"]["name"]
+            if any(b["metadata"]["name"] == name for p, b in self.created if p == path):
+                raise ApiError(409, "AlreadyExists", f"pods {name!r} already exists")
+        return super().create(path, body)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_interleaving_of_filters_restarts_and_slow_capacity_pods_over_provisions(
+    seed: int,
+) -> None:
+    """Bounded capacity: every capacity pod that holds no share is one the pods still
+    waiting need under gpupack's packing. Random interleavings of filters, binds, the
+    extender restarting (its in-flight names lost) and capacity pods that the informer
+    shows late, or that start late, never break it."""
+    rng = random.Random(seed)
+    nodes, pods = Store(), Store()
+    nodes.objects["n1"], nodes.objects["n2"] = node("n1"), node("n2")
+    api, clock = CreatingApi(pods), Clock()
+
+    def start() -> Extender:
+        made = Extender(
+            api,
+            Cache(nodes, pods, Dirty(), key=KEY),
+            PackingScorer(),
+            Settings(workers=1),
+            clock=clock,
+        )
+        _made.append(made)
+        return made
+
+    extender = start()
+    names = [f"p{i}" for i in range(24)]
+    for name in names:
+        pending(pods, name, rng.choice(["200m", "300m", "500m", "700m"]))
+    shown: set[str] = set()
+    for _ in range(250):
+        action = rng.random()
+        name = rng.choice(names)
+        pod = pods.objects[f"ml/{name}"]
+        if action < 0.45 and not pod["spec"].get("nodeName"):
+            result = filter_(extender, pod)
+            if result.get("NodeNames"):
+                bind(extender, pod, result["NodeNames"][0])
+        elif action < 0.75:  # a capacity pod created earlier reaches the informer, or starts
+            waiting = sorted(_live_capacity(api, pods) - shown)
+            if waiting:
+                made = waiting[0]
+                index = int(made.rsplit("-", 1)[1])
+                holder = capacity(index % len(UUIDS), rng.choice(["n1", "n2"]))
+                holder["metadata"]["name"] = made
+                holder["metadata"]["labels"][keys.POOL] = pool_of(pod)
+                if index >= len(UUIDS) or rng.random() < 0.3:  # still starting: no GPU named
+                    holder["metadata"]["annotations"].pop(keys.GPU_UUID)
+                    holder["spec"].pop("nodeName")
+                    holder["status"]["phase"] = "Pending"
+                else:
+                    shown.add(made)
+                pods.objects[f"{keys.SYSTEM_NAMESPACE}/{made}"] = holder
+                extender.cache.dirty.pod(f"{keys.SYSTEM_NAMESPACE}/{made}")
+        elif action < 0.85:
+            extender.flush()
+            extender = start()  # a restart: the in-flight names are gone
+        else:
+            clock.now += rng.choice([1, 10])
+        extender.cache.dirty.pod(f"ml/{name}")
+        extender.tick()
+        extender.flush()
+
+        hosting = {
+            p["metadata"]["annotations"][keys.CAPACITY_POD]
+            for p in pods.objects.values()
+            if p["metadata"]["namespace"] == "ml" and p["spec"].get("nodeName")
+        }
+        hosting |= {r.holder for r in extender.reservations.values()}
+        unplaced = [
+            Allocation(
+                f"ml/{p['metadata']['name']}",
+                parse_compute(p["metadata"]["annotations"][keys.GPU_COMPUTE], "c"),
+                0,
+                "ml/Pod/x",
+            )
+            for p in pods.objects.values()
+            if p["metadata"]["namespace"] == "ml" and not p["spec"].get("nodeName")
+        ]
+        idle = _live_capacity(api, pods) - hosting
+        assert len(idle) <= plan((), unplaced, new_gpu_memory=None).missing, (seed, sorted(idle))
+
+
+class DeletingApi(Api):
+    def __init__(self, pods: Store) -> None:
+        super().__init__(pods)
+        self.deleted: list[str] = []
+
+    def delete(self, path: str, body: JSON | None = None) -> JSON:
+        self.deleted.append(path.rsplit("/", 1)[1])
+        return {}
+
+
+def test_an_empty_gpu_another_pools_waiting_pod_needs_is_released_at_once() -> None:
+    """cap-0 (pool A) sits empty on n1. A pod of pool B may only go to n1, and B's capacity
+    pod fits nowhere (n1's GPUs are all held). The grace period would keep cap-0 for five
+    minutes; B's pod needs that GPU now."""
+    nodes, pods = Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"] = capacity(0)
+    api, clock = DeletingApi(pods), Clock()
+    extender = Extender(
+        api, Cache(nodes, pods, Dirty(), key=KEY), PackingScorer(), Settings(workers=1), clock=clock
+    )
+    _made.append(extender)
+    extender.leading = True
+    other = pending(pods, "other", "300m")
+    other["spec"]["tolerations"] = [{"key": "team-b", "operator": "Exists"}]  # pool B
+    assert not filter_(extender, other, nodes=("n1",)).get("NodeNames")
+    extender.flush()
+    [body] = [b for p, b in api.created if p.endswith("/pods")]
+    assert body["metadata"]["labels"][keys.POOL] == pool_of(other)
+    extender.tick()
+    extender.flush()
+    assert api.deleted == []  # B's capacity pod may still find a GPU
+
+    body["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+    }
+    key = f"{keys.SYSTEM_NAMESPACE}/{body['metadata']['name']}"
+    pods.objects[key] = body
+    extender.cache.dirty.pod(key)
+    extender.tick()
+    extender.flush()
+
+    assert api.deleted == ["cap-0"]

@@ -196,6 +196,24 @@ leaderElection:
 percentageOfNodesToScore: 100
 profiles:
   - schedulerName: gpupack-scheduler
+  # Capacity pods: kube-scheduler's own rules (they carry the waiting pods' node
+  # constraints), scored to fill the GPU nodes already in use before touching others, so
+  # an autoscaler can remove the idle ones. The extender is not called for them: they
+  # ask none of its managedResources.
+  - schedulerName: gpupack-capacity
+    plugins:
+      score:
+        enabled:
+          - {name: NodeResourcesFit, weight: {{ .Values.scheduler.capacityPacking.weight }}}
+    pluginConfig:
+      - name: NodeResourcesFit
+        args:
+          apiVersion: kubescheduler.config.k8s.io/v1
+          kind: NodeResourcesFitArgs
+          scoringStrategy:
+            type: MostAllocated
+            resources:
+              - {name: nvidia.com/gpu, weight: 1}
 extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extenderPort }}
     filterVerb: filter
