@@ -20,7 +20,9 @@ a no-op instead of a duplicate GPU.
 """
 
 import copy
+import hashlib
 import itertools
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +38,8 @@ CONTAINER_NAME: Final = "capacity"
 DEFAULT_IMAGE: Final = "registry.k8s.io/pause:3.10"
 GPUPACK_IMAGE: Final = "ghcr.io/gpupack/gpupack"  # MPS pools' capacity pods run gpupack's
 CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked for the GPU
+# The requirements it was made with (`Where.key`): which waiting pods it is coming for.
+PLACEMENT: Final = f"{keys.DOMAIN}/placement"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 COMPONENT: Final = "app.kubernetes.io/component"
 PAUSE_USER: Final = 65535  # the pause image's nobody user
@@ -268,6 +272,16 @@ class Where:
 ANYWHERE: Final = Where()  # no requirement, no preference
 
 
+def placement_key(where: Where) -> str:
+    """What the requirements of `where` (`avoid`, `near`) say, as a short stable digest:
+    waiting pods with equal keys can use the same new GPUs, others cannot. Empty for no
+    requirement at all. (The preferences do not change where a GPU may land.)"""
+    if not where.avoid and not where.near:
+        return ""
+    text = json.dumps([sorted(where.avoid), list(where.near)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def holding_nodes(pods: Iterable[JSON]) -> list[str]:
     """The nodes these capacity pods are on, sorted: where a new GPU packs best."""
     return sorted(
@@ -326,6 +340,18 @@ def affinity_to_others(pod: JSON) -> tuple[JSON, ...]:
             carried["namespaces"] = [namespace]
         terms.append(carried)
     return tuple(terms)
+
+
+def _placement(where: Where) -> dict[str, str]:
+    """The `PLACEMENT` annotation of a capacity pod made with `where`: none without
+    requirements (read as the empty key)."""
+    key = placement_key(where)
+    return {PLACEMENT: key} if key else {}
+
+
+def placement_of(pod: JSON) -> str:
+    """The placement key a capacity pod was made with ("" when none)."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(PLACEMENT, ""))
 
 
 def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
@@ -443,7 +469,7 @@ def capacity_pod(
             "name": capacity_name(pool, index),
             "namespace": namespace,
             "labels": labels,
-            "annotations": {CREATED_FOR: created_for},
+            "annotations": {CREATED_FOR: created_for, **_placement(where)},
         },
         "spec": spec,
     }

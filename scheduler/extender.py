@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpupack.capacity import Allocation
+from gpupack.capacity import Allocation, placement_key
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
@@ -133,14 +133,19 @@ class Extender:
             )
             feasible = frozenset(nodes)
             rejected = frozenset(n for n in snapshot.nodes if n not in feasible)
-            self.waiting[key] = Waiting(request.pool, allocation, feasible, now, rejected)
+            required = self._lifecycle.requirements(pod, feasible)
+            placement = placement_key(required)
+            self.waiting[key] = Waiting(
+                request.pool, allocation, feasible, now, rejected, placement
+            )
             starting = _starting(snapshot, request, nodes)
             if starting is not None:
                 return wire.retry(
                     f"gpupack: the GPU of capacity pod {starting.holder} on {starting.node} "
                     f"is starting; it will take this pod {asks}"
                 )
-            self._lifecycle.request(request.pool, pod, self._unplaced(request.pool, now), nodes)
+            unplaced = self._unplaced(request.pool, placement, now)
+            self._lifecycle.request(request.pool, pod, unplaced, required, nodes)
             return wire.refused(reasons)
 
     def bind(self, args: wire.BindArgs) -> wire.BindResult:
@@ -362,13 +367,13 @@ class Extender:
 
     # Capacity planning and the scorer's mix.
 
-    def _unplaced(self, pool: str, now: float) -> list[Allocation]:
-        """The pool's pods that fit nowhere at their last filter and still wait, as the
-        planner sees them."""
+    def _unplaced(self, pool: str, placement: str, now: float) -> list[Allocation]:
+        """The pool's pods that fit nowhere at their last filter, still wait, and may use
+        GPUs that land where `placement` says, as the planner sees them."""
         return [
             w.allocation
             for key, w in self.waiting.items()
-            if w.pool == pool and self._still_waiting(key, w, now)
+            if w.pool == pool and w.placement == placement and self._still_waiting(key, w, now)
         ]
 
     def _refresh_mix(self) -> None:

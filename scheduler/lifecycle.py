@@ -38,7 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
-from gpupack.capacity import Allocation, Where, affinity_to_others, holding_nodes, plan
+from gpupack.capacity import (
+    Allocation,
+    Where,
+    affinity_to_others,
+    holding_nodes,
+    placement_key,
+    placement_of,
+    plan,
+)
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
@@ -63,6 +71,7 @@ class Waiting:
     nodes: frozenset[str]  # where kube-scheduler would let it go
     since: float
     rejected: frozenset[str] = frozenset()  # the nodes it would not (others are new)
+    placement: str = ""  # the key of where a GPU for it may land (`Lifecycle.requirements`)
 
 
 class Lifecycle:
@@ -89,20 +98,38 @@ class Lifecycle:
         self._orphan_since: dict[str, float] = {}
         self._evicting: set[str] = set()
         self._overcommitted: set[str] = set()  # pods reported over-committed
+        self._claimed: dict[str, str] = {}  # names being created -> their placement key
+
+    def requirements(self, example: JSON, feasible: Collection[str]) -> Where:
+        """Where a new GPU for `example` may land (`gpupack.capacity.Where`): not on a GPU
+        node kube-scheduler found infeasible for it (`feasible` are the nodes it let the
+        pod go to; a node that does not exist yet is fine), and next to the pods its
+        required pod affinity names."""
+        return Where(
+            avoid=tuple(n for n in self.cache.gpu_nodes() if n not in feasible),
+            near=affinity_to_others(example),
+        )
 
     def request(
-        self, pool: str, example: JSON, waiting: list[Allocation], feasible: Collection[str] = ()
+        self,
+        pool: str,
+        example: JSON,
+        waiting: list[Allocation],
+        required: Where,
+        feasible: Collection[str] = (),
     ) -> None:
-        """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere;
-        `example` is one of them (its scheduling metadata is the pool's), `feasible` the
-        nodes kube-scheduler let it go to. A new GPU lands only where `example` could then
-        run (`gpupack.capacity.Where`): on a feasible node or a node that does not exist
-        yet, next to the pods its required pod affinity names. A pod asking more memory
-        than the largest GPU the pool holds gets none: another such GPU would not take it
-        either (its FailedScheduling says `insufficient GPU memory`)."""
+        """Create the capacity pods `pool` lacks for `waiting`, its pods that fit nowhere
+        and whose GPUs may land where `required` says (`requirements` of `example`, one
+        of them, whose scheduling metadata is the pool's); `feasible` the nodes
+        kube-scheduler let `example` go to. Only GPUs coming with the same requirements
+        count for them: a GPU bound for another node helps them not. A pod asking more
+        memory than the largest GPU the pool holds gets none: another such GPU would not
+        take it either (its FailedScheduling says `insufficient GPU memory`)."""
+        key = placement_key(required)
         creating = self._creator.in_flight(pool, seen=self.cache.capacity)
-        coming = [PlanGpu(c.name) for c in self.cache.coming(pool)]
-        coming += [PlanGpu(name) for name in creating]
+        self._claimed = {n: k for n, k in self._claimed.items() if n in creating}
+        coming = [PlanGpu(c.name) for c in self.cache.coming(pool) if placement_of(c.pod) == key]
+        coming += [PlanGpu(name) for name in creating if self._claimed.get(name) == key]
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
         if known:
             waiting = [a for a in waiting if a.memory <= max(known)]
@@ -111,11 +138,12 @@ class Lifecycle:
         names = self._creator.claim(pool, missing, used)
         if not names:
             return
+        self._claimed.update(dict.fromkeys(names, key))
         where = Where(
             steer=tuple(sorted(feasible)),
             packed=tuple(holding_nodes(c.pod for c in self.cache.capacity.values())),
-            avoid=tuple(n for n in self.cache.gpu_nodes() if n not in feasible),
-            near=affinity_to_others(example),
+            avoid=required.avoid,
+            near=required.near,
         )
         spec = scheduling_of(example)
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
@@ -157,7 +185,7 @@ class Lifecycle:
             pods = gpu.pods if gpu is not None else 0
             if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
                 self._submit(self._mark, capacity.pod, pods > 0)
-            usable = any(_could_use(e, gpu) for e in by_pool.get(capacity.pool, ()))
+            usable = any(_could_use(e, gpu, capacity.pod) for e in by_pool.get(capacity.pool, ()))
             if pods > 0 or usable:
                 self._empty_since.pop(name, None)
                 continue
@@ -193,7 +221,7 @@ class Lifecycle:
                     continue
                 if gpu.pods or gpu.node not in nodes or writer.hosting(capacity.pod):
                     continue
-                if any(_could_use(e, gpu) for e in by_pool.get(capacity.pool, ())):
+                if any(_could_use(e, gpu, capacity.pod) for e in by_pool.get(capacity.pool, ())):
                     continue
                 released.add(name)
                 left -= 1
@@ -276,9 +304,10 @@ def _unschedulable(pod: JSON) -> bool:
     )
 
 
-def _could_use(waiting: Waiting, gpu: Gpu | None) -> bool:
-    """Whether a pod that waits could use a capacity pod's GPU: it is not on a node yet,
-    or it is on a node the pod may go to, with the memory the pod asks (or unknown)."""
+def _could_use(waiting: Waiting, gpu: Gpu | None, holder: JSON) -> bool:
+    """Whether a pod that waits could use a capacity pod's GPU: it is not on a node yet
+    and was made for pods with the pod's requirements, or it is on a node the pod may go
+    to, with the memory the pod asks (or unknown)."""
     if gpu is None:
-        return True
+        return placement_of(holder) == waiting.placement
     return gpu.node in waiting.nodes and (not gpu.memory or waiting.allocation.memory <= gpu.memory)

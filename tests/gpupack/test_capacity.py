@@ -18,6 +18,8 @@ from gpupack.capacity import (
     capacity_names,
     capacity_pod,
     holding_nodes,
+    placement_key,
+    placement_of,
     plan,
 )
 from gpupack.kube import JSON
@@ -313,6 +315,7 @@ def test_capacity_pod_prefers_where_the_pod_may_go_then_nodes_already_holding_gp
     No pod affinity: an existing capacity pod's would pull every new one to its node."""
     where = Where(steer=("n2", "n1"), packed=("n3", "n1"))
     pod = capacity_pod(POOL, SCHEDULING, index=0, created_for="ml/Pod/p", where=where)
+    assert placement_of(pod) == ""  # preferences are no requirement
 
     kubernetes_validate.validate(pod, "1.34", strict=True)
     affinity = pod["spec"]["affinity"]
@@ -551,3 +554,15 @@ def test_a_pods_affinity_to_its_own_replicas_is_not_carried(term: JSON) -> None:
 def test_affinity_to_other_pods_is_carried(term: JSON) -> None:
     pod = _waiting({"app": "web", "tier": "front"}, term)
     assert len(affinity_to_others(pod)) == 1
+
+
+def test_capacity_pods_made_with_equal_requirements_share_a_placement_key() -> None:
+    near = ({"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone"},)
+    one = Where(steer=("n1",), avoid=("n2", "n3"), near=near)
+    same = Where(packed=("n4",), avoid=("n3", "n2"), near=near)
+
+    assert placement_key(one) == placement_key(same) != ""
+    assert placement_key(one) != placement_key(Where(avoid=("n2", "n3")))
+    assert placement_key(Where(avoid=("n2",))) != placement_key(Where(avoid=("n3",)))
+    pod = capacity_pod(POOL, {}, index=0, created_for="ml/Pod/p", where=one)
+    assert placement_of(pod) == placement_key(one)

@@ -1,11 +1,15 @@
 """gpupack's capacity pods meet a real autoscaler: Karpenter's kwok provider, in a cluster
-that starts with no GPU node at all (hack/localcluster/karpenter.py). The first of the
-autoscaler stories of issue 28; the rest (no disruption of hosting capacity pods,
-consolidation after release, pod-affinity cases) build on this harness.
+that starts with no GPU node at all (hack/localcluster/karpenter.py).
 
 A capacity pod is a GPU someone pays for: when it cannot be placed, the autoscaler buys
-the node it needs, and the fractional pods it was made for then run on that GPU."""
+the node it needs, and the fractional pods it was made for then run on that GPU. While
+its GPU hosts shares, Karpenter must not take the node away; once gpupack releases it,
+the node goes. A pod no new node could help (its required pod affinity names a full
+node) makes Karpenter buy nothing.
 
+The tests share one cluster and run in order: each leaves no node behind."""
+
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,11 +18,13 @@ import pytest
 from gpupack import keys
 from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
 from hack.localcluster.karpenter import Karpenter
-from tests.integration.scheduling import FAST, FAST_LEASE
+from tests.integration.scheduling import FAST, FAST_LEASE, capacity_pods, create
 from tests.integration.tools import cluster_of_its_own
-from tests.integration.workloads import TOLERATE_GPUS, deployment
+from tests.integration.workloads import TOLERATE_GPUS, deployment, gpu_pod
 
 pytestmark = pytest.mark.integration
+JSON = dict[str, Any]
+HOSTNAME = "kubernetes.io/hostname"
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +76,106 @@ def test_a_capacity_pod_no_node_can_take_makes_karpenter_buy_a_gpu_node_the_shar
         pod["metadata"]["annotations"][keys.GPU_UUID]
         == (capacity[0]["metadata"]["annotations"][keys.GPU_UUID])
     )
+
+
+def test_karpenter_never_disrupts_a_node_whose_capacity_pod_hosts_a_share(
+    autoscaled: tuple[LocalCluster, Karpenter],
+) -> None:
+    """The node bought above is under-used (one GPU of eight), so Karpenter weighs
+    consolidating it; the hosting capacity pod's karpenter.sh/do-not-disrupt blocks it,
+    and Karpenter says so on the node."""
+    cluster, karpenter = autoscaled
+    kube = cluster.kube()
+    [node] = karpenter.nodes()
+    name = node["metadata"]["name"]
+    [capacity] = capacity_pods(kube).values()
+    assert capacity["metadata"]["annotations"][keys.KARPENTER_DO_NOT_DISRUPT] == "true"
+
+    def blocked() -> list[JSON] | None:
+        found = [
+            e
+            for e in kube.get("/api/v1/events", fieldSelector=f"involvedObject.name={name}")[
+                "items"
+            ]
+            if e.get("reason") == "DisruptionBlocked"
+            and keys.KARPENTER_DO_NOT_DISRUPT in e.get("message", "")
+        ]
+        return found or None
+
+    kube.wait_for("Karpenter to weigh the node and refuse to disrupt it", blocked, timeout=120)
+    assert [n["metadata"]["name"] for n in karpenter.nodes()] == [name]
+    [still] = capacity_pods(kube).values()
+    assert still["metadata"]["uid"] == capacity["metadata"]["uid"]
+
+
+def test_once_the_share_is_gone_gpupack_releases_its_gpu_and_karpenter_removes_the_node(
+    autoscaled: tuple[LocalCluster, Karpenter],
+) -> None:
+    cluster, karpenter = autoscaled
+    kube = cluster.kube()
+    ns = "it-karpenter"
+    kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/infer")
+
+    kube.wait_for("the empty capacity pod released", lambda: not capacity_pods(kube), timeout=60)
+    kube.wait_for("Karpenter to remove the empty node", lambda: not karpenter.nodes(), timeout=120)
+
+
+def test_a_pod_that_must_sit_next_to_a_pod_on_a_full_node_makes_karpenter_buy_nothing(
+    autoscaled: tuple[LocalCluster, Karpenter],
+) -> None:
+    """`near-db` must run on the node of `db` (required pod affinity on the hostname),
+    whose eight GPUs are all held. A GPU on any other node, bought or not, would be
+    wasted: its capacity pod carries that affinity, Karpenter finds no node that
+    satisfies it and buys none, and the pod waits with gpupack's reason."""
+    cluster, karpenter = autoscaled
+    kube = cluster.kube()
+    ns = kube.create_namespace("it-karpenter-near", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    create(kube, deployment(ns, "db", 1, memory="8Gi", tolerations=TOLERATE_GPUS))
+    kube.wait_for("db running on a bought node", lambda: _bound(kube, ns, "db"), timeout=120)
+    [node] = karpenter.nodes()
+    name = node["metadata"]["name"]
+    whole = kube.create_namespace("it-karpenter-whole")  # not opted in: whole GPUs
+    for index in range(7):
+        filler = gpu_pod(f"filler-{index}")
+        filler["spec"] |= {"nodeName": name, "tolerations": TOLERATE_GPUS}
+        kube.create(f"/api/v1/namespaces/{whole}/pods", filler)
+    near = deployment(ns, "near-db", 1, memory="8Gi", tolerations=TOLERATE_GPUS)
+    term = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": HOSTNAME}
+    near["spec"]["template"]["spec"]["affinity"] = {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    }
+    try:
+        create(kube, near)
+
+        def refused() -> JSON | None:
+            for pod in kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=near-db")[
+                "items"
+            ]:
+                for condition in pod.get("status", {}).get("conditions", []):
+                    if condition["type"] == "PodScheduled" and "gpupack" in condition.get(
+                        "message", ""
+                    ):
+                        return dict(pod)
+            return None
+
+        pod = kube.wait_for("near-db refused by gpupack", refused, timeout=60)
+        time.sleep(30)  # Karpenter batches pending pods for at most 10 s, then decides
+
+        assert [n["metadata"]["name"] for n in karpenter.nodes()] == [name]
+        assert not _bound(kube, ns, "near-db")
+        waiting = [c for c in capacity_pods(kube).values() if not c["spec"].get("nodeName")]
+        assert len(waiting) == 1, sorted(c["metadata"]["name"] for c in waiting)  # bounded
+        affinity = waiting[0]["spec"]["affinity"]["podAffinity"]
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"] == [
+            {**term, "namespaces": [ns]}
+        ]
+        assert pod["spec"].get("nodeName") is None
+    finally:
+        kube.delete(f"/api/v1/namespaces/{whole}")
+        kube.delete(f"/api/v1/namespaces/{ns}")
+    kube.wait_for("Karpenter to remove the node", lambda: not karpenter.nodes(), timeout=180)
+
+
+def _bound(kube: Kube, ns: str, app: str) -> bool:
+    pods = kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector=f"app={app}")["items"]
+    return bool(pods) and all(p["spec"].get("nodeName") for p in pods)

@@ -767,3 +767,28 @@ def test_an_empty_gpu_another_pools_waiting_pod_needs_is_released_at_once() -> N
     extender.flush()
 
     assert api.deleted == ["cap-0"]
+
+
+def test_pods_that_may_go_to_different_nodes_do_not_count_on_each_others_gpus() -> None:
+    """Two 300m pods of one pool would share one GPU, but kube-scheduler lets `a` only onto
+    n1 and `b` only onto n2 (anti-affinity, say): a GPU coming for one is no GPU for the
+    other, so each gets its own, required where it may run. Pods with equal requirements
+    still share one."""
+    extender, pods, api, _ = setup()
+    for name in ("n1", "n2"):
+        NODES_OF[id(extender)].objects[name]["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
+        extender.cache.dirty.node(name)
+
+    filter_(extender, pending(pods, "a", "300m"), nodes=("n1",))
+    filter_(extender, pending(pods, "b", "300m"), nodes=("n2",))
+    filter_(extender, pending(pods, "c", "300m"), nodes=("n2",))  # joins b's GPU
+
+    assert len(created_capacity(extender, api)) == 2
+    avoided = sorted(
+        b["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ][0]["matchExpressions"][-1]["values"][0]
+        for p, b in api.created
+        if p.endswith("/pods")
+    )
+    assert avoided == ["n1", "n2"]

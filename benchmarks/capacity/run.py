@@ -1,0 +1,390 @@
+"""Capacity under placement rules and bursts: what gpupack holds versus what it needs.
+
+Three scenarios, each on a fresh local cluster (hack/localcluster/: the webhook, the
+gpupack scheduler as the chart runs it, kwok GPU nodes, simulated GPU discovery):
+
+1. **rules**: 13 pods of 300m in one opted-in namespace, under the placement rules users
+   write, on four 8-GPU A100 nodes in two zones, one of them cordoned: 3 replicas with
+   required pod anti-affinity on the hostname, 3 spread over the zones
+   (`DoNotSchedule`), 2 with a host port, 2 plain ones, and 2 pods that must sit on the
+   node of a database pod (required pod affinity). The database pod is pinned to node 0
+   and placed first; another team's 7 whole-GPU pods hold the rest of node 0, so that
+   node is full: the 2 pods next to the database cannot be placed (no new GPU could help
+   them), the other 10 can. Timed from the creation of those 12.
+2. **burst**: `--burst` replicas (default 40) of a 250m Deployment on A100 nodes, at once.
+3. **karpenter**: the same burst in a cluster that starts with no GPU node at all, where
+   Karpenter's kwok provider buys 8-GPU A100 nodes (tainted `nvidia.com/gpu`, which the
+   burst tolerates) for capacity pods that fit nowhere.
+
+Each reports: capacity pods created (every name seen), GPUs held at peak, at the moment
+every pod is bound and `--settle` seconds later (default 60), GPUs in use (holding at
+least one bound share), GPU nodes in use, seconds until every pod is bound, and the
+lower bounds they are measured against in the same run: the GPUs the shares need under
+gpupack's own packing (`gpupack.capacity.plan`, one pool) and the nodes those GPUs need
+(and, for rules, the 3 nodes its anti-affinity needs). Ratios are held / bound.
+
+Usage: .venv/bin/python -m benchmarks.capacity.run [--burst 40] [--settle 60]
+       [--only rules,burst,karpenter]
+(needs the binaries: run hack/test or hack/demo once). Progress goes to stderr; the last
+stdout line is one JSON object.
+"""
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from gpupack import keys
+from gpupack.capacity import Allocation, plan
+from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
+from hack.localcluster.karpenter import Karpenter
+
+JSON = dict[str, Any]
+A100: Final = "NVIDIA-A100-SXM4-80GB"
+GPUS_PER_NODE: Final = 8
+NODES: Final = (NodePool("gpu-a100", 4, GPUS_PER_NODE, A100, 81920, "96", "1024Gi"),)
+ZONE: Final = "topology.kubernetes.io/zone"
+HOSTNAME: Final = "kubernetes.io/hostname"
+TOLERATE_GPUS: Final = {"key": keys.NVIDIA_GPU, "operator": "Exists", "effect": "NoSchedule"}
+CAPACITY: Final = f"{keys.ROLE}={keys.ROLE_CAPACITY}"
+SCHEDULER_ARGS: Final = ("--no-leader-elect",)
+
+
+def log(message: str) -> None:
+    print(f"[capacity] {message}", file=sys.stderr, flush=True)
+
+
+def pod_template(app: str, compute: str, **spec: Any) -> JSON:
+    """A one-GPU pod the webhook rewrites to a `compute` share (policy batch)."""
+    return {
+        "metadata": {
+            "labels": {"app": app},
+            "annotations": {keys.POLICY: "batch", keys.GPU_COMPUTE: compute},
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {
+                        "requests": {"cpu": "10m", "memory": "16Mi", keys.NVIDIA_GPU: "1"},
+                        "limits": {keys.NVIDIA_GPU: "1"},
+                    },
+                    **spec.pop("container", {}),
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+            **spec,
+        },
+    }
+
+
+def deployment(ns: str, app: str, replicas: int, compute: str = "300m", **spec: Any) -> JSON:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": app, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": pod_template(app, compute, **spec),
+        },
+    }
+
+
+def _term(app: str) -> JSON:
+    return {"labelSelector": {"matchLabels": {"app": app}}, "topologyKey": HOSTNAME}
+
+
+def rules_workloads(ns: str) -> list[JSON]:
+    """13 pods of 300m under the rules users write (see the module's docstring)."""
+    return [
+        deployment(ns, "db", 1, nodeSelector={HOSTNAME: "gpu-a100-0"}),
+        deployment(
+            ns,
+            "spread",
+            3,
+            affinity={
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [_term("spread")]
+                }
+            },
+        ),
+        deployment(
+            ns,
+            "zoned",
+            3,
+            topologySpreadConstraints=[
+                {
+                    "maxSkew": 1,
+                    "topologyKey": ZONE,
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app": "zoned"}},
+                }
+            ],
+        ),
+        deployment(
+            ns,
+            "near-db",
+            2,
+            affinity={
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [_term("db")]}
+            },
+        ),
+        deployment(
+            ns, "ports", 2, container={"ports": [{"containerPort": 8080, "hostPort": 8080}]}
+        ),
+        deployment(ns, "plain", 2),
+    ]
+
+
+@dataclass
+class Sample:
+    at: float
+    held: int  # live capacity pods
+    in_use: int  # GPUs holding a bound share
+    nodes: int  # nodes with a capacity pod on them
+    bound: int  # the namespace's pods bound
+
+
+@dataclass
+class Watch:
+    """Polls the cluster every `interval` seconds: capacity pods, shares, nodes."""
+
+    kube: Kube
+    namespace: str
+    system: str
+    interval: float = 0.5
+    seen: set[str] = field(default_factory=set)
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def sample(self) -> Sample:
+        capacity = [
+            p
+            for p in self.kube.get(
+                f"/api/v1/namespaces/{self.system}/pods", labelSelector=CAPACITY
+            )["items"]
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        self.seen.update(p["metadata"]["name"] for p in capacity)
+        pods = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        bound = [p for p in pods if p["spec"].get("nodeName")]
+        holders = {(p["metadata"].get("annotations") or {}).get(keys.CAPACITY_POD) for p in bound}
+        nodes = {p["spec"]["nodeName"] for p in capacity if p["spec"].get("nodeName")}
+        return Sample(
+            time.monotonic(), len(capacity), len(holders - {None}), len(nodes), len(bound)
+        )
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append(self.sample())
+            except Exception as error:  # a sample lost is not a benchmark lost
+                log(f"sample failed: {error}")
+
+    @contextmanager
+    def running(self) -> Iterator["Watch"]:
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            thread.join()
+
+    def peak(self) -> int:
+        return max((s.held for s in self.samples), default=0)
+
+
+def bound_all(kube: Kube, ns: str, count: int, timeout: float) -> float | None:
+    """Seconds until `count` pods of `ns` are bound, None after `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        pods = kube.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+        if sum(1 for p in pods if p["spec"].get("nodeName")) >= count:
+            return round(time.monotonic() - start, 1)
+        time.sleep(0.5)
+    return None
+
+
+def lower_bound(shares: list[int]) -> int:
+    allocations = [
+        Allocation(f"p{i}", milli, 0, "ns/Deployment/x") for i, milli in enumerate(shares)
+    ]
+    return plan((), allocations, new_gpu_memory=None).missing
+
+
+def measure(
+    cluster: LocalCluster,
+    workloads: Callable[[str], list[JSON]],
+    count: int,
+    *,
+    settle: float,
+    timeout: float,
+    first: int = 0,
+) -> JSON:
+    """Create the workloads (the `first` pods' Deployment alone, and wait until they are
+    bound), wait until `count` pods (the placeable ones) are bound, then `settle` seconds
+    more. The time is counted from the creation of the rest."""
+    kube = cluster.kube()
+    ns = kube.create_namespace("bench-capacity", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    watch = Watch(kube, ns, cluster.namespace)
+    manifests = workloads(ns)
+    with watch.running():
+        if first:
+            kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", manifests.pop(0))
+            if bound_all(kube, ns, first, 120) is None:
+                raise SystemExit(f"the first {first} pod(s) were not bound in 120 s")
+        for manifest in manifests:
+            kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", manifest)
+        seconds = bound_all(kube, ns, count, timeout)
+        at_bound = watch.sample()
+        log(f"{count} pods bound after {seconds} s; settling {settle:g} s")
+        time.sleep(settle)
+        settled = watch.sample()
+    return {
+        "placeable_pods": count,
+        "seconds_to_all_bound": seconds,
+        "capacity_pods_created": len(watch.seen),
+        "gpus_held_peak": watch.peak(),
+        "gpus_held_when_bound": at_bound.held,
+        "gpus_held_settled": settled.held,
+        "gpus_in_use": settled.in_use,
+        "gpu_nodes_in_use": settled.nodes,
+        "pods_bound": settled.bound,
+    }
+
+
+def with_bounds(result: JSON, gpus: int, nodes: int) -> JSON:
+    result |= {"gpus_lower_bound": gpus, "nodes_lower_bound": nodes}
+    result["held_peak_ratio"] = round(result["gpus_held_peak"] / gpus, 2)
+    result["held_settled_ratio"] = round(result["gpus_held_settled"] / gpus, 2)
+    result["nodes_ratio"] = round(result["gpu_nodes_in_use"] / nodes, 2)
+    return result
+
+
+@contextmanager
+def cluster(workdir: Path, node_pools: tuple[NodePool, ...]) -> Iterator[LocalCluster]:
+    with LocalCluster(workdir, node_pools=node_pools) as local:
+        local.install_webhook()
+        local.install_scheduler(extra_args=SCHEDULER_ARGS)
+        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
+        with SimulatedGpuAssigner(local.kube(), writer=writer):
+            yield local
+
+
+def rules(workdir: Path, settle: float) -> JSON:
+    with cluster(workdir, NODES) as local:
+        kube = local.kube()
+        for index in range(NODES[0].count):
+            name = f"gpu-a100-{index}"
+            labels = {ZONE: "zone-a" if index % 2 == 0 else "zone-b"}
+            kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": labels}})
+        kube.merge_patch("/api/v1/nodes/gpu-a100-3", {"spec": {"unschedulable": True}})
+        other = kube.create_namespace("bench-other-team")  # not opted in: whole GPUs
+        for index in range(GPUS_PER_NODE - 1):
+            kube.create(f"/api/v1/namespaces/{other}/pods", whole_gpu_pod(f"train-{index}"))
+        result = measure(local, rules_workloads, 11, settle=settle, timeout=360, first=1)
+    gpus = lower_bound([300] * 10) + 1  # the database's pool is its own (pinned)
+    return with_bounds(result, gpus, max(3, math.ceil(gpus / GPUS_PER_NODE)))
+
+
+def whole_gpu_pod(name: str) -> JSON:
+    """Another team's pod on node 0, holding one whole GPU (not opted in)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": "gpu-a100-0",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {keys.NVIDIA_GPU: "1"}},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def burst_workloads(replicas: int) -> Callable[[str], list[JSON]]:
+    def make(ns: str) -> list[JSON]:
+        return [
+            deployment(
+                ns,
+                "burst",
+                replicas,
+                "250m",
+                nodeSelector={"nvidia.com/gpu.product": A100},
+                tolerations=[TOLERATE_GPUS],  # Karpenter's GPU nodes carry the taint
+            )
+        ]
+
+    return make
+
+
+def burst(workdir: Path, replicas: int, settle: float) -> JSON:
+    with cluster(workdir, NODES) as local:
+        result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=360)
+    gpus = lower_bound([250] * replicas)
+    return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
+
+
+def karpenter(workdir: Path, replicas: int, settle: float) -> JSON:
+    with cluster(workdir, ()) as local:
+        autoscaler = Karpenter(local).start()
+        try:
+            result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=480)
+            result["nodes_bought"] = len(autoscaler.nodes())
+        finally:
+            autoscaler.stop()
+    gpus = lower_bound([250] * replicas)
+    return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--burst", type=int, default=40, help="replicas of the burst (default 40)")
+    parser.add_argument(
+        "--settle", type=float, default=60.0, help="seconds measured after every pod is bound (60)"
+    )
+    parser.add_argument(
+        "--only", default="rules,burst,karpenter", help="scenarios, comma-separated (all three)"
+    )
+    args = parser.parse_args(argv)
+    if args.burst < 1:
+        parser.error("--burst must be at least 1")
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(chosen) - {"rules", "burst", "karpenter"}
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    results: JSON = {}
+    with tempfile.TemporaryDirectory(prefix="gpupack-bench-capacity-") as tmp:
+        for name in chosen:
+            log(f"scenario {name}")
+            workdir = Path(tmp) / name
+            workdir.mkdir()
+            if name == "rules":
+                results[name] = rules(workdir, args.settle)
+            elif name == "burst":
+                results[name] = burst(workdir, args.burst, args.settle)
+            else:
+                results[name] = karpenter(workdir, args.burst, args.settle)
+            log(json.dumps(results[name]))
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
