@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpupack.capacity import Allocation, placement_key
+from gpupack.capacity import Allocation, Where, placement_key
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
@@ -128,24 +128,14 @@ class Extender:
             snapshot = self.cache.snapshot
             asks = f"(asks {format_compute(request.compute)}, {format_memory(request.gpu_memory)})"
             reasons = {n: f"gpupack: {refusal(snapshot, request, n)} {asks}" for n in nodes}
-            allocation = Allocation(
-                key, request.compute, request.gpu_memory, request.owner, request.exclusive
-            )
-            feasible = frozenset(nodes)
-            rejected = frozenset(n for n in snapshot.nodes if n not in feasible)
-            required = self._lifecycle.requirements(pod, feasible)
-            placement = placement_key(required)
-            self.waiting[key] = Waiting(
-                request.pool, allocation, feasible, now, rejected, placement
-            )
+            required = self._wait(key, pod, request, frozenset(nodes), now)
             starting = _starting(snapshot, request, nodes)
             if starting is not None:
                 return wire.retry(
                     f"gpupack: the GPU of capacity pod {starting.holder} on {starting.node} "
                     f"is starting; it will take this pod {asks}"
                 )
-            unplaced = self._unplaced(request.pool, placement, now)
-            self._lifecycle.request(request.pool, pod, unplaced, required, nodes)
+            self._ask_capacity(pod, request, required, nodes, now)
             return wire.refused(reasons)
 
     def bind(self, args: wire.BindArgs) -> wire.BindResult:
@@ -225,6 +215,7 @@ class Extender:
             for key in [k for k in self._requeued if k not in self.waiting]:
                 del self._requeued[key]
             if self.leading:
+                self._adopt_unplaceable(now)
                 self._lifecycle.housekeeping(now, self.waiting)
                 self._requeue(now)
             self.notices.report(self.leading)
@@ -326,6 +317,45 @@ class Extender:
         self._reserve(args.key, pod, request, result, now)
         return None
 
+    # Pods that wait for a GPU.
+
+    def _wait(
+        self, key: str, pod: JSON, request: Request, feasible: frozenset[str], now: float
+    ) -> Where:
+        """Record a pod that fits on no GPU of `feasible`, the nodes kube-scheduler let it
+        go to; the requirements a GPU for it must meet."""
+        allocation = Allocation(
+            key, request.compute, request.gpu_memory, request.owner, request.exclusive
+        )
+        rejected = frozenset(n for n in self.cache.snapshot.nodes if n not in feasible)
+        required = self._lifecycle.requirements(pod, feasible)
+        self.waiting[key] = Waiting(
+            request.pool, allocation, feasible, now, rejected, placement_key(required)
+        )
+        return required
+
+    def _ask_capacity(
+        self, pod: JSON, request: Request, required: Where, feasible: Sequence[str], now: float
+    ) -> None:
+        unplaced = self._unplaced(request.pool, placement_key(required), now)
+        self._lifecycle.request(request.pool, pod, unplaced, required, feasible)
+
+    def _adopt_unplaceable(self, now: float) -> None:
+        """Ask capacity for pods that no node can take at all: kube-scheduler found none
+        feasible, so it never asked the extender (a GPU node pool scaled to zero, a node
+        selector no node matches yet). Their GPU may only land on a node that does not
+        exist yet, and where their required pod affinity allows: an autoscaler adds one
+        if it can. A pod whose last refusal names gpupack was seen by the extender and
+        is left to its next filter."""
+        for key, entry in self.cache.pending.items():
+            if key in self.waiting or key in self.cache.assumed:
+                continue
+            request = entry.request
+            if not isinstance(request, Request) or not _no_node_fits(entry.pod):
+                continue
+            required = self._wait(key, entry.pod, request, frozenset(), now)
+            self._ask_capacity(entry.pod, request, required, (), now)
+
     # Requeueing what was refused.
 
     def _requeue(self, now: float) -> None:
@@ -399,6 +429,15 @@ class Extender:
     def _count_bind(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.attempts.labels(result=result).inc()
+
+
+def _no_node_fits(pod: JSON) -> bool:
+    """kube-scheduler marked the pod Unschedulable, and not because gpupack refused it:
+    none of its nodes passed kube-scheduler's own filters."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return "gpupack:" not in str(condition.get("message", ""))
+    return False
 
 
 def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:

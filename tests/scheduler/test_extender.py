@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpupack import keys, seal
-from gpupack.capacity import Allocation, plan
+from gpupack.capacity import CREATED_FOR, Allocation, plan
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from gpupack.shares import pool_of
@@ -792,3 +792,54 @@ def test_pods_that_may_go_to_different_nodes_do_not_count_on_each_others_gpus() 
         if p.endswith("/pods")
     )
     assert avoided == ["n1", "n2"]
+
+
+def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> None:
+    """kube-scheduler finds no node for `far` (say its node selector names a GPU model no
+    node has yet) and never asks the extender; the leader asks capacity for it anyway,
+    required off every existing GPU node, so only an autoscaler's new node can take it.
+    A pod gpupack refused was seen by the extender: it waits for its next filter."""
+    extender, pods, api, _ = setup()
+    NODES_OF[id(extender)].objects["n1"]["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
+    extender.cache.dirty.node("n1")
+    extender.leading = True
+    far = pending(pods, "far", "300m")
+    far["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
+            }
+        ],
+    }
+    seen = pending(pods, "seen", "300m")
+    seen["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 gpupack: no GPU of this pod's pool.",
+            }
+        ],
+    }
+    for name in ("far", "seen"):
+        extender.cache.dirty.pod(f"ml/{name}")
+
+    extender.tick()
+
+    assert len(created_capacity(extender, api)) == 1
+    [body] = [b for p, b in api.created if p.endswith("/pods")]
+    assert body["metadata"]["annotations"][CREATED_FOR] == "ml/Pod/far"
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"][0]["matchExpressions"][-1] == {
+        "key": HOSTNAME,
+        "operator": "NotIn",
+        "values": ["n1"],
+    }
