@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpupack import keys
+from gpupack.capacity import CREATED_FOR
 from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
 from hack.localcluster.karpenter import Karpenter
 from tests.integration.scheduling import FAST, FAST_LEASE, capacity_pods, create
@@ -113,8 +114,10 @@ def test_once_the_share_is_gone_gpupack_releases_its_gpu_and_karpenter_removes_t
 ) -> None:
     cluster, karpenter = autoscaled
     kube = cluster.kube()
-    ns = "it-karpenter"
-    kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/infer")
+    [capacity] = capacity_pods(kube).values()
+    workload = capacity["metadata"]["annotations"][CREATED_FOR]  # NS/Deployment/infer
+    ns, _, name = workload.partition("/Deployment/")
+    kube.delete(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
 
     kube.wait_for("the empty capacity pod released", lambda: not capacity_pods(kube), timeout=60)
     kube.wait_for("Karpenter to remove the empty node", lambda: not karpenter.nodes(), timeout=120)
