@@ -68,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     add(
+        "--unused-grace-period",
+        type=non_negative_seconds,
+        default=30.0,
+        metavar="DURATION",
+        help="how long a capacity pod created since this extender started may hold a GPU "
+        "that no pod ever used and none waits for, before it is deleted: capacity a burst "
+        "asked for and did not need (default: %(default)s)",
+    )
+    add(
         "--orphan-grace",
         type=non_negative_seconds,
         default=30.0,
@@ -183,6 +192,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         scheduler_name=args.scheduler_name,
         namespace=args.namespace,
         grace_period=args.grace_period,
+        unused_grace=args.unused_grace_period,
         orphan_grace=args.orphan_grace,
         capacity_image=args.capacity_image,
         mps_image=args.mps_image,

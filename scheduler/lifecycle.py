@@ -14,7 +14,9 @@ the extender's thread pool through `submit`.
   another pool may go, whose own capacity pod kube-scheduler cannot place, is deleted at
   once rather than after the grace period: its GPU is the one that pod needs.
 - **Scale down:** a capacity pod with nothing booked on its GPU for `grace_period`
-  seconds is deleted (uid and resourceVersion preconditions), unless a waiting pod of
+  seconds (`unused_grace` for one created since this extender started that never
+  hosted a share: a burst's capacity its pods did not need) is deleted (uid and
+  resourceVersion preconditions), unless a waiting pod of
   its pool could use it: its GPU is not on a node yet, or on a node the pod may go to
   with the memory the pod asks. A pod larger than every GPU of its pool gets no more of
   them.
@@ -99,6 +101,11 @@ class Lifecycle:
         self._evicting: set[str] = set()
         self._overcommitted: set[str] = set()  # pods reported over-committed
         self._claimed: dict[str, str] = {}  # names being created -> their placement key
+        # Capacity pods first seen after the first housekeeping round that have hosted no
+        # share yet: deleted after `unused_grace`, not `grace_period`, once nothing wants
+        # them. Those there at start may have hosted shares before a restart: not fresh.
+        self._fresh: set[str] | None = None
+        self._known: set[str] = set()  # capacity pods seen at the last round
 
     def requirements(self, example: JSON, feasible: Collection[str]) -> Where:
         """Where a new GPU for `example` may land (`gpupack.capacity.Where`): not on a GPU
@@ -178,11 +185,14 @@ class Lifecycle:
         for entry in waiting.values():
             by_pool.setdefault(entry.pool, []).append(entry)
         released = self._release_for_other_pools(by_pool)
+        fresh = self._fresh_capacity()
         for name, capacity in list(self.cache.capacity.items()):
             if name in released:
                 continue
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
             pods = gpu.pods if gpu is not None else 0
+            if pods > 0:
+                fresh.discard(name)
             if gpu is not None and not gpu.coming and (pods > 0) != writer.hosting(capacity.pod):
                 self._submit(self._mark, capacity.pod, pods > 0)
             usable = any(_could_use(e, gpu, capacity.pod) for e in by_pool.get(capacity.pool, ()))
@@ -190,13 +200,26 @@ class Lifecycle:
                 self._empty_since.pop(name, None)
                 continue
             since = self._empty_since.setdefault(name, now)
-            if now - since >= self._settings.grace_period:
+            grace = self._settings.unused_grace if name in fresh else self._settings.grace_period
+            if now - since >= grace:
                 del self._empty_since[name]
                 self._submit(self._delete_capacity, capacity.pod, now - since)
         for name in [n for n in self._empty_since if n not in self.cache.capacity]:
             del self._empty_since[name]
         self._evict_orphans(now)
         self._report_overcommitted()
+
+    def _fresh_capacity(self) -> set[str]:
+        """The capacity pods that never hosted a share since this extender first saw them,
+        first seen after its first round (kept up to date: the caller discards the ones
+        that host)."""
+        names = set(self.cache.capacity)
+        if self._fresh is None:
+            self._known, self._fresh = names, set()
+        self._fresh |= names - self._known
+        self._fresh &= names
+        self._known = names
+        return self._fresh
 
     def _release_for_other_pools(self, by_pool: Mapping[str, list[Waiting]]) -> set[str]:
         """Delete, without waiting for the grace period, empty capacity pods that hold a

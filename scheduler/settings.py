@@ -12,6 +12,7 @@ class Settings:
     scheduler_name: str = keys.SCHEDULER_NAME
     namespace: str = keys.SYSTEM_NAMESPACE
     grace_period: float = 300.0  # seconds a capacity pod may stay empty
+    unused_grace: float = 30.0  # ... one that never held a share since it was created
     orphan_grace: float = 30.0  # seconds before a pod on a vanished GPU is evicted
     capacity_image: str = DEFAULT_IMAGE
     mps_image: str | None = None  # MPS pools' capacity pods

@@ -843,3 +843,36 @@ def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> Non
         "operator": "NotIn",
         "values": ["n1"],
     }
+
+
+def test_capacity_no_pod_ever_used_is_released_after_the_short_grace_period() -> None:
+    """A burst's capacity its pods did not need holds a GPU for `unused_grace`, not the
+    grace period kept for GPUs that hosted shares (a pod that restarts finds one warm).
+    Capacity pods there when the extender started may have hosted before: the long one."""
+    nodes, pods = Store(), Store()
+    nodes.objects["n1"] = node("n1")
+    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"] = capacity(0)  # there at start
+    api, clock = DeletingApi(pods), Clock()
+    settings = Settings(workers=1, grace_period=300, unused_grace=30)
+    extender = Extender(
+        api, Cache(nodes, pods, Dirty(), key=KEY), PackingScorer(), settings, clock=clock
+    )
+    _made.append(extender)
+    extender.leading = True
+    extender.tick()
+    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-1"] = capacity(1)  # a burst's, unused
+    extender.cache.dirty.pod(f"{keys.SYSTEM_NAMESPACE}/cap-1")
+
+    for _ in range(4):
+        extender.tick()
+        clock.now += 10
+    extender.tick()
+    extender.flush()
+    assert api.deleted == ["cap-1"]
+    del pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-1"]  # the informer sees it go
+    extender.cache.dirty.pod(f"{keys.SYSTEM_NAMESPACE}/cap-1")
+
+    clock.now += 300
+    extender.tick()
+    extender.flush()
+    assert api.deleted == ["cap-1", "cap-0"]
