@@ -10,7 +10,13 @@ from gpupack.quantity import parse_compute, parse_memory
 from hack.localcluster import SYSTEM_NAMESPACE, Kube
 
 JSON = dict[str, Any]
-FAST = ["--grace-period=3", "--orphan-grace=2", "--retry-period=1", "--log-level=debug"]
+FAST = [
+    "--grace-period=3",
+    "--unused-grace-period=3",
+    "--orphan-grace=2",
+    "--retry-period=1",
+    "--log-level=debug",
+]
 FAST_LEASE = [
     "scheduler.leaderElection.leaseDurationSeconds=4",
     "scheduler.leaderElection.renewDeadlineSeconds=3",
