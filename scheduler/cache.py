@@ -109,6 +109,9 @@ class Cache:
         self.pending: dict[str, Pending] = {}  # unbound pods addressed to us
         self.capacity: dict[str, Capacity] = {}  # by capacity pod name
         self.assumed: set[str] = set()
+        # Capacity pods that are going (deleting, finished) but still exist: their names
+        # are taken on the API server until they are gone.
+        self.leaving: set[str] = set()
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
 
     # Folding events in.
@@ -132,6 +135,7 @@ class Cache:
         self.snapshot = Snapshot(check_hosts=False)
         self.pending.clear()
         self.capacity.clear()
+        self.leaving.clear()
         self._on_node.clear()
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
@@ -162,7 +166,9 @@ class Cache:
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)
         namespace, _, name = key.partition("/")
-        was_capacity = namespace == self._namespace and name in self.capacity
+        was_capacity = namespace == self._namespace and (
+            name in self.capacity or name in self.leaving
+        )
         if (pod is not None and is_capacity(pod, self._namespace)) or was_capacity:
             self._apply_capacity(pod if live else None, key)
         if not live or pod is None:
@@ -207,6 +213,10 @@ class Cache:
 
     def _apply_capacity(self, pod: JSON | None, key: str) -> None:
         name = key.split("/", 1)[1]
+        if pod is None and self._pods.get(key) is not None:
+            self.leaving.add(name)
+        else:
+            self.leaving.discard(name)
         old = self.capacity.pop(name, None)
         if pod is None:
             if old is not None and old.gpu is not None:

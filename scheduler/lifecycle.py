@@ -142,6 +142,7 @@ class Lifecycle:
             waiting = [a for a in waiting if a.memory <= max(known)]
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
+        used += self.cache.leaving  # a name reused before its pod is gone is no new GPU
         names = self._creator.claim(pool, missing, used)
         if not names:
             return

@@ -172,16 +172,19 @@ class Watch:
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
-    def sample(self) -> Sample:
+    def sample(self, kube: Kube | None = None) -> Sample:
+        """One sample, read with `kube` (default: the watch's own client, which only
+        its polling thread uses)."""
+        kube = kube or self.kube
         capacity = [
             p
-            for p in self.kube.get(
-                f"/api/v1/namespaces/{self.system}/pods", labelSelector=CAPACITY
-            )["items"]
+            for p in kube.get(f"/api/v1/namespaces/{self.system}/pods", labelSelector=CAPACITY)[
+                "items"
+            ]
             if not p["metadata"].get("deletionTimestamp")
         ]
         self.seen.update(p["metadata"]["name"] for p in capacity)
-        pods = self.kube.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
+        pods = kube.get(f"/api/v1/namespaces/{self.namespace}/pods")["items"]
         bound = [p for p in pods if p["spec"].get("nodeName")]
         holders = {(p["metadata"].get("annotations") or {}).get(keys.CAPACITY_POD) for p in bound}
         nodes = {p["spec"]["nodeName"] for p in capacity if p["spec"].get("nodeName")}
@@ -196,11 +199,14 @@ class Watch:
         )
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.samples.append(self.sample())
-            except Exception as error:  # a sample lost is not a benchmark lost
-                log(f"sample failed: {error}")
+        try:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.samples.append(self.sample())
+                except Exception as error:  # a sample lost is not a benchmark lost
+                    log(f"sample failed: {error}")
+        finally:
+            self.kube.close()  # this thread's connection (the client keeps one per thread)
 
     @contextmanager
     def running(self) -> Iterator["Watch"]:
@@ -248,7 +254,7 @@ def measure(
     more. The time is counted from the creation of the rest."""
     kube = cluster.kube()
     ns = kube.create_namespace("bench-capacity", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
-    watch = Watch(kube, ns, cluster.namespace)
+    watch = Watch(Kube.from_kubeconfig(cluster.kubeconfig), ns, cluster.namespace)
     manifests = workloads(ns)
     with watch.running():
         if first:
@@ -258,10 +264,10 @@ def measure(
         for manifest in manifests:
             kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", manifest)
         seconds = bound_all(kube, ns, count, timeout)
-        at_bound = watch.sample()
+        at_bound = watch.sample(kube)
         log(f"{count} pods bound after {seconds} s; settling {settle:g} s")
         time.sleep(settle)
-        settled = watch.sample()
+        settled = watch.sample(kube)
     return {
         "placeable_pods": count,
         "seconds_to_all_bound": seconds,
@@ -290,7 +296,7 @@ def cluster(workdir: Path, node_pools: tuple[NodePool, ...]) -> Iterator[LocalCl
         local.install_webhook()
         local.install_scheduler(extra_args=SCHEDULER_ARGS)
         writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-        with SimulatedGpuAssigner(local.kube(), writer=writer):
+        with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
             yield local
 
 

@@ -263,3 +263,20 @@ def test_whatever_the_objects_say_the_books_hold_and_add_up() -> None:
             assert gpu.over == len(over), step
             # An over-committed pod would not fit: nothing is left out that has room.
             assert all(not gpu.fits(b.request) for b in over), step
+
+
+def test_a_capacity_pod_that_is_going_keeps_its_name_taken_until_it_is_gone() -> None:
+    """A deleting capacity pod holds no GPU, but its name is taken on the API server: a
+    new capacity pod under that name would be refused (AlreadyExists), not created."""
+    going = capacity(0)
+    going["metadata"]["deletionTimestamp"] = "2026-11-25T00:00:00Z"
+    cache, store = cache_with(going)
+
+    assert "cap-0" not in cache.capacity
+    assert cache.leaving == {"cap-0"}
+
+    del store.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"]
+    cache.dirty.pod(f"{keys.SYSTEM_NAMESPACE}/cap-0")
+    cache.refresh()
+
+    assert cache.leaving == set()
