@@ -756,10 +756,7 @@ def test_an_empty_gpu_another_pools_waiting_pod_needs_is_released_at_once() -> N
     extender.flush()
     assert api.deleted == []  # B's capacity pod may still find a GPU
 
-    body["status"] = {
-        "phase": "Pending",
-        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-    }
+    body["status"] = unschedulable("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
     key = f"{keys.SYSTEM_NAMESPACE}/{body['metadata']['name']}"
     pods.objects[key] = body
     extender.cache.dirty.pod(key)
@@ -794,6 +791,12 @@ def test_pods_that_may_go_to_different_nodes_do_not_count_on_each_others_gpus() 
     assert avoided == ["n1", "n2"]
 
 
+def unschedulable(message: str) -> JSON:
+    """A pending pod's status after kube-scheduler found no node for it."""
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    return {"phase": "Pending", "conditions": [{**condition, "message": message}]}
+
+
 def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> None:
     """kube-scheduler finds no node for `far` (say its node selector names a GPU model no
     node has yet) and never asks the extender; the leader asks capacity for it anyway,
@@ -803,30 +806,11 @@ def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> Non
     NODES_OF[id(extender)].objects["n1"]["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
     extender.cache.dirty.node("n1")
     extender.leading = True
-    far = pending(pods, "far", "300m")
-    far["status"] = {
-        "phase": "Pending",
-        "conditions": [
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.",
-            }
-        ],
-    }
-    seen = pending(pods, "seen", "300m")
-    seen["status"] = {
-        "phase": "Pending",
-        "conditions": [
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": "0/2 nodes are available: 2 gpupack: no GPU of this pod's pool.",
-            }
-        ],
-    }
+    for name, message in (
+        ("far", "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."),
+        ("seen", "0/2 nodes are available: 2 gpupack: no GPU of this pod's pool."),
+    ):
+        pending(pods, name, "300m")["status"] = unschedulable(message)
     for name in ("far", "seen"):
         extender.cache.dirty.pod(f"ml/{name}")
 
