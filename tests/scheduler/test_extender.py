@@ -4,7 +4,7 @@ is ever booked twice whatever kube-scheduler interleaves."""
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -125,23 +125,45 @@ def _finish_capacity_writes() -> Iterator[None]:
         _made.pop().run(stop)
 
 
-NODES_OF: dict[int, Store] = {}  # id of an extender -> its node informer's store
 HOSTNAME = "kubernetes.io/hostname"
 
 
-def setup(*gpus: int, timeout: float = 60.0) -> tuple[Extender, Store, Api, Clock]:
-    nodes, pods = Store(), Store()
-    nodes.objects["n1"] = node("n1")
-    nodes.objects["n2"] = node("n2")
+def extender_over(
+    nodes: Store, pods: Store, api: Api, clock: Clock | None = None, **settings: Any
+) -> Extender:
+    """An extender over these informer stores, writing through `api` on one writer thread
+    (its writes run in order: `flush` waits for them)."""
+    made = Extender(
+        api,
+        Cache(nodes, pods, Dirty(), key=KEY),
+        PackingScorer(),
+        Settings(workers=1, **settings),
+        clock=clock or Clock(),
+    )
+    _made.append(made)
+    return made
+
+
+def setup(
+    *gpus: int,
+    timeout: float = 60.0,
+    nodes: Mapping[str, int] | None = None,
+    api: Callable[[Store], Api] = Api,
+    **settings: Any,
+) -> tuple[Extender, Store, Api, Clock]:
+    """An extender with capacity pods `cap-<i>` for `gpus` on n1, over `nodes` (name ->
+    allocatable nvidia.com/gpu; by default n1 and n2 with none, as kwok nodes without
+    the device plugin's count)."""
+    node_store, pods = Store(), Store()
+    for name, count in (nodes or {"n1": 0, "n2": 0}).items():
+        node_store.objects[name] = node(name)
+        if count:
+            node_store.objects[name]["status"]["allocatable"][keys.NVIDIA_GPU] = str(count)
     for index in gpus:
         pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-{index}"] = capacity(index)
-    api, clock = Api(pods), Clock()
-    cache = Cache(nodes, pods, Dirty(), key=KEY)
-    settings = Settings(reservation_timeout=timeout, workers=1)
-    extender = Extender(api, cache, PackingScorer(), settings, clock=clock)
-    _made.append(extender)
-    NODES_OF[id(extender)] = nodes
-    return extender, pods, api, clock
+    writer, clock = api(pods), Clock()
+    settings.setdefault("reservation_timeout", timeout)
+    return extender_over(node_store, pods, writer, clock, **settings), pods, writer, clock
 
 
 def pending(
@@ -446,13 +468,7 @@ def test_capacity_for_a_pod_lands_only_where_that_pod_could_then_run() -> None:
     anti-affinity or a host port excludes n2 and n3). Its capacity pod may go to n1 or to a
     node an autoscaler adds, never to n2 or n3; and it carries the pod's affinity to
     other pods, so a node added for it is one the pod could use."""
-    extender, pods, api, _ = setup(0)
-    for name in ("n1", "n2", "n3"):
-        gpu_node = node(name)
-        gpu_node["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
-        extender.cache.dirty.node(name)
-        NODES_OF[id(extender)].objects[name] = gpu_node
-    NODES_OF[id(extender)].objects["cpu-only"] = node("cpu-only")
+    extender, pods, api, _ = setup(0, nodes={"n1": 8, "n2": 8, "n3": 8, "cpu-only": 0})
     filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
     pod = pending(pods, "web", "900m")
     near_db = {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": HOSTNAME}
@@ -655,15 +671,7 @@ def test_no_interleaving_of_filters_restarts_and_slow_capacity_pods_over_provisi
     api, clock = CreatingApi(pods), Clock()
 
     def start() -> Extender:
-        made = Extender(
-            api,
-            Cache(nodes, pods, Dirty(), key=KEY),
-            PackingScorer(),
-            Settings(workers=1),
-            clock=clock,
-        )
-        _made.append(made)
-        return made
+        return extender_over(nodes, pods, api, clock)
 
     extender = start()
     names = [f"p{i}" for i in range(24)]
@@ -737,14 +745,8 @@ def test_an_empty_gpu_another_pools_waiting_pod_needs_is_released_at_once() -> N
     """cap-0 (pool A) sits empty on n1. A pod of pool B may only go to n1, and B's capacity
     pod fits nowhere (n1's GPUs are all held). The grace period would keep cap-0 for five
     minutes; B's pod needs that GPU now."""
-    nodes, pods = Store(), Store()
-    nodes.objects["n1"] = node("n1")
-    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"] = capacity(0)
-    api, clock = DeletingApi(pods), Clock()
-    extender = Extender(
-        api, Cache(nodes, pods, Dirty(), key=KEY), PackingScorer(), Settings(workers=1), clock=clock
-    )
-    _made.append(extender)
+    extender, pods, api, _ = setup(0, nodes={"n1": 0}, api=DeletingApi)
+    assert isinstance(api, DeletingApi)
     extender.leading = True
     other = pending(pods, "other", "300m")
     other["spec"]["tolerations"] = [{"key": "team-b", "operator": "Exists"}]  # pool B
@@ -771,10 +773,7 @@ def test_pods_that_may_go_to_different_nodes_do_not_count_on_each_others_gpus() 
     n1 and `b` only onto n2 (anti-affinity, say): a GPU coming for one is no GPU for the
     other, so each gets its own, required where it may run. Pods with equal requirements
     still share one."""
-    extender, pods, api, _ = setup()
-    for name in ("n1", "n2"):
-        NODES_OF[id(extender)].objects[name]["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
-        extender.cache.dirty.node(name)
+    extender, pods, api, _ = setup(nodes={"n1": 8, "n2": 8})
 
     filter_(extender, pending(pods, "a", "300m"), nodes=("n1",))
     filter_(extender, pending(pods, "b", "300m"), nodes=("n2",))
@@ -802,9 +801,7 @@ def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> Non
     node has yet) and never asks the extender; the leader asks capacity for it anyway,
     required off every existing GPU node, so only an autoscaler's new node can take it.
     A pod gpupack refused was seen by the extender: it waits for its next filter."""
-    extender, pods, api, _ = setup()
-    NODES_OF[id(extender)].objects["n1"]["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
-    extender.cache.dirty.node("n1")
+    extender, pods, api, _ = setup(nodes={"n1": 8, "n2": 0})
     extender.leading = True
     for name, message in (
         ("far", "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector."),
@@ -833,15 +830,10 @@ def test_capacity_no_pod_ever_used_is_released_after_the_short_grace_period() ->
     """A burst's capacity its pods did not need holds a GPU for `unused_grace`, not the
     grace period kept for GPUs that hosted shares (a pod that restarts finds one warm).
     Capacity pods there when the extender started may have hosted before: the long one."""
-    nodes, pods = Store(), Store()
-    nodes.objects["n1"] = node("n1")
-    pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-0"] = capacity(0)  # there at start
-    api, clock = DeletingApi(pods), Clock()
-    settings = Settings(workers=1, grace_period=300, unused_grace=30)
-    extender = Extender(
-        api, Cache(nodes, pods, Dirty(), key=KEY), PackingScorer(), settings, clock=clock
+    extender, pods, api, clock = setup(  # cap-0: there at start
+        0, nodes={"n1": 0}, api=DeletingApi, grace_period=300, unused_grace=30
     )
-    _made.append(extender)
+    assert isinstance(api, DeletingApi)
     extender.leading = True
     extender.tick()
     pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-1"] = capacity(1)  # a burst's, unused
