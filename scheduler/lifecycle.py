@@ -100,7 +100,6 @@ class Lifecycle:
         self._orphan_since: dict[str, float] = {}
         self._evicting: set[str] = set()
         self._overcommitted: set[str] = set()  # pods reported over-committed
-        self._claimed: dict[str, str] = {}  # names being created -> their placement key
         # Capacity pods first seen after the first housekeeping round that have hosted no
         # share yet: deleted after `unused_grace`, not `grace_period`, once nothing wants
         # them. Those there at start may have hosted shares before a restart: not fresh.
@@ -133,20 +132,18 @@ class Lifecycle:
         memory than the largest GPU the pool holds gets none: another such GPU would not
         take it either (its FailedScheduling says `insufficient GPU memory`)."""
         key = placement_key(required)
-        creating = self._creator.in_flight(pool, seen=self.cache.capacity)
-        self._claimed = {n: k for n, k in self._claimed.items() if n in creating}
+        creating = self._creator.in_flight(pool, seen=self.cache.capacity, placement=key)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool) if placement_of(c.pod) == key]
-        coming += [PlanGpu(name) for name in creating if self._claimed.get(name) == key]
+        coming += [PlanGpu(name) for name in creating]
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
         if known:
             waiting = [a for a in waiting if a.memory <= max(known)]
         missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
         used += self.cache.leaving  # a name reused before its pod is gone is no new GPU
-        names = self._creator.claim(pool, missing, used)
+        names = self._creator.claim(pool, missing, used, placement=key)
         if not names:
             return
-        self._claimed.update(dict.fromkeys(names, key))
         where = Where(
             steer=tuple(sorted(feasible)),
             packed=tuple(holding_nodes(c.pod for c in self.cache.capacity.values())),

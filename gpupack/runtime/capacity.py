@@ -33,6 +33,7 @@ from gpupack.capacity import (
     capacity_index,
     capacity_names,
     capacity_pod,
+    placement_key,
 )
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError, Backoff, retry
@@ -73,31 +74,37 @@ class CapacityCreator:
     attempts: int = 3
     budget: float = CREATE_BUDGET
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _in_flight: dict[str, dict[str, float]] = field(  # pool -> name -> expiry
+    # pool -> name -> (expiry, the placement key it was claimed for)
+    _in_flight: dict[str, dict[str, tuple[float, str]]] = field(
         default_factory=dict, init=False, repr=False
     )
 
-    def in_flight(self, pool: str, seen: Iterable[str] = ()) -> tuple[str, ...]:
+    def in_flight(
+        self, pool: str, seen: Iterable[str] = (), placement: str | None = None
+    ) -> tuple[str, ...]:
         """The pool's claimed names that are not `seen` yet (by the caller's informer) and
-        have not expired; the others are forgotten."""
+        have not expired (the others are forgotten); with `placement`, only those claimed
+        for it (`gpupack.capacity.placement_key`)."""
         now, shown = self.clock(), set(seen)
         with self._lock:
             names = self._in_flight.get(pool, {})
-            for name, expires in list(names.items()):
+            for name, (expires, _) in list(names.items()):
                 if expires <= now or name in shown:
                     del names[name]
-            return tuple(sorted(names))
+            return tuple(sorted(n for n, (_, key) in names.items() if placement in (None, key)))
 
-    def claim(self, pool: str, count: int, used: Iterable[str]) -> tuple[str, ...]:
+    def claim(
+        self, pool: str, count: int, used: Iterable[str], placement: str = ""
+    ) -> tuple[str, ...]:
         """`count` names for new capacity pods of `pool`, not in `used` (the pool's
-        capacity pods the caller knows) nor in flight; they are in flight from now on."""
+        capacity pods the caller knows) nor in flight; they are in flight from now on, as
+        GPUs coming for pods with the requirements `placement` names."""
         if count <= 0:
             return ()
         with self._lock:
             names = self._in_flight.setdefault(pool, {})
             claimed = capacity_names(pool, [*used, *names], count)
-            expires = self.clock() + self.ttl
-            names.update(dict.fromkeys(claimed, expires))
+            names.update(dict.fromkeys(claimed, (self.clock() + self.ttl, placement)))
         return claimed
 
     def release(self, pool: str, names: Iterable[str]) -> None:
@@ -156,7 +163,10 @@ class CapacityCreator:
             else:
                 created.append(name)
             with self._lock:  # counted until the informer shows it
-                self._in_flight.setdefault(pool, {})[name] = self.clock() + self.ttl
+                self._in_flight.setdefault(pool, {})[name] = (
+                    self.clock() + self.ttl,
+                    placement_key(where),
+                )
         if created:
             log.info("pool %s: created capacity pods %s", pool, ", ".join(created))
         return Created(tuple(created), tuple(existing))

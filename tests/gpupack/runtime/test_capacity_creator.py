@@ -61,6 +61,20 @@ def test_claims_take_the_lowest_free_names_and_count_until_seen_or_expired() -> 
     assert made.in_flight(POOL) == ()
 
 
+def test_names_in_flight_are_told_apart_by_the_placement_they_were_claimed_for() -> None:
+    """A GPU coming for pods that may only run on one node is no GPU for others; the names
+    stay taken for every claim all the same."""
+    made = creator(Pods(), Clock())
+
+    near = made.claim(POOL, 1, used=(), placement="near-db")
+    anywhere = made.claim(POOL, 1, used=())
+
+    assert (near, anywhere) == (names(0), names(1))
+    assert made.in_flight(POOL, placement="near-db") == names(0)
+    assert made.in_flight(POOL, placement="") == names(1)
+    assert made.in_flight(POOL) == names(0, 1)
+
+
 def test_created_pods_carry_the_pool_and_its_scheduling_metadata() -> None:
     pods = Pods()
     made = creator(pods, Clock())
