@@ -112,6 +112,9 @@ class Cache:
         # Capacity pods that are going (deleting, finished) but still exist: their names
         # are taken on the API server until they are gone.
         self.leaving: set[str] = set()
+        # Nodes that offer whole GPUs (`nvidia.com/gpu` allocatable): where a capacity pod
+        # could land. Kept with the node events, read on every refused filter.
+        self.gpu_nodes: set[str] = set()
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
 
     # Folding events in.
@@ -136,9 +139,11 @@ class Cache:
         self.pending.clear()
         self.capacity.clear()
         self.leaving.clear()
+        self.gpu_nodes.clear()
         self._on_node.clear()
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
+            self._note_gpus(obj)
         pods = self._pods.items()
         # GPUs before the pods on them.
         for pod in sorted(pods, key=lambda p: not is_capacity(p, self._namespace)):
@@ -153,15 +158,25 @@ class Cache:
         obj = self._nodes.get(name)
         if obj is None:
             self.snapshot.remove_node(name)
+            self.gpu_nodes.discard(name)
             return
         returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
+        self._note_gpus(obj)
         if returned:  # a node deleted and made again: its capacity pods' GPUs come back
             held = [c.name for c in self.capacity.values() if _node_name(c.pod) == name]
             for key in (f"{self._namespace}/{n}" for n in held):
                 self._apply_pod(key, self._pods.get(key))
         for key in sorted(self._on_node.pop(name, set())):
             self._apply_pod(key, self._pods.get(key))
+
+    def _note_gpus(self, node: JSON) -> None:
+        name = str(node["metadata"]["name"])
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
+            self.gpu_nodes.add(name)
+        else:
+            self.gpu_nodes.discard(name)
 
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)
@@ -251,16 +266,6 @@ class Cache:
     def request(self, pod: JSON) -> Request | NotOurs:
         """What a pod to place asks for, or why it will not be placed (its seal included)."""
         return request_of(pod, self._key)
-
-    def gpu_nodes(self) -> list[str]:
-        """The nodes that offer whole GPUs (`nvidia.com/gpu` allocatable): where a
-        capacity pod could land."""
-        names = []
-        for obj in self._nodes.items():
-            allocatable = (obj.get("status") or {}).get("allocatable") or {}
-            if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
-                names.append(str(obj["metadata"]["name"]))
-        return sorted(names)
 
     def coming(self, pool: str) -> list[Capacity]:
         """Capacity pods of `pool` that are not a usable GPU yet."""

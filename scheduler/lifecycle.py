@@ -112,7 +112,7 @@ class Lifecycle:
         pod go to; a node that does not exist yet is fine), and next to the pods its
         required pod affinity names."""
         return Where(
-            avoid=tuple(n for n in self.cache.gpu_nodes() if n not in feasible),
+            avoid=tuple(sorted(self.cache.gpu_nodes.difference(feasible))),
             near=affinity_to_others(example),
         )
 

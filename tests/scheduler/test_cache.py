@@ -280,3 +280,31 @@ def test_a_capacity_pod_that_is_going_keeps_its_name_taken_until_it_is_gone() ->
     cache.refresh()
 
     assert cache.leaving == set()
+
+
+def test_the_nodes_offering_whole_gpus_follow_the_node_events() -> None:
+    nodes = Store()
+    nodes.objects["n1"] = node("n1")
+    cache = Cache(nodes, Store(), Dirty())
+    cache.refresh()
+    assert cache.gpu_nodes == set()
+
+    gpu = node("n2")
+    gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
+    nodes.objects["n2"] = gpu
+    cache.dirty.node("n2")
+    cache.refresh()
+    assert cache.gpu_nodes == {"n2"}
+
+    gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "0"  # the device plugin went away
+    cache.dirty.node("n2")
+    cache.refresh()
+    assert cache.gpu_nodes == set()
+
+    gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
+    cache.dirty.node("n2")
+    cache.refresh()
+    del nodes.objects["n2"]
+    cache.dirty.node("n2")
+    cache.refresh()
+    assert cache.gpu_nodes == set()
