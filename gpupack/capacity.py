@@ -38,7 +38,7 @@ CONTAINER_NAME: Final = "capacity"
 DEFAULT_IMAGE: Final = "registry.k8s.io/pause:3.10"
 GPUPACK_IMAGE: Final = "ghcr.io/gpupack/gpupack"  # MPS pools' capacity pods run gpupack's
 CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked for the GPU
-# The requirements it was made with (`Where.key`): which waiting pods it is coming for.
+# The requirements it was made with (`placement_key`): which waiting pods it is coming for.
 PLACEMENT: Final = f"{keys.DOMAIN}/placement"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 COMPONENT: Final = "app.kubernetes.io/component"

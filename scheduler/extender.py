@@ -43,7 +43,7 @@ from scheduler.escapes import Escapes
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
 from scheduler.ledger import NotOurs, pod_key
-from scheduler.lifecycle import Lifecycle, Waiting
+from scheduler.lifecycle import Lifecycle, Waiting, unschedulable
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, place, refusal
 from scheduler.reporting import Notices, measure
@@ -351,7 +351,8 @@ class Extender:
             if key in self.waiting or key in self.cache.assumed:
                 continue
             request = entry.request
-            if not isinstance(request, Request) or not _no_node_fits(entry.pod):
+            why = unschedulable(entry.pod)
+            if not isinstance(request, Request) or why is None or "gpupack:" in why:
                 continue
             required = self._wait(key, entry.pod, request, frozenset(), now)
             self._ask_capacity(entry.pod, request, required, (), now)
@@ -429,15 +430,6 @@ class Extender:
     def _count_bind(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.attempts.labels(result=result).inc()
-
-
-def _no_node_fits(pod: JSON) -> bool:
-    """kube-scheduler marked the pod Unschedulable, and not because gpupack refused it:
-    none of its nodes passed kube-scheduler's own filters."""
-    for condition in (pod.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return "gpupack:" not in str(condition.get("message", ""))
-    return False
 
 
 def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:

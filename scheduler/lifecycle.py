@@ -227,7 +227,7 @@ class Lifecycle:
         per such stuck capacity pod. Returns the names deleted."""
         stuck: dict[str, int] = {}
         for capacity in self.cache.capacity.values():
-            if capacity.gpu is None and _unschedulable(capacity.pod):
+            if capacity.gpu is None and unschedulable(capacity.pod) is not None:
                 stuck[capacity.pool] = stuck.get(capacity.pool, 0) + 1
         released: set[str] = set()
         snapshot = self.cache.snapshot
@@ -317,12 +317,13 @@ class Lifecycle:
             self._metrics.evicted.inc()
 
 
-def _unschedulable(pod: JSON) -> bool:
-    """kube-scheduler found no node for the pod (its PodScheduled condition says so)."""
-    conditions = (pod.get("status") or {}).get("conditions") or ()
-    return any(
-        c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
-    )
+def unschedulable(pod: JSON) -> str | None:
+    """Why kube-scheduler found no node for the pod (its PodScheduled condition's
+    message), or None when it has not said so."""
+    for condition in (pod.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message", ""))
+    return None
 
 
 def _could_use(waiting: Waiting, gpu: Gpu | None, holder: JSON) -> bool:
