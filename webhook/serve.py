@@ -248,7 +248,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
-def connect_cluster(args: argparse.Namespace, metrics: WebhookMetrics) -> ClusterPort | None:
+def connect_cluster(args: argparse.Namespace) -> ClusterPort | None:
     # Lazy: importing the kubernetes client is slow, and `explain` never needs it.
     from webhook.cluster import connect  # noqa: PLC0415
 
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     metrics_server: Endpoints | None = None
     try:
         try:
-            cluster = connect_cluster(args, metrics)
+            cluster = connect_cluster(args)
         except Exception as exc:
             log.error("cannot connect to the cluster: %s: %s", type(exc).__name__, exc)
             return EXIT_CONFIG
