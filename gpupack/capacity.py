@@ -38,7 +38,7 @@ CONTAINER_NAME: Final = "capacity"
 DEFAULT_IMAGE: Final = "registry.k8s.io/pause:3.10"
 GPUPACK_IMAGE: Final = "ghcr.io/gpupack/gpupack"  # MPS pools' capacity pods run gpupack's
 CREATED_FOR: Final = f"{keys.DOMAIN}/created-for"  # which workload first asked for the GPU
-# The requirements it was made with (`placement_key`): which waiting pods it is coming for.
+# The requirements it was made with (`Where.key`): which waiting pods it is coming for.
 PLACEMENT: Final = f"{keys.DOMAIN}/placement"
 MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 COMPONENT: Final = "app.kubernetes.io/component"
@@ -261,25 +261,25 @@ class Where:
       and an autoscaler must not add a node for it that the pod could not use.
     - `steer` (preferred, weight 100): the nodes the pods may go to.
     - `packed` (preferred, weight 50): the nodes already holding capacity pods.
+
+    `key` is what the requirements say, as a short stable digest, made once: waiting pods
+    with equal keys can use the same new GPUs, others cannot. Empty for no requirement
+    at all (the preferences do not change where a GPU may land).
     """
 
     steer: tuple[str, ...] = ()
     packed: tuple[str, ...] = ()
     avoid: tuple[str, ...] = ()
     near: tuple[JSON, ...] = ()
+    key: str = field(default="", init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.avoid or self.near:
+            text = json.dumps([sorted(self.avoid), list(self.near)], sort_keys=True)
+            object.__setattr__(self, "key", hashlib.sha256(text.encode()).hexdigest()[:16])
 
 
 ANYWHERE: Final = Where()  # no requirement, no preference
-
-
-def placement_key(where: Where) -> str:
-    """What the requirements of `where` (`avoid`, `near`) say, as a short stable digest:
-    waiting pods with equal keys can use the same new GPUs, others cannot. Empty for no
-    requirement at all. (The preferences do not change where a GPU may land.)"""
-    if not where.avoid and not where.near:
-        return ""
-    text = json.dumps([sorted(where.avoid), list(where.near)], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def holding_nodes(pods: Iterable[JSON]) -> list[str]:
@@ -345,8 +345,7 @@ def affinity_to_others(pod: JSON) -> tuple[JSON, ...]:
 def _placement(where: Where) -> dict[str, str]:
     """The `PLACEMENT` annotation of a capacity pod made with `where`: none without
     requirements (read as the empty key)."""
-    key = placement_key(where)
-    return {PLACEMENT: key} if key else {}
+    return {PLACEMENT: where.key} if where.key else {}
 
 
 def placement_of(pod: JSON) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gpupack.capacity import Allocation, Where, placement_key
+from gpupack.capacity import Allocation, Where
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
@@ -329,15 +329,13 @@ class Extender:
         )
         rejected = frozenset(n for n in self.cache.snapshot.nodes if n not in feasible)
         required = self._lifecycle.requirements(pod, feasible)
-        self.waiting[key] = Waiting(
-            request.pool, allocation, feasible, now, rejected, placement_key(required)
-        )
+        self.waiting[key] = Waiting(request.pool, allocation, feasible, now, rejected, required.key)
         return required
 
     def _ask_capacity(
         self, pod: JSON, request: Request, required: Where, feasible: Sequence[str], now: float
     ) -> None:
-        unplaced = self._unplaced(request.pool, placement_key(required), now)
+        unplaced = self._unplaced(request.pool, required.key, now)
         self._lifecycle.request(request.pool, pod, unplaced, required, feasible)
 
     def _adopt_unplaceable(self, now: float) -> None:

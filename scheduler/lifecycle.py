@@ -45,7 +45,6 @@ from gpupack.capacity import (
     Where,
     affinity_to_others,
     holding_nodes,
-    placement_key,
     placement_of,
     plan,
 )
@@ -131,7 +130,7 @@ class Lifecycle:
         count for them: a GPU bound for another node helps them not. A pod asking more
         memory than the largest GPU the pool holds gets none: another such GPU would not
         take it either (its FailedScheduling says `insufficient GPU memory`)."""
-        key = placement_key(required)
+        key = required.key
         creating = self._creator.in_flight(pool, seen=self.cache.capacity, placement=key)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool) if placement_of(c.pod) == key]
         coming += [PlanGpu(name) for name in creating]

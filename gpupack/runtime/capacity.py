@@ -33,7 +33,6 @@ from gpupack.capacity import (
     capacity_index,
     capacity_names,
     capacity_pod,
-    placement_key,
 )
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError, Backoff, retry
@@ -84,7 +83,7 @@ class CapacityCreator:
     ) -> tuple[str, ...]:
         """The pool's claimed names that are not `seen` yet (by the caller's informer) and
         have not expired (the others are forgotten); with `placement`, only those claimed
-        for it (`gpupack.capacity.placement_key`)."""
+        for it (`gpupack.capacity.Where.key`)."""
         now, shown = self.clock(), set(seen)
         with self._lock:
             names = self._in_flight.get(pool, {})
@@ -165,7 +164,7 @@ class CapacityCreator:
             with self._lock:  # counted until the informer shows it
                 self._in_flight.setdefault(pool, {})[name] = (
                     self.clock() + self.ttl,
-                    placement_key(where),
+                    where.key,
                 )
         if created:
             log.info("pool %s: created capacity pods %s", pool, ", ".join(created))
