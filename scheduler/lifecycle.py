@@ -131,7 +131,8 @@ class Lifecycle:
         memory than the largest GPU the pool holds gets none: another such GPU would not
         take it either (its FailedScheduling says `insufficient GPU memory`)."""
         key = required.key
-        creating = self._creator.in_flight(pool, seen=self.cache.capacity, placement=key)
+        seen = [*self.cache.capacity, *self.cache.leaving]
+        creating = self._creator.in_flight(pool, seen=seen, placement=key)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool) if placement_of(c.pod) == key]
         coming += [PlanGpu(name) for name in creating]
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
@@ -178,6 +179,7 @@ class Lifecycle:
         """Scale down, autoscaler annotations, orphans. `waiting`: the pods that fit on no
         GPU at their last filter."""
         snapshot = self.cache.snapshot
+        self._creator.shown(self.cache.capacity)
         by_pool: dict[str, list[Waiting]] = {}
         for entry in waiting.values():
             by_pool.setdefault(entry.pool, []).append(entry)

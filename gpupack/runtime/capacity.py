@@ -92,6 +92,17 @@ class CapacityCreator:
                     del names[name]
             return tuple(sorted(n for n, (_, key) in names.items() if placement in (None, key)))
 
+    def shown(self, names: Iterable[str]) -> None:
+        """Forget claimed names the caller's informer shows now, in every pool: they are
+        counted as the capacity pods they are from now on, and once such a pod is gone it
+        must not be counted as coming any longer (an in-flight name outlived a capacity
+        pod deleted soon after it appeared, and its pool waited for the TTL)."""
+        shown = set(names)
+        with self._lock:
+            for names_in_flight in self._in_flight.values():
+                for name in shown.intersection(names_in_flight):
+                    del names_in_flight[name]
+
     def claim(
         self, pool: str, count: int, used: Iterable[str], placement: str = ""
     ) -> tuple[str, ...]:

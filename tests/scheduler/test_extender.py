@@ -852,3 +852,27 @@ def test_capacity_no_pod_ever_used_is_released_after_the_short_grace_period() ->
     extender.tick()
     extender.flush()
     assert api.deleted == ["cap-1", "cap-0"]
+
+
+def test_a_capacity_pod_seen_and_then_gone_no_longer_counts_as_coming() -> None:
+    """The informer shows the capacity pod made for `a`, then it is deleted (say with its
+    node). Its name was in flight when created; seen once, it is no GPU coming any more,
+    so the next pod that fits nowhere gets a new one at once, not after the name's TTL."""
+    extender, pods, api, _ = setup(nodes={"n1": 8})
+    extender.leading = True
+    filter_(extender, pending(pods, "a", "900m"), nodes=("n1",))
+    extender.flush()
+    [made] = [b for p, b in api.created if p.endswith("/pods")]
+    key = f"{keys.SYSTEM_NAMESPACE}/{made['metadata']['name']}"
+    shown = capacity(0)
+    shown["metadata"] |= {"name": made["metadata"]["name"], "labels": made["metadata"]["labels"]}
+    pods.objects[key] = shown
+    extender.cache.dirty.pod(key)
+    extender.tick()  # the leader's round sees it
+
+    del pods.objects[key]
+    extender.cache.dirty.pod(key)
+    filter_(extender, pending(pods, "b", "900m"), nodes=("n1",))
+
+    # `a` (still waiting) and `b` need a GPU each, and nothing is coming: two more.
+    assert len(created_capacity(extender, api)) == 1 + 2
