@@ -253,7 +253,8 @@ class Where:
     """Where a new capacity pod may go (required) and should go (preferred).
 
     - `avoid` (required): the existing nodes where the pods it is made for may not run, by
-      any of their rules (kube-scheduler found them infeasible). A GPU there would be
+      any of their rules (kube-scheduler found them infeasible), or whose GPUs are too
+      small for what they ask. A GPU there would be
       wasted, so the capacity pod may go to any other node, including one an autoscaler
       adds.
     - `near` (required): the pods' required pod-affinity terms, with their namespaces

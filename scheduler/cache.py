@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.kube import JSON, labels_of
 from gpupack.shares import is_live
 from scheduler.ledger import (
     NotOurs,
@@ -26,6 +26,7 @@ from scheduler.ledger import (
     capacity_gpu,
     host_request,
     is_capacity,
+    node_gpu_memory,
     node_of,
     pod_key,
     request_of,
@@ -112,9 +113,10 @@ class Cache:
         # Capacity pods that are going (deleting, finished) but still exist: their names
         # are taken on the API server until they are gone.
         self.leaving: set[str] = set()
-        # Nodes that offer whole GPUs (`nvidia.com/gpu` allocatable): where a capacity pod
-        # could land. Kept with the node events, read on every refused filter.
-        self.gpu_nodes: set[str] = set()
+        # Nodes that offer whole GPUs (`nvidia.com/gpu` allocatable), where a capacity pod
+        # could land, and their per-GPU memory (GPU Feature Discovery's label; 0: unknown).
+        # Kept with the node events, read on every refused filter.
+        self.gpu_nodes: dict[str, int] = {}
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
 
     # Folding events in.
@@ -158,7 +160,7 @@ class Cache:
         obj = self._nodes.get(name)
         if obj is None:
             self.snapshot.remove_node(name)
-            self.gpu_nodes.discard(name)
+            self.gpu_nodes.pop(name, None)
             return
         returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
@@ -174,9 +176,9 @@ class Cache:
         name = str(node["metadata"]["name"])
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
-            self.gpu_nodes.add(name)
+            self.gpu_nodes[name] = node_gpu_memory(labels_of(node))
         else:
-            self.gpu_nodes.discard(name)
+            self.gpu_nodes.pop(name, None)
 
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)

@@ -105,15 +105,18 @@ class Lifecycle:
         self._fresh: set[str] | None = None
         self._known: set[str] = set()  # capacity pods seen at the last round
 
-    def requirements(self, example: JSON, feasible: Collection[str]) -> Where:
-        """Where a new GPU for `example` may land (`gpupack.capacity.Where`): not on a GPU
-        node kube-scheduler found infeasible for it (`feasible` are the nodes it let the
-        pod go to; a node that does not exist yet is fine), and next to the pods its
-        required pod affinity names."""
-        return Where(
-            avoid=tuple(sorted(self.cache.gpu_nodes.difference(feasible))),
-            near=affinity_to_others(example),
-        )
+    def requirements(self, example: JSON, feasible: Collection[str], memory: int = 0) -> Where:
+        """Where a new GPU for `example`, which asks `memory` bytes of it, may land
+        (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible for
+        it (`feasible` are the nodes it let the pod go to; a node that does not exist yet
+        is fine), nor on one whose GPUs are known to be smaller than that, and next to
+        the pods its required pod affinity names."""
+        avoid = [
+            name
+            for name, size in self.cache.gpu_nodes.items()
+            if name not in feasible or 0 < size < memory
+        ]
+        return Where(avoid=tuple(sorted(avoid)), near=affinity_to_others(example))
 
     def request(
         self,

@@ -287,19 +287,19 @@ def test_the_nodes_offering_whole_gpus_follow_the_node_events() -> None:
     nodes.objects["n1"] = node("n1")
     cache = Cache(nodes, Store(), Dirty())
     cache.refresh()
-    assert cache.gpu_nodes == set()
+    assert cache.gpu_nodes == {}
 
     gpu = node("n2")
     gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
     nodes.objects["n2"] = gpu
     cache.dirty.node("n2")
     cache.refresh()
-    assert cache.gpu_nodes == {"n2"}
+    assert cache.gpu_nodes == {"n2": 81920 * 2**20}  # and its GPUs' memory (the GFD label)
 
     gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "0"  # the device plugin went away
     cache.dirty.node("n2")
     cache.refresh()
-    assert cache.gpu_nodes == set()
+    assert cache.gpu_nodes == {}
 
     gpu["status"]["allocatable"][keys.NVIDIA_GPU] = "8"
     cache.dirty.node("n2")
@@ -307,4 +307,4 @@ def test_the_nodes_offering_whole_gpus_follow_the_node_events() -> None:
     del nodes.objects["n2"]
     cache.dirty.node("n2")
     cache.refresh()
-    assert cache.gpu_nodes == set()
+    assert cache.gpu_nodes == {}

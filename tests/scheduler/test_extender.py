@@ -148,15 +148,17 @@ def setup(
     *gpus: int,
     timeout: float = 60.0,
     nodes: Mapping[str, int] | None = None,
+    labels: Mapping[str, dict[str, str]] | None = None,
     api: Callable[[Store], Api] = Api,
     **settings: Any,
 ) -> tuple[Extender, Store, Api, Clock]:
     """An extender with capacity pods `cap-<i>` for `gpus` on n1, over `nodes` (name ->
     allocatable nvidia.com/gpu; by default n1 and n2 with none, as kwok nodes without
-    the device plugin's count)."""
+    the device plugin's count), with `labels` added to nodes by name."""
     node_store, pods = Store(), Store()
     for name, count in (nodes or {"n1": 0, "n2": 0}).items():
         node_store.objects[name] = node(name)
+        node_store.objects[name]["metadata"]["labels"].update((labels or {}).get(name, {}))
         if count:
             node_store.objects[name]["status"]["allocatable"][keys.NVIDIA_GPU] = str(count)
     for index in gpus:
@@ -876,3 +878,25 @@ def test_a_capacity_pod_seen_and_then_gone_no_longer_counts_as_coming() -> None:
 
     # `a` (still waiting) and `b` need a GPU each, and nothing is coming: two more.
     assert len(created_capacity(extender, api)) == 1 + 2
+
+
+def test_capacity_never_lands_on_a_node_whose_gpus_are_too_small_for_the_pod() -> None:
+    """kube-scheduler knows nothing of GPU memory: both nodes are feasible for a pod asking
+    30Gi, but the L4 node's GPUs have 22.5Gi (GPU Feature Discovery's label). A capacity
+    pod there would be a GPU the pod cannot use (and kube-scheduler's packing score
+    prefers the fuller, smaller node)."""
+    l4 = {keys.GFD_MEMORY_MIB: "23034"}
+    extender, pods, api, _ = setup(nodes={"a100": 8, "l4": 2}, labels={"l4": l4})
+
+    filter_(extender, pending(pods, "big", "300m", {keys.GPU_MEMORY: "30Gi"}), ("a100", "l4"))
+
+    assert len(created_capacity(extender, api)) == 1
+    [body] = [b for p, b in api.created if p.endswith("/pods")]
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"][0]["matchExpressions"][-1] == {
+        "key": HOSTNAME,
+        "operator": "NotIn",
+        "values": ["l4"],
+    }
