@@ -6,7 +6,8 @@ data-centre GPUs (T4: 15 GiB) without knowing the device at admission time.
 A policy is data: how much history the recommender looks at, which percentile plus
 how much headroom becomes the allocation, the bounds, the allocation a workload gets
 before there is any history, whether its GPU may be shared with other workloads, and
-how the recommendation is applied (`update_mode`). Operators override these with
+how the recommendation is applied (`update_mode`), and whether the scheduler may move
+its pods to empty part-used GPUs (`consolidation`). Operators override these with
 `GPUPolicy` objects (`policy_from_object`); a built-in applies wherever no valid object
 of its name exists (`effective_policies`).
 """
@@ -23,6 +24,7 @@ from gpupack.quantity import format_compute, format_memory, parse_compute, parse
 GiB: Final = 2**30
 DAY: Final = 86_400
 MIN_HISTORY_WINDOW: Final = 60
+MIN_CONSOLIDATION_WINDOW: Final = 10
 
 
 class UpdateMode(StrEnum):
@@ -38,6 +40,40 @@ class Sharing(StrEnum):
 
     SHARED = "shared"  # any workloads of the pool share a GPU; shares are accounting only
     MPS = "mps"  # CUDA MPS limits; a GPU only hosts pods of one workload
+
+
+class ConsolidationMode(StrEnum):
+    """Whether the scheduler may evict a policy's pods to empty part-used GPUs (the
+    trade-off of Karpenter's `consolidationPolicy`: GPUs saved against restarts)."""
+
+    OFF = "Off"  # never moved: a pod keeps its GPU until it ends
+    IDLE = "IdleGPUs"  # moved only off GPUs whose shares add up to at most `idle_below`
+    ON = "On"  # moved off any GPU whose every share fits on GPUs that stay held
+
+
+@dataclass(frozen=True, slots=True)
+class Consolidation:
+    """A policy's consolidation: the mode and the disruption budget it spends."""
+
+    mode: ConsolidationMode = ConsolidationMode.OFF
+    idle_below: float = 0.25  # IdleGPUs: booked compute and memory at most this fraction
+    evictions: int = 1  # per workload in any `window_seconds`
+    window_seconds: int = 600
+    allow_mps: bool = False  # real-time-mps pods are moved only when this says so
+
+    def __post_init__(self) -> None:
+        if not 0 < self.idle_below <= 1:
+            raise ContractError("consolidation.idleBelow", self.idle_below, "a fraction in (0, 1]")
+        if self.evictions < 1:
+            raise ContractError(
+                "consolidation.evictionsPerWindow", self.evictions, "a whole number of 1 or more"
+            )
+        if self.window_seconds < MIN_CONSOLIDATION_WINDOW:
+            raise ContractError(
+                "consolidation.windowSeconds",
+                self.window_seconds,
+                f"at least {MIN_CONSOLIDATION_WINDOW} seconds",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +92,18 @@ class Policy:
     initial_memory: int
     sharing: Sharing = Sharing.SHARED
     update_mode: UpdateMode = UpdateMode.INITIAL
+    consolidation: Consolidation = Consolidation()
 
     def __post_init__(self) -> None:
         key = f"policy {self.name}"
+        moves = self.consolidation.mode is not ConsolidationMode.OFF
+        if self.sharing is Sharing.MPS and moves and not self.consolidation.allow_mps:
+            raise ContractError(
+                f"{key} consolidation.mode",
+                self.consolidation.mode.value,
+                "Off for an mps policy, unless consolidation.allowMPS is true (moving a "
+                "real-time-mps pod restarts a latency-critical server)",
+            )
         if not 1 <= self.min_compute <= self.initial_compute <= self.max_compute <= 1000:
             raise ContractError(key, self, "1 <= min_compute <= initial_compute <= max <= 1000")
         max_memory = self.max_memory if self.max_memory is not None else self.initial_memory
@@ -226,6 +271,7 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     if mode not in set(UpdateMode):
         raise ContractError(f"{where}.updateMode", mode, ", ".join(UpdateMode))
     description = _field(spec, "description", where, required=False)
+    consolidation = _consolidation(_field(spec, "consolidation", where, required=False), where)
     return Policy(
         name=name,
         description=str(description) if description is not None else "",
@@ -243,7 +289,58 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
         initial_memory=parse_memory(_field(spec, "initialMemory", where), f"{where}.initialMemory"),
         sharing=Sharing(sharing),
         update_mode=UpdateMode(mode),
+        consolidation=consolidation,
     )
+
+
+def _consolidation(value: Any, where: str) -> Consolidation:
+    """`spec.consolidation` of a GPUPolicy; absent: Off."""
+    if value is None:
+        return Consolidation()
+    where = f"{where}.consolidation"
+    if not isinstance(value, Mapping):
+        raise ContractError(where, value, "an object: {mode, idleBelow, evictionsPerWindow, ...}")
+    mode = value.get("mode", ConsolidationMode.OFF.value)
+    if mode not in set(ConsolidationMode):
+        raise ContractError(f"{where}.mode", mode, ", ".join(ConsolidationMode))
+    default = Consolidation()
+    idle = value.get("idleBelow", default.idle_below)
+    if isinstance(idle, bool) or not isinstance(idle, int | float):
+        raise ContractError(f"{where}.idleBelow", idle, "a fraction in (0, 1]")
+    whole: dict[str, int] = {}
+    for name, fallback in (
+        ("evictionsPerWindow", default.evictions),
+        ("windowSeconds", default.window_seconds),
+    ):
+        number = value.get(name, fallback)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise ContractError(f"{where}.{name}", number, "a whole number")
+        whole[name] = number
+    allow = value.get("allowMPS", False)
+    if not isinstance(allow, bool):
+        raise ContractError(f"{where}.allowMPS", allow, "true or false")
+    try:
+        return Consolidation(
+            ConsolidationMode(mode),
+            float(idle),
+            whole["evictionsPerWindow"],
+            whole["windowSeconds"],
+            allow,
+        )
+    except ContractError as error:
+        field = error.key.split(".")[-1]
+        raise ContractError(f"{where}.{field}", error.value, error.accepted) from None
+
+
+def consolidation_spec(consolidation: Consolidation) -> dict[str, Any]:
+    """`spec.consolidation` of a GPUPolicy object."""
+    return {
+        "mode": consolidation.mode.value,
+        "idleBelow": consolidation.idle_below,
+        "evictionsPerWindow": consolidation.evictions,
+        "windowSeconds": consolidation.window_seconds,
+        "allowMPS": consolidation.allow_mps,
+    }
 
 
 def policy_spec(policy: Policy) -> dict[str, Any]:
@@ -261,6 +358,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         "initialMemory": format_memory(policy.initial_memory),
         "sharing": policy.sharing.value,
         "updateMode": policy.update_mode.value,
+        "consolidation": consolidation_spec(policy.consolidation),
     }
     if policy.max_memory is not None:
         spec["maxMemory"] = format_memory(policy.max_memory)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from certs.cli import build_parser
-from gpupack.policy import BUILTIN
+from gpupack.policy import BUILTIN, policy_from_object
 from gpupack.quantity import parse_compute, parse_memory
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "gpupack"
@@ -237,6 +237,7 @@ def test_the_default_policies_are_the_builtins() -> None:
             parse_memory(spec["maxMemory"], name) if "maxMemory" in spec else None
         ) == builtin.max_memory
         assert spec["sharing"] == builtin.sharing.value
+        assert policy_from_object({"metadata": {"name": name}, "spec": spec}) == builtin
     assert of_kind(render("--set=policies.install=false"), "GPUPolicy") == []
 
 
