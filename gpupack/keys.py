@@ -42,6 +42,10 @@ REQUEUE_CONDITION: Final = f"{DOMAIN}/GPUWithRoom"
 # On a capacity pod, by the exporter: why its GPU is unhealthy (lost, a critical XID);
 # absent while it is healthy. The scheduler places no new pod on such a GPU.
 GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
+# On a capacity pod, by the scheduler: when consolidation began to empty its GPU (an
+# RFC 3339 time). The scheduler places no new pod on it; once its pods have moved, the
+# capacity pod is deleted. Removed again when the drain is given up.
+DRAINING: Final = f"{DOMAIN}/draining"
 
 # On a Deployment's or StatefulSet's pod template: set by the recommender (updateMode
 # Auto) to roll the workload's pods onto a new recommendation, as `kubectl rollout

@@ -296,6 +296,6 @@ def _node_name(pod: JSON) -> str:
 
 def _gpu_changed(old: Gpu, new: Gpu) -> bool:
     def seen(g: Gpu) -> tuple[object, ...]:
-        return (g.node, g.memory, g.model, g.pool, g.holder, g.coming, g.healthy)
+        return (g.node, g.memory, g.model, g.pool, g.holder, g.coming, g.healthy, g.draining)
 
     return seen(old) != seen(new)

@@ -3,7 +3,8 @@
 Pure translation, no I/O. The GPU ledger is rebuilt from these alone: a Running capacity
 pod with `gpupack.io/gpu-uuid` is a GPU (its memory from the exporter's annotation,
 else the node's GFD memory label; unhealthy while the exporter says so with
-`gpupack.io/gpu-unhealthy`); a fractional pod bound to a node with
+`gpupack.io/gpu-unhealthy`; draining while consolidation empties it, with
+`gpupack.io/draining`); a fractional pod bound to a node with
 `gpupack.io/gpu-uuid` holds its share there; every other pod on a node holds its CPU,
 memory and a pod slot. So a restarted scheduler books exactly what the annotations say.
 """
@@ -93,6 +94,7 @@ def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
         coming=not running,
         # Unhealthy: the exporter says so, or its MPS daemon does not answer.
         healthy=not annotations.get(keys.GPU_UNHEALTHY) and daemon_ready(pod),
+        draining=bool(annotations.get(keys.DRAINING)),
     )
 
 

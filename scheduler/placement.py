@@ -98,6 +98,8 @@ def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
         return "GPU not running yet"
     if not gpu.healthy:
         return "GPU unhealthy"
+    if gpu.draining:
+        return "GPU draining (consolidation is emptying it)"
     if gpu.over:
         return "GPU over-committed (pods run on it that its books cannot hold)"
     if gpu.free_compute < request.compute:

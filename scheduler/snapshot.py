@@ -85,6 +85,7 @@ class Gpu:
     exclusive_owner: str = ""  # set while an MPS workload holds the GPU
     healthy: bool = True  # False when the exporter reports the GPU unhealthy: no new pods
     over: int = 0  # pods running on it whose share its books cannot hold: no new pods
+    draining: bool = False  # being emptied by consolidation: no new pods
 
     @property
     def free_compute(self) -> int:
@@ -438,6 +439,7 @@ def state_key(node: Node) -> tuple[object, ...] | None:
                 hosts_pods,
                 g.healthy,
                 g.over > 0,
+                g.draining,
             )
         )
     return (

@@ -1,0 +1,240 @@
+"""Consolidation: which part-used GPU to empty so that its capacity pod, and then its
+node, can go. Pure: a snapshot and a judge in, moves out.
+
+Churn leaves GPUs part-used: pods end, Deployments shrink, and every GPU that still
+holds one share keeps a capacity pod and a node. Placement packs pods as they arrive;
+nothing else moves a pod once it runs. A pool *could shrink* when it holds more GPUs
+than its shares need (`lower_bound`: the shares' compute and memory, rounded up to whole
+GPUs). Then its emptiest GPUs are tried in turn: one qualifies when every share on it
+may be moved (`Judge`: the policy allows it, a controller will recreate the pod, the
+budget has room, ...) and fits, by the same compute, memory, model and real-time-mps
+rules placement checks, on another GPU of its pool that stays held, with the host CPU
+and memory of that GPU's node. That GPU is emptied: its capacity pod is marked
+draining, so placement puts nothing new on it, and its pods are evicted; their
+controllers recreate them and placement, which prefers GPUs already in use, puts them
+on the GPUs that had room. The plan names those GPUs, but it is a plan, not a binding:
+kube-scheduler's other rules (anti-affinity, spread) may send a recreated pod
+elsewhere, which is why each workload's evictions are budgeted.
+
+Only a move that empties a whole GPU is made: thinning a GPU saves nothing. One GPU
+per pool at a time (`per_pool`), so a pool never drains faster than its pods restart.
+"""
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from scheduler.snapshot import FULL_GPU, Booking, Gpu, Request, Snapshot
+
+CANDIDATES: Final = 64  # GPUs tried per pool and round, emptiest first: a bounded search
+
+# Why `booking` may not be moved off `gpu` (a readable reason), or None when it may.
+Judge = Callable[[Booking, Gpu], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Empty `gpu`: evict `pods` (keys), planned to land on `targets` (one each)."""
+
+    pool: str
+    gpu: str  # UUID
+    holder: str  # its capacity pod
+    node: str
+    pods: tuple[str, ...]
+    targets: tuple[str, ...]
+    held: int  # GPUs the pool holds (hosting a share)
+    needed: int  # the lower bound of what its shares need
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"pool {self.pool or '(default)'} holds {self.held} GPUs where its shares need "
+            f"{self.needed}; GPU {self.gpu} (capacity pod {self.holder} on {self.node}) is "
+            f"emptied: its {len(self.pods)} share(s) fit on GPUs that stay held"
+        )
+
+
+def held(gpu: Gpu) -> bool:
+    """A GPU someone pays for and something uses: running, with a share on it."""
+    return not gpu.coming and gpu.pods > 0
+
+
+def lower_bound(gpus: Iterable[Gpu]) -> int:
+    """The fewest GPUs that could hold these GPUs' shares: their compute, and their
+    memory over the largest GPU's, rounded up."""
+    compute = memory = largest = 0
+    for gpu in gpus:
+        compute += gpu.used_compute
+        memory += gpu.used_memory
+        largest = max(largest, gpu.memory)
+    by_memory = math.ceil(memory / largest) if largest else 0
+    return max(math.ceil(compute / FULL_GPU), by_memory)
+
+
+def plan(
+    snapshot: Snapshot,
+    judge: Judge,
+    *,
+    busy: frozenset[str] = frozenset(),
+    per_pool: int = 1,
+) -> list[Move]:
+    """The GPUs to empty now, at most `per_pool` per pool; `busy` pools (one of their
+    GPUs is still draining) get none."""
+    on_gpu: dict[str, list[Booking]] = {}
+    for booking in snapshot.bookings.values():
+        for uuid in booking.named:
+            on_gpu.setdefault(uuid, []).append(booking)
+    pools: dict[str, list[Gpu]] = {}
+    for gpu in snapshot.gpus.values():
+        if held(gpu) and gpu.pool not in busy:
+            pools.setdefault(gpu.pool, []).append(gpu)
+    moves: list[Move] = []
+    for pool, gpus in sorted(pools.items()):
+        needed = lower_bound(gpus)
+        if len(gpus) <= needed:
+            continue
+        room = _Room(snapshot, gpus)
+        tried = made = 0
+        for gpu in sorted(gpus, key=_emptiest):
+            if tried == CANDIDATES or made == per_pool:
+                break
+            shares = on_gpu.get(gpu.uuid, [])
+            if not _movable(gpu, shares, judge):
+                continue
+            tried += 1
+            targets = room.fit(gpu, [b.request for b in shares])
+            if targets is None:
+                continue
+            ordered = sorted(shares, key=_largest_first)
+            made += 1
+            moves.append(
+                Move(
+                    pool,
+                    gpu.uuid,
+                    gpu.holder,
+                    gpu.node,
+                    tuple(b.request.key for b in ordered),
+                    targets,
+                    len(gpus),
+                    needed,
+                )
+            )
+    return moves
+
+
+def _emptiest(gpu: Gpu) -> tuple[float, int, str]:
+    memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
+    return (max(gpu.used_compute / gpu.compute, memory), gpu.pods, gpu.uuid)
+
+
+def _largest_first(booking: Booking) -> tuple[int, int, str]:
+    request = booking.request
+    return (-request.compute, -request.gpu_memory, request.key)
+
+
+def _movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
+    """Whether every pod on `gpu` is a movable share of it alone."""
+    if gpu.draining or gpu.over or not gpu.healthy or not shares:
+        return False
+    for booking in shares:
+        if booking.over or booking.request.gpus != 1 or booking.request.compute >= gpu.compute:
+            return False  # a whole GPU's pod gains nothing by moving
+        if judge(booking, gpu) is not None:
+            return False
+    return True
+
+
+class _Room:
+    """The room left on a pool's GPUs and their nodes as this round's moves use it."""
+
+    def __init__(self, snapshot: Snapshot, gpus: list[Gpu]) -> None:
+        self._snapshot = snapshot
+        self._gpus = [g for g in gpus if g.healthy and not g.draining and not g.over]
+        self._compute = {g.uuid: g.free_compute for g in self._gpus}
+        self._memory = {g.uuid: g.free_memory for g in self._gpus}
+        self._owners = {g.uuid: set(g.owners) for g in self._gpus}
+        self._exclusive = {g.uuid: g.exclusive_owner for g in self._gpus}
+        self._cpu: dict[str, int] = {}
+        self._host_memory: dict[str, int] = {}
+        self._pods: dict[str, int] = {}
+        self._emptied: set[str] = set()
+
+    def fit(self, source: Gpu, requests: list[Request]) -> tuple[str, ...] | None:
+        """Book every request on another GPU (best fit, largest first); None, and nothing
+        booked, when one does not fit. The targets in `_largest_first` order."""
+        saved = (
+            dict(self._compute),
+            dict(self._memory),
+            {k: set(v) for k, v in self._owners.items()},
+            dict(self._exclusive),
+            dict(self._cpu),
+            dict(self._host_memory),
+            dict(self._pods),
+        )
+        targets: list[str] = []
+        for request in sorted(requests, key=lambda r: (-r.compute, -r.gpu_memory, r.key)):
+            best: Gpu | None = None
+            for gpu in self._gpus:
+                if gpu.uuid == source.uuid or gpu.uuid in self._emptied:
+                    continue
+                if not self._takes(gpu, source, request):
+                    continue
+                if best is None or self._compute[gpu.uuid] < self._compute[best.uuid]:
+                    best = gpu
+            if best is None:
+                (
+                    self._compute,
+                    self._memory,
+                    self._owners,
+                    self._exclusive,
+                    self._cpu,
+                    self._host_memory,
+                    self._pods,
+                ) = saved
+                return None
+            self._book(best, source, request)
+            targets.append(best.uuid)
+        self._emptied.add(source.uuid)
+        return tuple(targets)
+
+    def _takes(self, gpu: Gpu, source: Gpu, request: Request) -> bool:
+        uuid = gpu.uuid
+        if self._compute[uuid] < request.compute:
+            return False
+        memory = self._memory[uuid]
+        if memory is not None and memory < request.gpu_memory:
+            return False
+        if request.models is not None and gpu.model not in request.models:
+            return False
+        exclusive = self._exclusive[uuid]
+        if exclusive and (not request.exclusive or exclusive != request.owner):
+            return False
+        if request.exclusive and any(o != request.owner for o in self._owners[uuid]):
+            return False
+        if gpu.node == source.node:
+            return True  # its CPU and memory are on that node already
+        node = self._snapshot.nodes.get(gpu.node)
+        if node is None or not node.ready or not node.schedulable:
+            return False
+        cpu = self._cpu.get(node.name, node.free_cpu)
+        host_memory = self._host_memory.get(node.name, node.free_memory)
+        pods = self._pods.get(node.name, node.max_pods - node.used_pods)
+        return cpu >= request.cpu and host_memory >= request.memory and pods > 0
+
+    def _book(self, gpu: Gpu, source: Gpu, request: Request) -> None:
+        uuid = gpu.uuid
+        self._compute[uuid] -= request.compute
+        memory = self._memory[uuid]
+        if memory is not None:
+            self._memory[uuid] = memory - request.gpu_memory
+        self._owners[uuid].add(request.owner)
+        if request.exclusive:
+            self._exclusive[uuid] = request.owner
+        if gpu.node != source.node:
+            node = self._snapshot.nodes[gpu.node]
+            self._cpu[node.name] = self._cpu.get(node.name, node.free_cpu) - request.cpu
+            self._host_memory[node.name] = (
+                self._host_memory.get(node.name, node.free_memory) - request.memory
+            )
+            self._pods[node.name] = self._pods.get(node.name, node.max_pods - node.used_pods) - 1
