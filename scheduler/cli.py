@@ -3,10 +3,11 @@
 kube-scheduler (its own instance, profile `gpupack-scheduler`, the configuration the
 chart renders) decides where a pod may go and calls this process on loopback to choose
 the GPU (`/filter`) and write the assignment (`/bind`). Starts the informers (nodes,
-and every pod that has not finished), waits for them to sync, then serves; housekeeping
-runs while the kube-scheduler beside it holds its Lease. Exit codes: 0 after
-SIGTERM/SIGINT, 1 when the caches never synced or the work failed, 2 for bad arguments,
-no cluster to talk to, or a port that cannot be opened (`gpupack.runtime.shell`).
+every pod that has not finished, and the GPUPolicy objects), waits for them to sync,
+then serves; housekeeping runs while the kube-scheduler beside it holds its Lease. Exit
+codes: 0 after SIGTERM/SIGINT, 1 when the caches never synced or the work failed, 2 for
+bad arguments, no cluster to talk to, or a port that cannot be opened
+(`gpupack.runtime.shell`).
 """
 
 import argparse
@@ -20,6 +21,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gpupack import keys, seal
 from gpupack.capacity import DEFAULT_IMAGE, default_mps_image
+from gpupack.policy import API_VERSION as POLICY_API
+from gpupack.policy import PLURAL as POLICY_PLURAL
+from gpupack.policy import effective_policies
 from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds, version
 from scheduler.cache import Cache, Dirty
@@ -91,6 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="how long a GPU share chosen at filter is held for kube-scheduler's bind "
         "(default: %(default)s)",
+    )
+    add(
+        "--consolidation-interval",
+        type=non_negative_seconds,
+        default=30.0,
+        metavar="DURATION",
+        help="seconds between two consolidation rounds, each emptying at most one part-used "
+        "GPU per pool whose policies allow it (GPUPolicy spec.consolidation); 0: never "
+        "(default: %(default)s)",
+    )
+    add(
+        "--drain-timeout",
+        type=positive_seconds,
+        default=300.0,
+        metavar="DURATION",
+        help="how long a GPU consolidation is emptying may keep pods before it takes new "
+        "pods again (default: %(default)s)",
     )
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
@@ -185,6 +206,10 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         name="namespaces",
         on_change=namespace_changed,
     )
+    # Which policies allow consolidation, as the operator's GPUPolicy objects say now.
+    gpupolicies = process.informer(
+        kube, f"/apis/{POLICY_API}/namespaces/{args.namespace}/{POLICY_PLURAL}", name="policies"
+    )
     escapes = Escapes(pods, namespaces, {"kube-system", args.namespace} | args.excluded_namespaces)
     cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace, key)
     settings = Settings(
@@ -198,11 +223,21 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         mps_image=args.mps_image,
         workers=max(1, args.workers),
         reservation_timeout=args.reservation_timeout,
+        consolidation_interval=args.consolidation_interval,
+        drain_timeout=args.drain_timeout,
     )
     registry = CollectorRegistry()
     holder: list[Extender] = []
     metrics = Metrics(registry, lambda: holder[0].usage)
-    extender = Extender(kube, cache, make_scorer(args.scorer), settings, metrics, escapes=escapes)
+    extender = Extender(
+        kube,
+        cache,
+        make_scorer(args.scorer),
+        settings,
+        metrics,
+        escapes=escapes,
+        policies=lambda: effective_policies(gpupolicies.items()),
+    )
     holder.append(extender)
     synced = threading.Event()
     with shell.listening("the extender", args.port):

@@ -23,7 +23,8 @@ two decisions ever see the same free share.
   ledger from the annotations alone.
 - **housekeeping** (`tick`), only while the kube-scheduler beside it leads: expire
   reservations, scale capacity down, mark hosting capacity for the autoscalers, evict
-  pods whose capacity vanished (`scheduler.lifecycle`).
+  pods whose capacity vanished (`scheduler.lifecycle`), empty part-used GPUs where the
+  pods' policies allow it (`scheduler.drain`).
 """
 
 import logging
@@ -35,10 +36,12 @@ from dataclasses import dataclass
 
 from gpupack.capacity import Allocation, Where
 from gpupack.kube import JSON
+from gpupack.policy import PolicySet, effective_policies
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
 from scheduler import wire, writer
 from scheduler.cache import Cache
+from scheduler.drain import Drainer
 from scheduler.escapes import Escapes
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
@@ -81,6 +84,7 @@ class Extender:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         escapes: Escapes | None = None,
+        policies: Callable[[], PolicySet] | None = None,
     ) -> None:
         self._kube = kube
         self.escapes = escapes
@@ -92,6 +96,14 @@ class Extender:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(settings.workers, thread_name_prefix="api-write")
         self._lifecycle = Lifecycle(kube, cache, settings, self._pool.submit, metrics)
+        self._drainer = Drainer(
+            kube,
+            cache,
+            policies or (lambda: effective_policies(())),
+            settings,
+            self._pool.submit,
+            metrics,
+        )
         self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
         self.reservations: dict[str, Reservation] = {}
         self.waiting: dict[str, Waiting] = {}
@@ -217,7 +229,10 @@ class Extender:
             if self.leading:
                 self._adopt_unplaceable(now)
                 self._lifecycle.housekeeping(now, self.waiting)
+                self._drainer.round(now)
                 self._requeue(now)
+            else:
+                self._drainer.pause()
             self.notices.report(self.leading)
             self._refresh_mix()
             self.usage = measure(self.cache, self.reservations, self.leading, self.escapes)

@@ -145,7 +145,8 @@ class Metrics:
         self.capacity_deleted = Counter(
             "gpupack_scheduler_capacity_pods_deleted",
             "Capacity pods deleted, by reason (empty: after the grace period; "
-            "released-for-pool: its GPU was the one another pool's waiting pod needed)",
+            "released-for-pool: its GPU was the one another pool's waiting pod needed; "
+            "consolidated: consolidation emptied it)",
             ["reason"],
             registry=registry,
         )
@@ -160,12 +161,30 @@ class Metrics:
             "Pods evicted because the capacity pod holding their GPU vanished",
             registry=registry,
         )
+        self.drains = Counter(
+            "gpupack_scheduler_consolidation_drains",
+            "GPUs consolidation began to empty (started), emptied and released "
+            "(completed), or gave back to placement with pods still on them (timed-out)",
+            ["result"],
+            registry=registry,
+        )
+        self.consolidation_evictions = Counter(
+            "gpupack_scheduler_consolidation_evictions",
+            "Pods consolidation evicted to empty a GPU, by result (refused: a "
+            "PodDisruptionBudget said no)",
+            ["result"],
+            registry=registry,
+        )
         # Every label value known in advance starts at 0, so a rate or an increase over
         # them answers 0 rather than nothing before the first event.
         for result in ("placed", "unschedulable", "refused"):
             self.filters.labels(result=result)
         for result in ("scheduled", "error"):
             self.attempts.labels(result=result)
-        for reason in ("empty", "released-for-pool"):
+        for reason in ("empty", "released-for-pool", "consolidated"):
             self.capacity_deleted.labels(reason=reason)
+        for result in ("started", "completed", "timed-out"):
+            self.drains.labels(result=result)
+        for result in ("evicted", "refused", "failed"):
+            self.consolidation_evictions.labels(result=result)
         registry.register(_UsageCollector(usage, wall))

@@ -19,3 +19,5 @@ class Settings:
     workers: int = 8  # threads for capacity writes
     housekeeping_interval: float = 2.0
     reservation_timeout: float = 60.0  # seconds a GPU share is held from filter for a bind
+    consolidation_interval: float = 30.0  # seconds between consolidation rounds; 0: never
+    drain_timeout: float = 300.0  # seconds a GPU may stay draining before it is given back

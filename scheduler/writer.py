@@ -149,6 +149,17 @@ def mark_hosting(kube: Kube, pod: JSON, hosting: bool) -> None:
     kube.patch(_pod_path(meta["namespace"], meta["name"]), body)
 
 
+def annotate(kube: Kube, pod: JSON, values: dict[str, str | None]) -> None:
+    """Set (or, with None, remove) annotations of a capacity pod; setting one is
+    conditional on the resourceVersion we judged it at (a pod replaced under the same
+    name is not marked by mistake)."""
+    meta = pod["metadata"]
+    body: JSON = {"metadata": {"annotations": values}}
+    if any(v is not None for v in values.values()):
+        body["metadata"]["resourceVersion"] = meta.get("resourceVersion")
+    kube.patch(_pod_path(meta["namespace"], meta["name"]), body)
+
+
 def hosting(pod: JSON) -> bool:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}

@@ -1,13 +1,14 @@
 """What the scheduler's integration tests share: test timings, workload helpers, and the
 check that every bound pod sits on a GPU a live capacity pod holds, within its size."""
 
+import urllib.request
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from gpupack import keys
 from gpupack.quantity import parse_compute, parse_memory
-from hack.localcluster import SYSTEM_NAMESPACE, Kube
+from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
 
 JSON = dict[str, Any]
 FAST = [
@@ -100,3 +101,13 @@ def assert_consistent(kube: Kube, pods: list[JSON]) -> dict[str, list[JSON]]:
 def events(kube: Kube, ns: str, reason: str) -> list[JSON]:
     items: list[JSON] = kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
     return [e for e in items if e.get("reason") == reason]
+
+
+def scheduler_metric(cluster: LocalCluster, sample: str) -> float | None:
+    """One sample of the gpupack-scheduler's metrics (`name{labels}`), None when absent."""
+    target = cluster.metrics_targets["gpupack-scheduler"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{target.port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(sample + " "):
+                return float(line.split()[-1])
+    return None

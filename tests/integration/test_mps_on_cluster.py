@@ -8,7 +8,6 @@ control binary (tests/exporter/test_mps_daemon.py), the CSI driver's mounts in a
 mount namespace (tests/exporter/test_mps_volumes.py).
 """
 
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -17,7 +16,14 @@ from gpupack import keys
 from gpupack.capacity import capacity_pod
 from gpupack.pool import metadata_key, scheduling_metadata
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
-from tests.integration.scheduling import JSON, capacity_pods, create, events, wait_bound
+from tests.integration.scheduling import (
+    JSON,
+    capacity_pods,
+    create,
+    events,
+    scheduler_metric,
+    wait_bound,
+)
 from tests.integration.workloads import deployment
 
 pytestmark = pytest.mark.integration
@@ -122,15 +128,6 @@ def test_an_mps_capacity_pod_meets_baseline_not_restricted(
             assert "violates PodSecurity" in refused
     finally:
         kube.delete(f"/api/v1/namespaces/{ns}")
-
-
-def scheduler_metric(cluster: LocalCluster, sample: str) -> float | None:
-    target = cluster.metrics_targets["gpupack-scheduler"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{target.port}/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(sample + " "):
-                return float(line.split()[-1])
-    return None
 
 
 def test_a_daemon_restart_is_reported_on_the_gpu_and_its_pods_and_it_takes_no_new_pods(

@@ -1,0 +1,259 @@
+"""The consolidation loop: empty the part-used GPUs `scheduler.consolidation` picks, so
+their capacity pods, and then their nodes, can go.
+
+Runs in the leader's housekeeping, at most every `consolidation_interval` seconds. A
+round first looks after the GPUs already draining (capacity pods marked
+`gpupack.io/draining`): one whose pods have all left is deleted at once (reason
+`consolidated`); one still hosting after `drain_timeout` is given back to placement
+(the mark removed). A pool with a GPU draining starts no other drain. Then it asks
+`consolidation.plan` for moves, judging each pod (`judge`):
+
+- its policy (the pod's `gpupack.io/policy`, as the GPUPolicy objects say now) has
+  consolidation `On`, or `IdleGPUs` and the GPU holds at most `idleBelow` of itself;
+  real-time-mps pods only where the policy sets `allowMPS`;
+- it runs, and a controller that recreates pods owns it (ReplicaSet, StatefulSet,
+  ReplicationController): a Job's pod, a bare pod, or one of another operator is never
+  moved;
+- it does not ask to stay (`karpenter.sh/do-not-disrupt: "true"`,
+  `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`);
+- its workload has budget left: at most `evictionsPerWindow` evictions in any
+  `windowSeconds`. The budget is the leader's memory; a new leader starts with every
+  budget spent, so the bound holds across restarts and failovers.
+
+A move marks the capacity pod draining (placement puts nothing new on it), then evicts
+its pods one by one through the Eviction API, so PodDisruptionBudgets hold, each with an
+Event `GPUConsolidation` saying why and where its share is planned to go. An eviction a
+PodDisruptionBudget refuses (429) stops the move; if nothing was evicted yet the mark is
+removed at once.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from gpupack import keys
+from gpupack.kube import JSON, annotations_of
+from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
+from gpupack.runtime.api import ApiError
+from gpupack.shares import is_live
+from scheduler import writer
+from scheduler.cache import Cache
+from scheduler.consolidation import Move, plan
+from scheduler.kube import Kube
+from scheduler.metrics import Metrics
+from scheduler.settings import Settings
+from scheduler.snapshot import Booking, Gpu
+
+log = logging.getLogger(__name__)
+
+RECREATED_BY: frozenset[str] = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+Submit = Callable[..., object]
+
+
+def recreating_controller(pod: JSON) -> str | None:
+    """The kind of the controller that will recreate the pod, or None."""
+    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
+        if isinstance(owner, dict) and owner.get("controller") is True:
+            kind = str(owner.get("kind", ""))
+            return kind if kind in RECREATED_BY else None
+    return None
+
+
+def asks_to_stay(pod: JSON) -> bool:
+    annotations = annotations_of(pod)
+    return (
+        annotations.get(keys.KARPENTER_DO_NOT_DISRUPT) == "true"
+        or annotations.get(keys.CA_SAFE_TO_EVICT) == "false"
+    )
+
+
+def draining_since(pod: JSON) -> str | None:
+    return annotations_of(pod).get(keys.DRAINING) or None
+
+
+class Drainer:
+    def __init__(
+        self,
+        kube: Kube,
+        cache: Cache,
+        policies: Callable[[], PolicySet],
+        settings: Settings,
+        submit: Submit,
+        metrics: Metrics | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._kube = kube
+        self.cache = cache
+        self._policies = policies
+        self._settings = settings
+        self._submit = submit
+        self._metrics = metrics
+        self._wall = wall
+        self._since: float | None = None  # when this leader's budgets began
+        self._last_round = -math.inf
+        self._evicted: dict[str, list[float]] = {}  # workload -> eviction times
+        self._first_seen: dict[str, float] = {}  # draining capacity pod -> first seen
+        self._now = 0.0
+        self._policy_set: PolicySet | None = None
+
+    def pause(self) -> None:
+        """Not leading: the next leader's budgets start over (spent)."""
+        self._since = None
+        self._evicted.clear()
+
+    def round(self, now: float) -> list[Move]:
+        """One consolidation round if one is due; the moves started."""
+        if self._since is None:
+            self._since = now
+        if self._settings.consolidation_interval <= 0:
+            return []
+        if now - self._last_round < self._settings.consolidation_interval:
+            return []
+        self._last_round = now
+        self._now = now
+        busy = self._look_after_drains(now)
+        self._policy_set = self._policies()
+        if not any(
+            p.consolidation.mode is not ConsolidationMode.OFF
+            for p in self._policy_set.policies.values()
+        ):
+            return []
+        moves = plan(self.cache.snapshot, self._judge, busy=frozenset(busy))
+        for move in moves:
+            pods: list[JSON] = []
+            for key in move.pods:
+                pod = self.cache.pod(key)
+                assert pod is not None  # the judge read it
+                pods.append(pod)
+                owner = self.cache.snapshot.bookings[key].request.owner
+                self._evicted.setdefault(owner, []).append(now)
+            holder = self.cache.capacity[move.holder].pod
+            log.info("consolidating: %s", move.reason)
+            self._submit(self._drain, move, holder, pods)
+        return moves
+
+    # Judging.
+
+    def policy_of(self, pod: JSON) -> Policy:
+        policies = self._policy_set or self._policies()
+        name = annotations_of(pod).get(keys.POLICY, "")
+        return policies.policies.get(name) or BUILTIN[DEFAULT_POLICY]
+
+    def _judge(self, booking: Booking, gpu: Gpu) -> str | None:
+        """Why this pod may not be moved off this GPU now, or None."""
+        pod = self.cache.pod(booking.request.key)
+        if pod is None or not is_live(pod) or (pod.get("status") or {}).get("phase") != "Running":
+            return "not running"
+        policy = self.policy_of(pod)
+        settings = policy.consolidation
+        if settings.mode is ConsolidationMode.OFF:
+            return f"policy {policy.name}: consolidation Off"
+        if settings.mode is ConsolidationMode.IDLE:
+            memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
+            if max(gpu.used_compute / gpu.compute, memory) > settings.idle_below:
+                return f"policy {policy.name}: IdleGPUs, and the GPU holds more than idleBelow"
+        if booking.request.exclusive and not settings.allow_mps:
+            return f"policy {policy.name}: real-time-mps pods move only with allowMPS"
+        if recreating_controller(pod) is None:
+            return "no ReplicaSet, StatefulSet or ReplicationController recreates it"
+        if asks_to_stay(pod):
+            return "it asks not to be disrupted"
+        assert self._since is not None
+        window = settings.window_seconds
+        if self._now - self._since < window:
+            return "this leader's budget window has not begun"
+        owner = booking.request.owner
+        recent = [t for t in self._evicted.get(owner, ()) if self._now - t < window]
+        self._evicted[owner] = recent
+        if len(recent) >= settings.evictions:
+            return f"workload {owner} spent its budget ({settings.evictions} per {window}s)"
+        return None
+
+    # Drains under way.
+
+    def _look_after_drains(self, now: float) -> set[str]:
+        """Delete emptied draining capacity pods, give up drains past the timeout; the
+        pools with a GPU still draining."""
+        busy: set[str] = set()
+        snapshot = self.cache.snapshot
+        draining: set[str] = set()
+        for name, capacity in self.cache.capacity.items():
+            if draining_since(capacity.pod) is None:
+                continue
+            draining.add(name)
+            first = self._first_seen.setdefault(name, now)
+            gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
+            if gpu is None or gpu.pods == 0:
+                if not writer.hosting(capacity.pod):  # housekeeping unmarks it first
+                    self._submit(self._delete, capacity.pod)
+                busy.add(capacity.pool)
+                continue
+            if now - first >= self._settings.drain_timeout:
+                log.warning("giving up draining %s: pods still on it after the timeout", name)
+                self._submit(self._undrain, capacity.pod)
+                if self._metrics is not None:
+                    self._metrics.drains.labels(result="timed-out").inc()
+                continue
+            busy.add(capacity.pool)
+        for name in [n for n in self._first_seen if n not in draining]:
+            del self._first_seen[name]
+        return busy
+
+    # API writes (worker threads).
+
+    def _drain(self, move: Move, holder: JSON, pods: list[JSON]) -> None:
+        stamp = datetime.fromtimestamp(self._wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            writer.annotate(self._kube, holder, {keys.DRAINING: stamp})
+        except ApiError as error:
+            log.warning("could not mark %s draining: %s", move.holder, error)
+            return
+        if self._metrics is not None:
+            self._metrics.drains.labels(result="started").inc()
+        for evicted, (pod, target) in enumerate(zip(pods, move.targets, strict=True)):
+            meta = pod["metadata"]
+            note = (
+                f"evicted to consolidate GPUs: {move.reason}; this pod's share is planned "
+                f"onto GPU {target}, and its controller recreates it"
+            )
+            try:
+                writer.evict(self._kube, pod)
+            except ApiError as error:
+                result = "refused" if error.status == 429 else "failed"
+                log.warning(
+                    "consolidation could not evict %s/%s (%s): %s",
+                    meta["namespace"],
+                    meta["name"],
+                    result,
+                    error,
+                )
+                if self._metrics is not None:
+                    self._metrics.consolidation_evictions.labels(result=result).inc()
+                if evicted == 0:
+                    self._undrain(holder)
+                return
+            if self._metrics is not None:
+                self._metrics.consolidation_evictions.labels(result="evicted").inc()
+            writer.event(self._kube, pod, "GPUConsolidation", note, action="Evicting")
+
+    def _undrain(self, holder: JSON) -> None:
+        try:
+            writer.annotate(self._kube, holder, {keys.DRAINING: None})
+        except ApiError as error:
+            log.warning("could not unmark %s: %s", holder["metadata"]["name"], error)
+
+    def _delete(self, holder: JSON) -> None:
+        try:
+            deleted = writer.delete_capacity(self._kube, holder)
+        except ApiError as error:
+            log.warning("could not delete %s: %s", holder["metadata"]["name"], error)
+            return
+        if deleted:
+            log.info(
+                "deleted capacity pod %s: consolidation emptied it", holder["metadata"]["name"]
+            )
+            if self._metrics is not None:
+                self._metrics.capacity_deleted.labels(reason="consolidated").inc()
+                self._metrics.drains.labels(result="completed").inc()

@@ -1,0 +1,172 @@
+"""Consolidation against a real control plane: a pool fragmented by scaling a Deployment
+down is packed again and its capacity pods released; a PodDisruptionBudget that allows
+no disruption and a Job's pod keep their GPUs; no workload is moved past its budget.
+
+The scheduler runs with the chart's arguments and a consolidation round every second;
+the policy `consolidate-it` (a GPUPolicy object, as an operator would write one) allows
+consolidation with a budget of one eviction per workload per 10 seconds. Each test
+fragments a pool of its own: a Deployment of large shares takes one GPU per pod, the
+small shares fill the room left beside them, one per GPU, and the large ones are then
+scaled to zero.
+"""
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from gpupack.policy import BUILTIN, policy_spec
+from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from tests.integration.scheduling import (
+    FAST,
+    FAST_LEASE,
+    capacity_pods,
+    create,
+    events,
+    pods_of,
+    scheduler_metric,
+    wait_bound,
+)
+from tests.integration.workloads import deployment
+
+pytestmark = pytest.mark.integration
+JSON = dict[str, Any]
+POLICY = "consolidate-it"
+WINDOW = 10
+
+
+@pytest.fixture(scope="module")
+def consolidating(
+    cluster: LocalCluster | None, gpu_assigner: SimulatedGpuAssigner | None
+) -> Iterator[LocalCluster]:
+    if cluster is None:
+        pytest.skip("runs the scheduler with test timings: needs the local cluster")
+    kube = cluster.kube()
+    spec = policy_spec(BUILTIN["batch"])
+    spec["consolidation"] = {"mode": "On", "windowSeconds": WINDOW, "evictionsPerWindow": 1}
+    policies = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
+    kube.create(
+        policies,
+        {
+            "apiVersion": "gpupack.io/v1alpha1",
+            "kind": "GPUPolicy",
+            "metadata": {"name": POLICY, "namespace": SYSTEM_NAMESPACE},
+            "spec": spec,
+        },
+    )
+    cluster.install_scheduler(
+        extra_args=FAST, sets=[*FAST_LEASE, "scheduler.consolidation.intervalSeconds=1"]
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop_scheduler()
+        kube.delete(f"{policies}/{POLICY}")
+
+
+def in_pool(obj: JSON, pool: str) -> JSON:
+    """`obj` (a Deployment, or a Job) in the pool `pool`: the same isolating toleration."""
+    template = obj["spec"]["template"]
+    template["spec"]["tolerations"][0]["value"] = pool
+    template["metadata"]["annotations"][keys.POLICY] = POLICY
+    return obj
+
+
+def pool_capacity(kube: Kube, pods: list[JSON]) -> set[str]:
+    """The capacity pods still there among those holding `pods`' GPUs."""
+    holders = {p["metadata"]["annotations"][keys.CAPACITY_POD] for p in pods}
+    return holders & set(capacity_pods(kube))
+
+
+def fragment(kube: Kube, ns: str, small: list[JSON], big: int, share: str) -> list[JSON]:
+    """`big` pods of `share` (one per GPU), then `small` workloads beside them, then the
+    big ones gone: the small pods, one per GPU."""
+    create(kube, in_pool(deployment(ns, "big", big, share), f"{ns}-pool"))
+    wait_bound(kube, ns, "big", big, timeout=90)
+    placed: list[JSON] = []
+    for obj in small:
+        path = "batch/v1/namespaces/{ns}/jobs" if obj["kind"] == "Job" else None
+        if path is None:
+            create(kube, obj)
+        else:
+            kube.create(f"/apis/{path.format(ns=ns)}", obj)
+        app = obj["spec"]["template"]["metadata"]["labels"]["app"]
+        count = obj["spec"].get("replicas", obj["spec"].get("parallelism", 1))
+        placed += wait_bound(kube, ns, app, count, timeout=60)
+    gpus = {p["metadata"]["annotations"][keys.GPU_UUID] for p in placed}
+    assert len(gpus) == len(placed), "the small shares start one per GPU"
+    kube.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/big", {"spec": {"replicas": 0}})
+    kube.wait_for("the big pods gone", lambda: not pods_of(kube, ns, "big"), timeout=60)
+    return placed
+
+
+def test_a_pool_fragmented_by_a_scale_down_is_packed_again_within_the_budget(
+    kube: Kube, opted_in_namespace: str, consolidating: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    small = in_pool(deployment(ns, "small", 3, "300m"), f"{ns}-pool")
+    placed = fragment(kube, ns, [small], big=3, share="600m")
+    held = pool_capacity(kube, placed)
+    assert len(held) == 3
+
+    def packed() -> list[JSON] | None:
+        pods = pods_of(kube, ns, "small")
+        ready = [p for p in pods if p["spec"].get("nodeName")]
+        gpus = {p["metadata"]["annotations"].get(keys.GPU_UUID) for p in ready}
+        return ready if len(ready) == 3 and len(gpus) == 1 else None
+
+    pods = kube.wait_for("the three small shares on one GPU", packed, timeout=120)
+    kube.wait_for(
+        "the two emptied capacity pods released",
+        lambda: len(pool_capacity(kube, placed)) == 1,
+        timeout=60,
+    )
+    assert pool_capacity(kube, pods) <= held
+    moved = events(kube, ns, "GPUConsolidation")
+    assert len(moved) == 2
+    assert all("its controller recreates it" in e["note"] for e in moved)
+    # One eviction of the workload per window: the second came a window after the first.
+    times = sorted(datetime.fromisoformat(e["eventTime"].replace("Z", "+00:00")) for e in moved)
+    assert (times[1] - times[0]).total_seconds() >= WINDOW - 1
+
+
+def test_a_pod_its_budget_protects_and_a_jobs_pod_keep_their_gpus(
+    kube: Kube, opted_in_namespace: str, consolidating: LocalCluster
+) -> None:
+    ns = opted_in_namespace
+    guarded = in_pool(deployment(ns, "guarded", 1, "200m"), f"{ns}-pool")
+    job_template = in_pool(deployment(ns, "job", 1, "200m"), f"{ns}-pool")["spec"]["template"]
+    job_template["spec"]["restartPolicy"] = "Never"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "job", "namespace": ns},
+        "spec": {"parallelism": 1, "completions": 1, "template": job_template},
+    }
+    kube.create(
+        f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": {"name": "guarded", "namespace": ns},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "guarded"}}},
+        },
+    )
+    placed = fragment(kube, ns, [guarded, job], big=2, share="800m")
+    names = {p["metadata"]["name"] for p in placed}
+    refused = 'gpupack_scheduler_consolidation_evictions_total{result="refused"}'
+
+    kube.wait_for(
+        "consolidation trying to move the guarded pod, and its PodDisruptionBudget refusing",
+        lambda: (scheduler_metric(consolidating, refused) or 0) >= 1,
+        timeout=60,
+    )
+    time.sleep(2 * WINDOW)  # two more budget windows of one-second rounds
+
+    now = {p["metadata"]["name"] for p in pods_of(kube, ns, "guarded") + pods_of(kube, ns, "job")}
+    assert now == names, "neither pod was evicted"
+    assert len(pool_capacity(kube, placed)) == 2
+    assert events(kube, ns, "GPUConsolidation") == []

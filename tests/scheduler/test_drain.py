@@ -1,0 +1,231 @@
+"""The consolidation loop over an in-memory cache: what it evicts, what it never touches,
+the budget it keeps, and how it finishes or gives up a drain."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpupack import keys
+from gpupack.policy import (
+    BUILTIN,
+    Consolidation,
+    ConsolidationMode,
+    PolicySet,
+    effective_policies,
+    policy_spec,
+)
+from gpupack.runtime.api import ApiError
+from scheduler.drain import Drainer
+from scheduler.ledger import capacity_gpu
+from scheduler.placement import Placement, place
+from scheduler.score import PackingScorer
+from scheduler.settings import Settings
+from scheduler.snapshot import Request
+from tests.scheduler.test_cache import POOL, UUIDS, cache_with, capacity, fractional
+
+JSON = dict[str, Any]
+WINDOW = 600
+
+
+class Kube:
+    """Records the writes; evictions of `refuse` answer 429 as a PodDisruptionBudget does."""
+
+    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[str, str, JSON | None]] = []
+
+    def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
+        self.calls.append(("patch", path, body))
+        return body
+
+    def create(self, path: str, body: JSON) -> JSON:
+        if path.endswith("/eviction") and path.split("/")[6] in self.refuse:
+            raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the PDB")
+        self.calls.append(("create", path, body))
+        return body
+
+    def delete(self, path: str, body: JSON | None = None) -> JSON:
+        self.calls.append(("delete", path, body))
+        return {}
+
+    def get(self, path: str) -> JSON:
+        raise NotImplementedError
+
+    def watch(self, path: str, params: Any) -> Any:
+        raise NotImplementedError
+
+    def evicted(self) -> list[str]:
+        return [p.split("/")[6] for verb, p, _ in self.calls if p.endswith("/eviction")]
+
+    def events(self) -> list[JSON]:
+        return [b for verb, p, b in self.calls if verb == "create" and "/events" in p and b]
+
+    def list(self, path: str, params: Any) -> JSON:
+        raise NotImplementedError
+
+
+def policies(mode: ConsolidationMode = ConsolidationMode.ON, **budget: Any) -> PolicySet:
+    spec = policy_spec(BUILTIN["batch"])
+    spec["consolidation"] = {"mode": mode.value, "windowSeconds": WINDOW, **budget}
+    return effective_policies([{"metadata": {"name": "batch"}, "spec": spec}])
+
+
+def running(
+    name: str, compute: str, gpu: int, owner: str = "ReplicaSet", workload: str = "", **extra: str
+) -> JSON:
+    """A running pod of a controller of kind `owner` named `workload` (else its own)."""
+    pod = fractional(name, compute, gpu=gpu)
+    pod["status"]["phase"] = "Running"
+    pod["metadata"]["annotations"] |= {keys.POLICY: "batch", **extra}
+    pod["metadata"]["ownerReferences"] = [
+        {"kind": owner, "name": workload or f"{name}-owner", "controller": True}
+    ]
+    return pod
+
+
+def drainer(
+    *pods: JSON, kube: Kube | None = None, policy_set: PolicySet | None = None, **settings: Any
+) -> tuple[Drainer, Kube, Callable[[float], list[str]]]:
+    cache, _ = cache_with(capacity(0), capacity(1), capacity(2), *pods)
+    kube = kube or Kube()
+    chosen = policy_set or policies()
+    made = Drainer(
+        kube,
+        cache,
+        lambda: chosen,
+        Settings(consolidation_interval=1.0, **settings),
+        lambda f, *a: f(*a),
+        wall=lambda: 1_800_000_000.0,
+    )
+
+    def round_at(now: float) -> list[str]:
+        return [m.gpu for m in made.round(now)]
+
+    made.round(0.0)  # this leader's budgets begin
+    return made, kube, round_at
+
+
+def test_the_emptiest_gpu_is_marked_draining_and_its_pods_evicted_with_an_event() -> None:
+    _, kube, round_at = drainer(
+        running("a", "600m", 0), running("b", "100m", 1), running("c", "200m", 2)
+    )
+
+    assert round_at(WINDOW) == [UUIDS[1]]
+
+    (mark,) = [b for verb, p, b in kube.calls if verb == "patch"]
+    assert mark is not None
+    assert keys.DRAINING in mark["metadata"]["annotations"]
+    assert kube.evicted() == ["b"]
+    (event,) = kube.events()
+    assert event["reason"] == "GPUConsolidation"
+    assert "holds 3 GPUs where its shares need 1" in event["note"]
+
+
+@pytest.mark.parametrize(
+    ("pod", "why"),
+    [
+        pytest.param(running("b", "100m", 1, owner="Job"), "a Job's pod", id="job"),
+        pytest.param(
+            running("b", "100m", 1, **{keys.KARPENTER_DO_NOT_DISRUPT: "true"}),
+            "asks to stay",
+            id="do-not-disrupt",
+        ),
+        pytest.param(
+            running("b", "100m", 1, **{keys.POLICY: "real-time"}), "policy Off", id="policy-off"
+        ),
+    ],
+)
+def test_pods_that_must_not_move_keep_their_gpu(pod: JSON, why: str) -> None:
+    _, kube, round_at = drainer(running("a", "950m", 0), pod)  # a fits nowhere else
+
+    assert round_at(WINDOW) == [], why
+    assert kube.calls == []
+
+
+def test_a_new_leader_moves_nothing_until_a_budget_window_has_passed() -> None:
+    _, _kube, round_at = drainer(running("a", "600m", 0), running("b", "100m", 1))
+
+    assert round_at(WINDOW - 1) == []
+    assert round_at(WINDOW) == [UUIDS[1]]
+
+
+def test_a_workload_is_moved_at_most_its_budget_per_window() -> None:
+    one = {"workload": "w"}
+    _, kube, round_at = drainer(
+        running("a", "600m", 0, **one),
+        running("b", "100m", 1, **one),
+        running("c", "100m", 2, **one),
+    )
+    assert round_at(WINDOW) == [UUIDS[1]]
+
+    assert round_at(WINDOW + 1) == []  # w spent its one eviction of this window
+    assert round_at(2 * WINDOW) != []
+    assert kube.evicted() == ["b", "b"]  # this cache never sees b leave
+
+
+def test_idle_gpus_mode_moves_only_pods_off_gpus_that_hold_little() -> None:
+    chosen = policies(ConsolidationMode.IDLE, idleBelow=0.15)
+    _, _kube, round_at = drainer(
+        running("a", "300m", 0),
+        running("b", "200m", 1),
+        running("c", "100m", 2),
+        policy_set=chosen,
+    )
+
+    assert round_at(WINDOW) == [UUIDS[2]]  # 0.1 GPU held: idle; b's 0.2 is not
+
+
+def test_a_refused_eviction_gives_the_gpu_back_to_placement_at_once() -> None:
+    _, kube, round_at = drainer(
+        running("a", "600m", 0), running("b", "100m", 1), kube=Kube(refuse=frozenset({"b"}))
+    )
+
+    round_at(WINDOW)
+
+    marks = [b["metadata"]["annotations"][keys.DRAINING] for v, _, b in kube.calls if b]
+    assert marks[0]
+    assert marks[-1] is None
+    assert kube.evicted() == []
+
+
+def draining(index: int, since: str = "2026-11-25T00:00:00Z") -> JSON:
+    pod = capacity(index)
+    pod["metadata"]["annotations"][keys.DRAINING] = since
+    return pod
+
+
+def test_a_draining_gpu_takes_no_new_pod() -> None:
+    gpu = capacity_gpu(draining(0), None)
+
+    assert gpu is not None
+    assert gpu.draining
+    cache, _ = cache_with(draining(0))
+    result = place(cache.snapshot, Request("ml/new", compute=100, pool=POOL), PackingScorer())
+    assert not isinstance(result, Placement)
+    assert "draining" in result.message
+
+
+def test_an_emptied_draining_capacity_pod_is_deleted_and_a_stuck_one_given_back() -> None:
+    kube = Kube()
+    cache, _ = cache_with(draining(0), draining(1), running("a", "100m", 1), capacity(2))
+    made = Drainer(
+        kube,
+        cache,
+        policies,
+        Settings(consolidation_interval=1.0, drain_timeout=60.0),
+        lambda f, *a: f(*a),
+    )
+
+    made.round(0.0)
+    deleted = [p for verb, p, _ in kube.calls if verb == "delete"]
+    assert deleted == [f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods/cap-0"]
+    kube.calls.clear()
+
+    made.round(60.0)
+    (unmark,) = [b for verb, _, b in kube.calls if verb == "patch"]
+    assert unmark == {"metadata": {"annotations": {keys.DRAINING: None}}}
+
+
+def test_consolidation_is_off_for_every_builtin() -> None:
+    assert {p.consolidation for p in BUILTIN.values()} == {Consolidation()}
