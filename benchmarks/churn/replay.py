@@ -1,0 +1,269 @@
+"""One churn replay: the openb pods arrive and leave in time order, on the openb cluster,
+through the placement core the extender uses; consolidation off or on.
+
+Each pod arrives at its `creation_time` and leaves at its `deletion_time` (departures
+first at equal times). The trace's Pending pods (no `scheduled_time`) never ran and are
+left out; a pod that fits nowhere is counted as failed and dropped. Between events the
+replay integrates over time:
+
+- GPUs held: a GPU is held while any share sits on it (its capacity pod stays);
+- the lower bound: the shares' compute, rounded up to whole GPUs (one pool: the trace
+  has no pool metadata; memory is proportional to compute, `trace.MEMORY_NOTE`);
+- GPU nodes held (a node with a held GPU) and the fewest nodes whose GPUs reach the
+  lower bound (largest nodes first).
+
+Consolidation runs `scheduler.consolidation.plan` at most once per `interval` seconds of
+trace time after something left (or the last round moved): each move evicts the pods of
+one GPU, which placement puts back at once with the GPU draining, as a controller's new
+pod would be. The judge is the extender's minus what the trace cannot say (no
+controllers, no PDBs: every trace pod counts as its own workload and as movable); the
+budget is the policy's default, one eviction per pod per `window`. A recreated pod that
+fits nowhere but its old GPU goes back there. A move after which as many GPUs are held
+as before (placement put a moved pod on an empty GPU) is counted as wasted.
+"""
+
+import bisect
+import csv
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from benchmarks.openb import trace
+from benchmarks.openb.replay import scorer
+from gpupack.policy import Consolidation, ConsolidationMode
+from scheduler.consolidation import plan
+from scheduler.placement import Placement, place
+from scheduler.snapshot import Booking, Gpu, Request, Snapshot
+
+MODES: Final = tuple(ConsolidationMode)
+INTERVAL: Final = 60.0  # seconds of trace time between consolidation rounds
+HOUR: Final = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    pod: trace.TracePod
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnResult:
+    workload: str
+    policy: str
+    mode: str
+    pods: int
+    failed: int
+    gpu_hours: float
+    bound_hours: float  # GPU-hours of the lower bound
+    gpu_ratio_p95: float
+    node_hours: float
+    min_node_hours: float
+    node_ratio_p95: float
+    evictions: int
+    wasted_moves: int  # GPUs emptied that left as many GPUs held as before
+    hours: float  # trace time with any share held
+    seconds: float
+
+    @property
+    def gpu_ratio(self) -> float:
+        return self.gpu_hours / self.bound_hours if self.bound_hours else 1.0
+
+    @property
+    def node_ratio(self) -> float:
+        return self.node_hours / self.min_node_hours if self.min_node_hours else 1.0
+
+    @property
+    def evictions_per_hour(self) -> float:
+        return self.evictions / self.hours if self.hours else 0.0
+
+
+def read_timed(path: Path) -> list[Timed] | None:
+    """The pods that ran, with their times; None when the file has no times (the
+    multigpu lists carry five columns)."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if "creation_time" not in (reader.fieldnames or ()):
+            return None
+        rows = list(reader)
+    pods = trace.read_pods(path)
+    out: list[Timed] = []
+    for pod, row in zip(pods, rows, strict=True):
+        if not row.get("scheduled_time") or not row.get("deletion_time"):
+            continue
+        start, end = int(row["creation_time"]), int(row["deletion_time"])
+        if end > start:
+            out.append(Timed(pod, start, end))
+    return out
+
+
+class _Ledger:
+    """GPUs and nodes held, kept as pods come and go."""
+
+    def __init__(self, snapshot: Snapshot, nodes: Sequence[trace.TraceNode]) -> None:
+        self._snapshot = snapshot
+        self.gpus = 0
+        self.compute = 0
+        self._node_gpus: dict[str, int] = {}
+        sizes = sorted((n.gpus for n in nodes), reverse=True)
+        self._prefix = [0]
+        for size in sizes:
+            self._prefix.append(self._prefix[-1] + size)
+
+    @property
+    def nodes(self) -> int:
+        return len(self._node_gpus)
+
+    @property
+    def bound(self) -> int:
+        return math.ceil(self.compute / 1000)
+
+    @property
+    def min_nodes(self) -> int:
+        return bisect.bisect_left(self._prefix, self.bound)
+
+    def assume(self, request: Request, node: str, uuids: Sequence[str]) -> None:
+        before = [self._snapshot.gpus[u].pods for u in uuids]
+        self._snapshot.assume(request, node, uuids)
+        for uuid, pods in zip(uuids, before, strict=True):
+            if pods == 0:
+                self._held(self._snapshot.gpus[uuid], +1)
+        self.compute += request.compute * len(uuids)
+
+    def forget(self, key: str) -> Booking | None:
+        booking = self._snapshot.forget(key)
+        if booking is None:
+            return None
+        for uuid in booking.gpus:
+            gpu = self._snapshot.gpus[uuid]
+            if gpu.pods == 0:
+                self._held(gpu, -1)
+        self.compute -= booking.request.compute * len(booking.gpus)
+        return booking
+
+    def _held(self, gpu: Gpu, change: int) -> None:
+        self.gpus += change
+        count = self._node_gpus.get(gpu.node, 0) + change
+        if count:
+            self._node_gpus[gpu.node] = count
+        else:
+            del self._node_gpus[gpu.node]
+
+
+def _p95(samples: list[tuple[float, float]]) -> float:
+    """The time-weighted 95th percentile of (value, duration) samples."""
+    total = sum(d for _, d in samples)
+    if not total:
+        return 1.0
+    seen = 0.0
+    for value, duration in sorted(samples):
+        seen += duration
+        if seen >= 0.95 * total:
+            return value
+    return samples[-1][0]
+
+
+def replay(
+    workload: str,
+    policy: str,
+    mode: ConsolidationMode,
+    nodes: Sequence[trace.TraceNode],
+    pods: Sequence[Timed],
+    settings: Consolidation | None = None,
+    interval: float = INTERVAL,
+) -> ChurnResult:
+    """Replay `pods` on `nodes` with `policy`'s scorer; `settings` the policy's budget
+    (the defaults: one eviction per pod per 600 s)."""
+    started = time.perf_counter()
+    settings = settings or Consolidation()
+    snapshot = trace.snapshot(sorted(nodes, key=lambda n: n.name))
+    ledger = _Ledger(snapshot, nodes)
+    chooser = scorer(policy, [t.pod for t in pods])
+    requests = {i: trace.request(t.pod, i) for i, t in enumerate(pods)}
+    events = sorted(
+        [(t.end, 0, i) for i, t in enumerate(pods)] + [(t.start, 1, i) for i, t in enumerate(pods)]
+    )
+    moved_at: dict[str, list[float]] = {}
+    window = float(settings.window_seconds)
+
+    def judge(booking: Booking, gpu: Gpu) -> str | None:
+        if mode is ConsolidationMode.OFF:
+            return "consolidation is off"
+        if mode is ConsolidationMode.IDLE and gpu.used_compute > settings.idle_below * gpu.compute:
+            return "GPU not idle"
+        recent = [t for t in moved_at.get(booking.request.key, ()) if now - t < window]
+        if len(recent) >= settings.evictions:
+            return "budget spent"
+        return None
+
+    gpu_hours = bound_hours = node_hours = min_node_hours = busy = 0.0
+    gpu_samples: list[tuple[float, float]] = []
+    node_samples: list[tuple[float, float]] = []
+    failed = evictions = wasted = 0
+    last = float(events[0][0]) if events else 0.0
+    last_round = -math.inf
+    dirty = False
+    now = last
+    for when, kind, index in events:
+        now = float(when)
+        span = now - last
+        if span > 0 and ledger.bound:
+            gpu_hours += ledger.gpus * span / HOUR
+            bound_hours += ledger.bound * span / HOUR
+            node_hours += ledger.nodes * span / HOUR
+            min_node_hours += ledger.min_nodes * span / HOUR
+            busy += span / HOUR
+            gpu_samples.append((ledger.gpus / ledger.bound, span))
+            node_samples.append((ledger.nodes / max(1, ledger.min_nodes), span))
+        last = now
+        request = requests[index]
+        if kind == 0:
+            dirty |= ledger.forget(request.key) is not None
+        else:
+            result = place(snapshot, request, chooser)
+            if isinstance(result, Placement):
+                ledger.assume(request, result.node, result.gpus)
+            else:
+                failed += 1
+        if mode is ConsolidationMode.OFF or not dirty or now - last_round < interval:
+            continue
+        last_round, dirty = now, False
+        for move in plan(snapshot, judge):
+            dirty = True
+            held_before = ledger.gpus
+            source = snapshot.gpus[move.gpu]
+            source.draining = True
+            snapshot.nodes[source.node].touch()
+            for key in move.pods:
+                booking = ledger.forget(key)
+                assert booking is not None
+                evictions += 1
+                moved_at.setdefault(key, []).append(now)
+                result = place(snapshot, booking.request, chooser)
+                if isinstance(result, Placement):
+                    ledger.assume(booking.request, result.node, result.gpus)
+                    continue
+                ledger.assume(booking.request, booking.node, booking.gpus)
+            source.draining = False
+            snapshot.nodes[source.node].touch()
+            wasted += ledger.gpus >= held_before
+    return ChurnResult(
+        workload,
+        policy,
+        mode.value,
+        len(pods),
+        failed,
+        gpu_hours,
+        bound_hours,
+        _p95(gpu_samples),
+        node_hours,
+        min_node_hours,
+        _p95(node_samples),
+        evictions,
+        wasted,
+        busy,
+        time.perf_counter() - started,
+    )
