@@ -5,16 +5,17 @@ Churn leaves GPUs part-used: pods end, Deployments shrink, and every GPU that st
 holds one share keeps a capacity pod and a node. Placement packs pods as they arrive;
 nothing else moves a pod once it runs. A pool *could shrink* when it holds more GPUs
 than its shares need (`lower_bound`: the shares' compute and memory, rounded up to whole
-GPUs). Then its emptiest GPUs are tried in turn: one qualifies when every share on it
-may be moved (`Judge`: the policy allows it, a controller will recreate the pod, the
-budget has room, ...) and fits, by the same compute, memory, model and real-time-mps
-rules placement checks, on another GPU of its pool that stays held, with the host CPU
-and memory of that GPU's node. That GPU is emptied: its capacity pod is marked
-draining, so placement puts nothing new on it, and its pods are evicted; their
-controllers recreate them and placement, which prefers GPUs already in use, puts them
-on the GPUs that had room. The plan names those GPUs, but it is a plan, not a binding:
-kube-scheduler's other rules (anti-affinity, spread) may send a recreated pod
-elsewhere, which is why each workload's evictions are budgeted.
+GPUs). Then its emptiest GPUs are tried in turn (of equals, those on nodes that hold
+fewest GPUs: emptying a node's last GPU lets an autoscaler remove the node). One
+qualifies when every share on it may be moved (`Judge`: the policy allows it, a
+controller will recreate the pod, the budget has room, ...) and fits, by the same
+compute, memory, model and real-time-mps rules placement checks, on another GPU of its
+pool that stays held, with the host CPU and memory of that GPU's node. That GPU is
+emptied: its capacity pod is marked draining, so placement puts nothing new on it, and
+its pods are evicted; their controllers recreate them and placement, which prefers GPUs
+already in use, puts them on the GPUs that had room. The plan names those GPUs, but it
+is a plan, not a binding: kube-scheduler's other rules (anti-affinity, spread) may send
+a recreated pod elsewhere, which is why each workload's evictions are budgeted.
 
 Only a move that empties a whole GPU is made: thinning a GPU saves nothing. One GPU
 per pool at a time (`per_pool`), so a pool never drains faster than its pods restart.
@@ -86,17 +87,28 @@ def plan(
         for uuid in booking.named:
             on_gpu.setdefault(uuid, []).append(booking)
     pools: dict[str, list[Gpu]] = {}
+    per_node: dict[str, int] = {}  # held GPUs on each node, of every pool
     for gpu in snapshot.gpus.values():
-        if held(gpu) and gpu.pool not in busy:
-            pools.setdefault(gpu.pool, []).append(gpu)
+        if held(gpu):
+            per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+            if gpu.pool not in busy:
+                pools.setdefault(gpu.pool, []).append(gpu)
+
+    def emptiest(gpu: Gpu) -> tuple[float, int, int, str]:
+        """Least used first; of equals, the one on the node holding fewest GPUs (emptying
+        a node's last GPU lets the node go), then the one with fewest pods."""
+        memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
+        fill = max(gpu.used_compute / gpu.compute, memory)
+        return (fill, per_node[gpu.node], gpu.pods, gpu.uuid)
+
     moves: list[Move] = []
     for pool, gpus in sorted(pools.items()):
         needed = lower_bound(gpus)
         if len(gpus) <= needed:
             continue
-        room = _Room(snapshot, gpus)
+        room = _Room(snapshot, gpus, per_node)
         tried = made = 0
-        for gpu in sorted(gpus, key=_emptiest):
+        for gpu in sorted(gpus, key=emptiest):
             if tried == CANDIDATES or made == per_pool:
                 break
             shares = on_gpu.get(gpu.uuid, [])
@@ -123,11 +135,6 @@ def plan(
     return moves
 
 
-def _emptiest(gpu: Gpu) -> tuple[float, int, str]:
-    memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
-    return (max(gpu.used_compute / gpu.compute, memory), gpu.pods, gpu.uuid)
-
-
 def _largest_first(booking: Booking) -> tuple[int, int, str]:
     request = booking.request
     return (-request.compute, -request.gpu_memory, request.key)
@@ -148,8 +155,9 @@ def _movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
 class _Room:
     """The room left on a pool's GPUs and their nodes as this round's moves use it."""
 
-    def __init__(self, snapshot: Snapshot, gpus: list[Gpu]) -> None:
+    def __init__(self, snapshot: Snapshot, gpus: list[Gpu], per_node: dict[str, int]) -> None:
         self._snapshot = snapshot
+        self._per_node = per_node
         self._gpus = [g for g in gpus if g.healthy and not g.draining and not g.over]
         self._compute = {g.uuid: g.free_compute for g in self._gpus}
         self._memory = {g.uuid: g.free_memory for g in self._gpus}
@@ -161,8 +169,9 @@ class _Room:
         self._emptied: set[str] = set()
 
     def fit(self, source: Gpu, requests: list[Request]) -> tuple[str, ...] | None:
-        """Book every request on another GPU (best fit, largest first); None, and nothing
-        booked, when one does not fit. The targets in `_largest_first` order."""
+        """Book every request on another GPU (best fit, largest first; of equals, on the
+        node holding most GPUs); None, and nothing booked, when one does not fit. The
+        targets in `_largest_first` order."""
         saved = (
             dict(self._compute),
             dict(self._memory),
@@ -180,7 +189,7 @@ class _Room:
                     continue
                 if not self._takes(gpu, source, request):
                     continue
-                if best is None or self._compute[gpu.uuid] < self._compute[best.uuid]:
+                if best is None or self._rank(gpu) < self._rank(best):
                     best = gpu
             if best is None:
                 (
@@ -197,6 +206,9 @@ class _Room:
             targets.append(best.uuid)
         self._emptied.add(source.uuid)
         return tuple(targets)
+
+    def _rank(self, gpu: Gpu) -> tuple[int, int]:
+        return (self._compute[gpu.uuid], -self._per_node.get(gpu.node, 0))
 
     def _takes(self, gpu: Gpu, source: Gpu, request: Request) -> bool:
         uuid = gpu.uuid

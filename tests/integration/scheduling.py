@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupack import keys
+from gpupack.policy import BUILTIN, policy_spec
 from gpupack.quantity import parse_compute, parse_memory
 from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
 
@@ -111,3 +112,25 @@ def scheduler_metric(cluster: LocalCluster, sample: str) -> float | None:
             if line.startswith(sample + " "):
                 return float(line.split()[-1])
     return None
+
+
+def consolidating_policy(
+    kube: Kube, name: str, window: int, evictions: int = 1
+) -> Callable[[], None]:
+    """Create the GPUPolicy `name`: batch, with consolidation On and a budget of
+    `evictions` per workload per `window` seconds. Returns what deletes it."""
+    spec = policy_spec(BUILTIN["batch"])
+    spec["consolidation"] = {
+        "mode": "On",
+        "windowSeconds": window,
+        "evictionsPerWindow": evictions,
+    }
+    policies = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
+    body = {
+        "apiVersion": "gpupack.io/v1alpha1",
+        "kind": "GPUPolicy",
+        "metadata": {"name": name, "namespace": SYSTEM_NAMESPACE},
+        "spec": spec,
+    }
+    kube.create(policies, body)
+    return lambda: kube.delete(f"{policies}/{name}")

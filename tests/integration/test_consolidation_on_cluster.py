@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from gpupack.policy import BUILTIN, policy_spec
-from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
+from tests.integration import workloads
 from tests.integration.scheduling import (
     FAST,
     FAST_LEASE,
     capacity_pods,
+    consolidating_policy,
     create,
     events,
     pods_of,
@@ -45,18 +46,7 @@ def consolidating(
     if cluster is None:
         pytest.skip("runs the scheduler with test timings: needs the local cluster")
     kube = cluster.kube()
-    spec = policy_spec(BUILTIN["batch"])
-    spec["consolidation"] = {"mode": "On", "windowSeconds": WINDOW, "evictionsPerWindow": 1}
-    policies = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
-    kube.create(
-        policies,
-        {
-            "apiVersion": "gpupack.io/v1alpha1",
-            "kind": "GPUPolicy",
-            "metadata": {"name": POLICY, "namespace": SYSTEM_NAMESPACE},
-            "spec": spec,
-        },
-    )
+    delete_policy = consolidating_policy(kube, POLICY, WINDOW)
     cluster.install_scheduler(
         extra_args=FAST, sets=[*FAST_LEASE, "scheduler.consolidation.intervalSeconds=1"]
     )
@@ -64,15 +54,11 @@ def consolidating(
         yield cluster
     finally:
         cluster.stop_scheduler()
-        kube.delete(f"{policies}/{POLICY}")
+        delete_policy()
 
 
 def in_pool(obj: JSON, pool: str) -> JSON:
-    """`obj` (a Deployment, or a Job) in the pool `pool`: the same isolating toleration."""
-    template = obj["spec"]["template"]
-    template["spec"]["tolerations"][0]["value"] = pool
-    template["metadata"]["annotations"][keys.POLICY] = POLICY
-    return obj
+    return workloads.in_pool(obj, pool, POLICY)
 
 
 def pool_capacity(kube: Kube, pods: list[JSON]) -> set[str]:

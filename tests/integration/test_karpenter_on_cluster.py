@@ -19,13 +19,22 @@ from gpupack import keys
 from gpupack.capacity import CREATED_FOR
 from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
 from hack.localcluster.karpenter import Karpenter
-from tests.integration.scheduling import FAST, FAST_LEASE, capacity_pods, create
+from tests.integration.scheduling import (
+    FAST,
+    FAST_LEASE,
+    capacity_pods,
+    consolidating_policy,
+    create,
+    events,
+    wait_bound,
+)
 from tests.integration.tools import cluster_of_its_own
-from tests.integration.workloads import TOLERATE_GPUS, deployment, gpu_pod
+from tests.integration.workloads import TOLERATE_GPUS, deployment, gpu_pod, in_pool
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 HOSTNAME = "kubernetes.io/hostname"
+CONSOLIDATING = "consolidate-karpenter"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,10 @@ def autoscaled(
 ) -> Iterator[tuple[LocalCluster, Karpenter]]:
     with cluster_of_its_own(tmp_path_factory, cluster, "karpenter", node_pools=()) as local:
         local.install_webhook()
-        local.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
+        delete_policy = consolidating_policy(local.kube(), CONSOLIDATING, 10, evictions=3)
+        local.install_scheduler(
+            extra_args=FAST, sets=[*FAST_LEASE, "scheduler.consolidation.intervalSeconds=1"]
+        )
         karpenter = Karpenter(local).start()
         writer = Kube.from_kubeconfig(local.exporter_kubeconfig())  # with the chart's RBAC
         try:
@@ -42,6 +54,7 @@ def autoscaled(
                 yield local, karpenter
         finally:
             karpenter.stop()
+            delete_policy()
 
 
 def test_a_capacity_pod_no_node_can_take_makes_karpenter_buy_a_gpu_node_the_share_runs_on(
@@ -176,6 +189,42 @@ def test_a_pod_that_must_sit_next_to_a_pod_on_a_full_node_makes_karpenter_buy_no
         kube.delete(f"/api/v1/namespaces/{whole}")
         kube.delete(f"/api/v1/namespaces/{ns}")
     kube.wait_for("Karpenter to remove the node", lambda: not karpenter.nodes(), timeout=180)
+
+
+def test_consolidation_empties_the_node_holding_fewest_gpus_and_karpenter_removes_it(
+    autoscaled: tuple[LocalCluster, Karpenter],
+) -> None:
+    """Nine 600m pods need nine GPUs: Karpenter buys two eight-GPU nodes. Nine 300m pods
+    of another Deployment fill the room beside them, one per GPU; then the 600m ones
+    are scaled to zero. The pool holds nine GPUs where its shares need three: the
+    policy allows consolidation, which empties the GPUs of the node holding fewest
+    first, and once that node holds no capacity pod, Karpenter removes it."""
+    cluster, karpenter = autoscaled
+    kube = cluster.kube()
+    ns = kube.create_namespace("it-karpenter-churn", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    try:
+        for name, replicas, share in (("big", 9, "600m"), ("small", 9, "300m")):
+            made = deployment(ns, name, replicas, share, tolerations=TOLERATE_GPUS)
+            create(kube, in_pool(made, f"{ns}-pool", CONSOLIDATING))
+            wait_bound(kube, ns, name, replicas, timeout=180)
+        bought = {n["metadata"]["name"] for n in karpenter.nodes()}
+        assert len(bought) == 2, sorted(bought)
+        kube.merge_patch(
+            f"/apis/apps/v1/namespaces/{ns}/deployments/big", {"spec": {"replicas": 0}}
+        )
+
+        def one_node_left() -> set[str] | None:
+            left = {n["metadata"]["name"] for n in karpenter.nodes()}
+            return left if len(left) == 1 else None
+
+        [kept] = kube.wait_for("Karpenter to remove the emptied node", one_node_left, timeout=240)
+        assert kept in bought
+        assert events(kube, ns, "GPUConsolidation"), "the shares were moved by consolidation"
+        small = kube.get(f"/api/v1/namespaces/{ns}/pods", labelSelector="app=small")["items"]
+        assert {p["spec"].get("nodeName") for p in small if p["spec"].get("nodeName")} == {kept}
+    finally:
+        kube.delete(f"/api/v1/namespaces/{ns}")
+    kube.wait_for("Karpenter to remove the last node", lambda: not karpenter.nodes(), timeout=180)
 
 
 def _bound(kube: Kube, ns: str, app: str) -> bool:

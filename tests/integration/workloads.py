@@ -61,6 +61,16 @@ def deployment(
     }
 
 
+def in_pool(obj: JSON, pool: str, policy: str | None = None) -> JSON:
+    """`obj` (a Deployment or a Job from `deployment`) in the pool `pool`: the same
+    isolating toleration as every other workload put there; with `policy`, pinned to it."""
+    template = obj["spec"]["template"]
+    template["spec"]["tolerations"][0]["value"] = pool
+    if policy is not None:
+        template["metadata"]["annotations"][keys.POLICY] = policy
+    return obj
+
+
 def gpu_pod(name: str, gpus: str = "1", annotations: dict[str, str] | None = None) -> JSON:
     """A bare Pod asking for `gpus` whole nvidia.com/gpu, gone at once when deleted."""
     container = {

@@ -122,3 +122,23 @@ def test_real_time_mps_shares_never_land_beside_another_workload() -> None:
         snapshot.assume(request, "n0", [f"g{index}"])
 
     assert plan(snapshot, anyone) == []
+
+
+def test_of_equally_empty_gpus_the_one_alone_on_its_node_goes_first() -> None:
+    # g0, g2 on n0 and g1 on n1 (round robin over two nodes), 300m each.
+    snapshot = cluster([300], [300], [300], nodes=2)
+
+    (move,) = plan(snapshot, anyone)
+
+    assert (move.gpu, move.node) == ("g1", "n1")  # then n1 holds no GPU: it can go
+
+
+def test_of_equally_good_targets_the_one_on_the_busiest_node_is_planned() -> None:
+    # n0 holds g0, g2, g4 and n1 holds g1, g3, all 300m but g3 (200m): g3 goes, and its
+    # share fits as well on g1 (n1) as on n0's GPUs; n0, which holds more, gets it.
+    snapshot = cluster([300], [300], [300], [200], [300], nodes=2)
+
+    (move,) = plan(snapshot, anyone)
+
+    assert move.gpu == "g3"
+    assert snapshot.gpus[move.targets[0]].node == "n0"
