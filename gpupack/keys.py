@@ -46,6 +46,12 @@ GPU_UNHEALTHY: Final = f"{DOMAIN}/gpu-unhealthy"
 # RFC 3339 time). The scheduler places no new pod on it; once its pods have moved, the
 # capacity pod is deleted. Removed again when the drain is given up.
 DRAINING: Final = f"{DOMAIN}/draining"
+# On a fractional pod of a ReplicaSet, by the scheduler: the pod-deletion-cost it last
+# wrote there. The scheduler keeps managing the cost only while the two agree, so a cost
+# the user sets is left alone.
+DELETION_COST: Final = f"{DOMAIN}/deletion-cost"
+# Kubernetes' own: the ReplicaSet controller deletes pods with a lower cost first.
+POD_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 
 # On a Deployment's or StatefulSet's pod template: set by the recommender (updateMode
 # Auto) to roll the workload's pods onto a new recommendation, as `kubectl rollout

@@ -113,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a GPU consolidation is emptying may keep pods before it takes new "
         "pods again (default: %(default)s)",
     )
+    add(
+        "--deletion-cost",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep the pod-deletion-cost of ReplicaSet pods equal to their GPU's booked "
+        "compute, so a shrinking ReplicaSet deletes pods on the emptiest GPUs first and "
+        "GPUs empty (needs the chart's pods patch permission; default: on)",
+    )
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
         "--mps-image",
@@ -225,6 +233,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         reservation_timeout=args.reservation_timeout,
         consolidation_interval=args.consolidation_interval,
         drain_timeout=args.drain_timeout,
+        deletion_cost=args.deletion_cost,
     )
     registry = CollectorRegistry()
     holder: list[Extender] = []

@@ -24,7 +24,8 @@ two decisions ever see the same free share.
 - **housekeeping** (`tick`), only while the kube-scheduler beside it leads: expire
   reservations, scale capacity down, mark hosting capacity for the autoscalers, evict
   pods whose capacity vanished (`scheduler.lifecycle`), empty part-used GPUs where the
-  pods' policies allow it (`scheduler.drain`).
+  pods' policies allow it (`scheduler.drain`), keep ReplicaSet pods' deletion cost
+  (`scheduler.deletion_cost`).
 """
 
 import logging
@@ -41,6 +42,7 @@ from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError
 from scheduler import wire, writer
 from scheduler.cache import Cache
+from scheduler.deletion_cost import Costs
 from scheduler.drain import Drainer
 from scheduler.escapes import Escapes
 from scheduler.fragmentation import task_mix
@@ -104,6 +106,7 @@ class Extender:
             self._pool.submit,
             metrics,
         )
+        self._costs = Costs(kube, cache, self._pool.submit) if settings.deletion_cost else None
         self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
         self.reservations: dict[str, Reservation] = {}
         self.waiting: dict[str, Waiting] = {}
@@ -230,6 +233,8 @@ class Extender:
                 self._adopt_unplaceable(now)
                 self._lifecycle.housekeeping(now, self.waiting)
                 self._drainer.round(now)
+                if self._costs is not None:
+                    self._costs.round(now)
                 self._requeue(now)
             else:
                 self._drainer.pause()

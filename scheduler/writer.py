@@ -150,9 +150,9 @@ def mark_hosting(kube: Kube, pod: JSON, hosting: bool) -> None:
 
 
 def annotate(kube: Kube, pod: JSON, values: dict[str, str | None]) -> None:
-    """Set (or, with None, remove) annotations of a capacity pod; setting one is
-    conditional on the resourceVersion we judged it at (a pod replaced under the same
-    name is not marked by mistake)."""
+    """Set (or, with None, remove) annotations of a pod; setting one is conditional on
+    the resourceVersion we judged it at (a pod replaced under the same name, or changed
+    since, is not written by mistake: the next round judges it again)."""
     meta = pod["metadata"]
     body: JSON = {"metadata": {"annotations": values}}
     if any(v is not None for v in values.values()):

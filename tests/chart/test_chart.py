@@ -353,6 +353,16 @@ def test_the_dashboard_queries_only_metrics_gpupack_exports() -> None:
     assert panels_querying("gpupack_scheduler_allocated_compute_ratio")
 
 
+def rule_verbs(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> every verb the role's rules grant on it."""
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                verbs.setdefault((group, resource), set()).update(rule["verbs"])
+    return verbs
+
+
 def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     from scheduler.cli import build_parser
 
@@ -368,13 +378,22 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     (role,) = [
         d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
     ]
-    verbs = {
-        (g, r): set(rule["verbs"])
-        for rule in role["rules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-    }
-    assert verbs[("", "pods")] == {"get", "list", "watch"}  # no write cluster-wide
+    verbs = rule_verbs(role)
+    # Cluster-wide, a pod's pod-deletion-cost only: the admission policy fences the patch.
+    assert verbs[("", "pods")] == {"get", "list", "watch", "patch"}
+    fence = [
+        p
+        for p in of_kind(docs, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "gpupack-scheduler-pod-writes"
+    ]
+    assert len(fence) == 1
+    assert "system:serviceaccount:gpupack-system:gpupack-scheduler" in str(fence)
+    without = render("--set=scheduler.deletionCost.enabled=false")
+    (role_without,) = [
+        d for d in of_kind(without, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
+    ]
+    assert rule_verbs(role_without)[("", "pods")] == {"get", "list", "watch"}  # no write
+    assert "scheduler-pod-writes" not in str(of_kind(without, "ValidatingAdmissionPolicy"))
     assert verbs[("", "pods/binding")] == {"create"}
     assert verbs[("", "pods/status")] == {"patch"}  # the condition that requeues a pod
     assert ("", "secrets") not in verbs

@@ -156,3 +156,48 @@ def test_a_pod_its_budget_protects_and_a_jobs_pod_keep_their_gpus(
     assert now == names, "neither pod was evicted"
     assert len(pool_capacity(kube, placed)) == 2
     assert events(kube, ns, "GPUConsolidation") == []
+
+
+def test_a_deployment_that_shrinks_loses_the_pods_on_its_emptiest_gpu_which_then_goes(
+    kube: Kube, opted_in_namespace: str, consolidating: LocalCluster
+) -> None:
+    """A 700m pod of another workload holds GPU A; of four 300m web pods, one fills A and
+    three share GPU B. The scheduler keeps each web pod's pod-deletion-cost at its GPU's
+    fill (A 1000, B 900), so when web shrinks to one, the ReplicaSet deletes B's three
+    and B's capacity pod goes: no eviction, no GPU thinned. (Both policies are batch:
+    consolidation stays off.)"""
+    ns = opted_in_namespace
+    pool = f"{ns}-pool"
+    create(kube, workloads.in_pool(deployment(ns, "filler", 1, "700m"), pool))
+    (filler,) = wait_bound(kube, ns, "filler", 1, timeout=90)
+    create(kube, workloads.in_pool(deployment(ns, "web", 4, "300m"), pool))
+    web = wait_bound(kube, ns, "web", 4, timeout=90)
+    a = filler["metadata"]["annotations"][keys.GPU_UUID]
+    beside = [p for p in web if p["metadata"]["annotations"][keys.GPU_UUID] == a]
+    assert len(beside) == 1, "one web pod fills the room beside the filler"
+
+    def costed() -> dict[str, str] | None:
+        pods = pods_of(kube, ns, "web")
+        found = {
+            p["metadata"]["name"]: p["metadata"]["annotations"].get(keys.POD_DELETION_COST, "")
+            for p in pods
+        }
+        return found if sorted(found.values()) == ["1000", "900", "900", "900"] else None
+
+    costs = kube.wait_for("each web pod's cost at its GPU's fill", costed, timeout=60)
+    assert costs[beside[0]["metadata"]["name"]] == "1000"
+    b_holder = {p["metadata"]["annotations"][keys.CAPACITY_POD] for p in web} - {
+        filler["metadata"]["annotations"][keys.CAPACITY_POD]
+    }
+
+    kube.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/web", {"spec": {"replicas": 1}})
+
+    kube.wait_for("web down to one pod", lambda: len(pods_of(kube, ns, "web")) == 1, timeout=60)
+    (left,) = pods_of(kube, ns, "web")
+    assert left["metadata"]["name"] == beside[0]["metadata"]["name"]
+    kube.wait_for(
+        "GPU B's capacity pod released",
+        lambda: not (b_holder & set(capacity_pods(kube))),
+        timeout=60,
+    )
+    assert events(kube, ns, "GPUConsolidation") == []

@@ -222,3 +222,37 @@ def test_a_gpu_quota_admits_pods_up_to_it_and_refuses_the_next(
             ),  # type: ignore[misc]
             timeout=60,
         )
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        pytest.param({"metadata": {"labels": {"app": "hijacked"}}}, "labels", id="label"),
+        pytest.param(
+            {"metadata": {"annotations": {"prometheus.io/scrape": "true"}}},
+            "prometheus.io/scrape",
+            id="annotation",
+        ),
+        pytest.param({"spec": {"activeDeadlineSeconds": 1}}, "spec", id="spec"),
+    ],
+)
+def test_the_schedulers_pod_patch_reaches_nothing_but_the_deletion_cost(
+    admitted: JSON, scheduler: LocalCluster, edit: JSON, named: str
+) -> None:
+    """The scheduler may patch pods cluster-wide for pod-deletion-cost alone: the API
+    server refuses any other change it makes to a user's pod."""
+    as_scheduler = Kube.from_kubeconfig(
+        scheduler.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
+    )
+    meta = admitted["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    try:
+        with pytest.raises(ApiError) as error:
+            as_scheduler.merge_patch(path, edit)
+        assert error.value.status == 403, error.value.body
+        assert "gpupack: the scheduler may" in error.value.body
+        assert named in error.value.body
+        cost = {keys.POD_DELETION_COST: "100", keys.DELETION_COST: "100"}
+        as_scheduler.merge_patch(path, {"metadata": {"annotations": cost}})
+    finally:
+        as_scheduler.close()
