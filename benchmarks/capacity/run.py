@@ -1,6 +1,6 @@
 """Capacity under placement rules and bursts: what gpupack holds versus what it needs.
 
-Three scenarios, each on a fresh local cluster (hack/localcluster/: the webhook, the
+Four scenarios, each on a fresh local cluster (hack/localcluster/: the webhook, the
 gpupack scheduler as the chart runs it, kwok GPU nodes, simulated GPU discovery):
 
 1. **rules**: 13 pods of 300m in one opted-in namespace, under the placement rules users
@@ -18,17 +18,25 @@ gpupack scheduler as the chart runs it, kwok GPU nodes, simulated GPU discovery)
    Karpenter's kwok provider buys 8-GPU A100 nodes (tainted `nvidia.com/gpu`, which the
    burst tolerates) for capacity pods that fit nowhere.
 
-Each reports: capacity pods created (every name seen), GPUs held (capacity pods on a
-node) at peak, at the moment every placeable pod is bound and `--settle` seconds later
-(default 60), capacity pods still pending then (GPUs asked for, which an autoscaler would
-buy if it could), GPUs in use (holding at least one bound share), GPU nodes in use,
-seconds until every placeable pod is bound, and the
+4. **churn**: four Deployments of 8 pods of 300m (one pool) on nodes Karpenter buys, then
+   scaled down to 2 replicas each, under a GPUPolicy whose consolidation is `Off`;
+   after `--settle` seconds, what is held; then the policy's consolidation is turned
+   `On` (budget 2 evictions per workload per 30 s) and, `--settle` seconds later, what
+   is held again, and the evictions it took. The scheduler runs with the chart's values
+   `scheduler.gracePeriodSeconds=30` and `scheduler.consolidation.intervalSeconds=5`,
+   so capacity emptied by the scale-down itself is released within the settle time.
+
+Each of the first three reports: capacity pods created (every name seen), GPUs held
+(capacity pods on a node) at peak, at the moment every placeable pod is bound and
+`--settle` seconds later (default 60), capacity pods still pending then (GPUs asked
+for, which an autoscaler would buy if it could), GPUs in use (holding at least one
+bound share), GPU nodes in use, seconds until every placeable pod is bound, and the
 lower bounds they are measured against in the same run: the GPUs the shares need under
 gpupack's own packing (`gpupack.capacity.plan`, one pool) and the nodes those GPUs need
 (and, for rules, the 3 nodes its anti-affinity needs). Ratios are held / lower bound.
 
 Usage: .venv/bin/python -m benchmarks.capacity.run [--burst 40] [--settle 60]
-       [--only rules,burst,karpenter]
+       [--only rules,burst,karpenter,churn]
 (needs the binaries: run hack/test or hack/demo once). Progress goes to stderr; the last
 stdout line is one JSON object.
 """
@@ -48,6 +56,7 @@ from typing import Any, Final
 
 from gpupack import keys
 from gpupack.capacity import Allocation, plan
+from gpupack.policy import BUILTIN, policy_spec
 from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
 from hack.localcluster.karpenter import Karpenter
 
@@ -366,6 +375,90 @@ def karpenter(workdir: Path, replicas: int, settle: float) -> JSON:
     return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
 
 
+CHURN_POLICY: Final = "bench-churn"
+
+
+def churn_policy(kube: Kube, system: str, mode: str) -> None:
+    """Create, or set the consolidation mode of, the scenario's GPUPolicy."""
+    spec = policy_spec(BUILTIN["batch"])
+    spec["consolidation"] = {"mode": mode, "windowSeconds": 30, "evictionsPerWindow": 2}
+    path = f"/apis/gpupack.io/v1alpha1/namespaces/{system}/gpupolicies"
+    if mode == "Off":
+        body = {
+            "apiVersion": "gpupack.io/v1alpha1",
+            "kind": "GPUPolicy",
+            "metadata": {"name": CHURN_POLICY, "namespace": system},
+            "spec": spec,
+        }
+        kube.create(path, body)
+    else:
+        kube.merge_patch(
+            f"{path}/{CHURN_POLICY}", {"spec": {"consolidation": spec["consolidation"]}}
+        )
+
+
+def churn(workdir: Path, settle: float) -> JSON:
+    """Scenario 4: GPUs and nodes held after a scale-down, consolidation off then on."""
+    with LocalCluster(workdir, node_pools=()) as local:
+        local.install_webhook()
+        local.install_scheduler(
+            extra_args=SCHEDULER_ARGS,
+            sets=["scheduler.gracePeriodSeconds=30", "scheduler.consolidation.intervalSeconds=5"],
+        )
+        kube = local.kube()
+        churn_policy(kube, local.namespace, "Off")
+        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
+        autoscaler = Karpenter(local).start()
+        try:
+            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+                ns = kube.create_namespace("bench-churn", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+                watch = Watch(kube, ns, local.namespace)
+                for index in range(4):
+                    made = deployment(ns, f"w{index}", 8, "300m", tolerations=[TOLERATE_GPUS])
+                    made["spec"]["template"]["metadata"]["annotations"][keys.POLICY] = CHURN_POLICY
+                    kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", made)
+                if bound_all(kube, ns, 32, 480) is None:
+                    raise SystemExit("the 32 pods were not bound in 480 s")
+                full = watch.sample()
+                bought = len(autoscaler.nodes())
+                for index in range(4):
+                    scale = {"spec": {"replicas": 2}}
+                    kube.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/w{index}", scale)
+                log(f"32 pods on {full.held} GPUs, {bought} nodes; scaled to 8; settling")
+                time.sleep(settle)
+                off = watch.sample()
+                nodes_off = len(autoscaler.nodes())
+                churn_policy(kube, local.namespace, "On")
+                log(f"consolidation Off: {off.held} GPUs, {nodes_off} nodes; turned On")
+                started = time.monotonic()
+                time.sleep(settle)
+                on = watch.sample()
+                nodes_on = len(autoscaler.nodes())
+                moved = [
+                    e
+                    for e in kube.get(f"/apis/events.k8s.io/v1/namespaces/{ns}/events")["items"]
+                    if e.get("reason") == "GPUConsolidation"
+                ]
+        finally:
+            autoscaler.stop()
+    gpus = lower_bound([300] * 8)
+    return {
+        "pods_before_scale_down": 32,
+        "gpus_held_before_scale_down": full.held,
+        "nodes_bought": bought,
+        "pods_after_scale_down": 8,
+        "gpus_lower_bound": gpus,
+        "nodes_lower_bound": math.ceil(gpus / GPUS_PER_NODE),
+        "consolidation_off": {"gpus_held": off.held, "gpu_nodes": nodes_off},
+        "consolidation_on": {
+            "gpus_held": on.held,
+            "gpu_nodes": nodes_on,
+            "evictions": len(moved),
+            "seconds": round(time.monotonic() - started, 1),
+        },
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--burst", type=int, default=40, help="replicas of the burst (default 40)")
@@ -373,13 +466,15 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=60.0, help="seconds measured after every pod is bound (60)"
     )
     parser.add_argument(
-        "--only", default="rules,burst,karpenter", help="scenarios, comma-separated (all three)"
+        "--only",
+        default="rules,burst,karpenter,churn",
+        help="scenarios, comma-separated (default: all four)",
     )
     args = parser.parse_args(argv)
     if args.burst < 1:
         parser.error("--burst must be at least 1")
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(chosen) - {"rules", "burst", "karpenter"}
+    unknown = set(chosen) - {"rules", "burst", "karpenter", "churn"}
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results: JSON = {}
@@ -392,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = rules(workdir, args.settle)
             elif name == "burst":
                 results[name] = burst(workdir, args.burst, args.settle)
+            elif name == "churn":
+                results[name] = churn(workdir, args.settle)
             else:
                 results[name] = karpenter(workdir, args.burst, args.settle)
             log(json.dumps(results[name]))

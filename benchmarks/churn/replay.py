@@ -12,8 +12,9 @@ replay integrates over time:
 - GPU nodes held (a node with a held GPU) and the fewest nodes whose GPUs reach the
   lower bound (largest nodes first).
 
-Consolidation runs `scheduler.consolidation.plan` at most once per `interval` seconds of
-trace time after something left (or the last round moved): each move evicts the pods of
+Consolidation runs `scheduler.consolidation.plan` `interval` seconds of trace time
+after something left (or after a round that moved, or at once when the last round is
+that long ago), never between two events of one instant: each move evicts the pods of
 one GPU, which placement puts back at once with the GPU draining, as a controller's new
 pod would be. The judge is the extender's minus what the trace cannot say (no
 controllers, no PDBs: every trace pod counts as its own workload and as movable); the
@@ -34,8 +35,8 @@ from typing import Final
 from benchmarks.openb import trace
 from benchmarks.openb.replay import scorer
 from gpupack.policy import Consolidation, ConsolidationMode
-from scheduler.consolidation import plan
-from scheduler.placement import Placement, place
+from scheduler.consolidation import Move, plan
+from scheduler.placement import Placement, Scorer, place
 from scheduler.snapshot import Booking, Gpu, Request, Snapshot
 
 MODES: Final = tuple(ConsolidationMode)
@@ -153,6 +154,61 @@ class _Ledger:
             del self._node_gpus[gpu.node]
 
 
+class _Held:
+    """The integrals over trace time of what the ledger holds, and its samples."""
+
+    def __init__(self, ledger: _Ledger) -> None:
+        self._ledger = ledger
+        self.now: float | None = None
+        self.gpu_hours = self.bound_hours = self.node_hours = self.min_node_hours = 0.0
+        self.busy = 0.0
+        self.gpu_samples: list[tuple[float, float]] = []
+        self.node_samples: list[tuple[float, float]] = []
+
+    def advance(self, to: float) -> None:
+        """Count what is held from the last time to `to`."""
+        ledger = self._ledger
+        span = to - self.now if self.now is not None else 0.0
+        self.now = to
+        if span <= 0 or not ledger.bound:
+            return
+        self.gpu_hours += ledger.gpus * span / HOUR
+        self.bound_hours += ledger.bound * span / HOUR
+        self.node_hours += ledger.nodes * span / HOUR
+        self.min_node_hours += ledger.min_nodes * span / HOUR
+        self.busy += span / HOUR
+        self.gpu_samples.append((ledger.gpus / ledger.bound, span))
+        self.node_samples.append((ledger.nodes / max(1, ledger.min_nodes), span))
+
+
+def _move(
+    snapshot: Snapshot,
+    ledger: _Ledger,
+    chooser: Scorer,
+    move: Move,
+    moved_at: dict[str, list[float]],
+    now: float,
+) -> tuple[int, int]:
+    """Empty one GPU: each pod evicted and placed again at once (its controller's new
+    pod) with the GPU draining. (evictions, 1 if as many GPUs are held as before)."""
+    held_before = ledger.gpus
+    source = snapshot.gpus[move.gpu]
+    source.draining = True
+    snapshot.nodes[source.node].touch()
+    for key in move.pods:
+        booking = ledger.forget(key)
+        assert booking is not None
+        moved_at.setdefault(key, []).append(now)
+        result = place(snapshot, booking.request, chooser)
+        if isinstance(result, Placement):
+            ledger.assume(booking.request, result.node, result.gpus)
+        else:  # only its old GPU had room: back where it was
+            ledger.assume(booking.request, booking.node, booking.gpus)
+    source.draining = False
+    snapshot.nodes[source.node].touch()
+    return len(move.pods), int(ledger.gpus >= held_before)
+
+
 def _p95(samples: list[tuple[float, float]]) -> float:
     """The time-weighted 95th percentile of (value, duration) samples."""
     total = sum(d for _, d in samples)
@@ -163,7 +219,7 @@ def _p95(samples: list[tuple[float, float]]) -> float:
         seen += duration
         if seen >= 0.95 * total:
             return value
-    return samples[-1][0]
+    return max(v for v, _ in samples)
 
 
 def replay(
@@ -194,76 +250,54 @@ def replay(
             return "consolidation is off"
         if mode is ConsolidationMode.IDLE and gpu.used_compute > settings.idle_below * gpu.compute:
             return "GPU not idle"
-        recent = [t for t in moved_at.get(booking.request.key, ()) if now - t < window]
+        at = held.now or 0.0
+        recent = [t for t in moved_at.get(booking.request.key, ()) if at - t < window]
         if len(recent) >= settings.evictions:
             return "budget spent"
         return None
 
-    gpu_hours = bound_hours = node_hours = min_node_hours = busy = 0.0
-    gpu_samples: list[tuple[float, float]] = []
-    node_samples: list[tuple[float, float]] = []
+    held = _Held(ledger)
     failed = evictions = wasted = 0
-    last = float(events[0][0]) if events else 0.0
+    due = math.inf  # when the next consolidation round runs: `interval` after a change
     last_round = -math.inf
-    dirty = False
-    now = last
     for when, kind, index in events:
         now = float(when)
-        span = now - last
-        if span > 0 and ledger.bound:
-            gpu_hours += ledger.gpus * span / HOUR
-            bound_hours += ledger.bound * span / HOUR
-            node_hours += ledger.nodes * span / HOUR
-            min_node_hours += ledger.min_nodes * span / HOUR
-            busy += span / HOUR
-            gpu_samples.append((ledger.gpus / ledger.bound, span))
-            node_samples.append((ledger.nodes / max(1, ledger.min_nodes), span))
-        last = now
+        # Rounds due before this event run first (never between events of one instant).
+        while mode is not ConsolidationMode.OFF and due < now:
+            held.advance(due)
+            moves = plan(snapshot, judge)
+            last_round, due = due, math.inf
+            for move in moves:
+                made, lost = _move(snapshot, ledger, chooser, move, moved_at, last_round)
+                evictions += made
+                wasted += lost
+            if moves:  # more may follow once these have landed
+                due = last_round + interval
+        held.advance(now)
         request = requests[index]
         if kind == 0:
-            dirty |= ledger.forget(request.key) is not None
+            if ledger.forget(request.key) is not None and due == math.inf:
+                due = max(now, last_round + interval)
         else:
             result = place(snapshot, request, chooser)
             if isinstance(result, Placement):
                 ledger.assume(request, result.node, result.gpus)
             else:
                 failed += 1
-        if mode is ConsolidationMode.OFF or not dirty or now - last_round < interval:
-            continue
-        last_round, dirty = now, False
-        for move in plan(snapshot, judge):
-            dirty = True
-            held_before = ledger.gpus
-            source = snapshot.gpus[move.gpu]
-            source.draining = True
-            snapshot.nodes[source.node].touch()
-            for key in move.pods:
-                booking = ledger.forget(key)
-                assert booking is not None
-                evictions += 1
-                moved_at.setdefault(key, []).append(now)
-                result = place(snapshot, booking.request, chooser)
-                if isinstance(result, Placement):
-                    ledger.assume(booking.request, result.node, result.gpus)
-                    continue
-                ledger.assume(booking.request, booking.node, booking.gpus)
-            source.draining = False
-            snapshot.nodes[source.node].touch()
-            wasted += ledger.gpus >= held_before
     return ChurnResult(
         workload,
         policy,
         mode.value,
         len(pods),
         failed,
-        gpu_hours,
-        bound_hours,
-        _p95(gpu_samples),
-        node_hours,
-        min_node_hours,
-        _p95(node_samples),
+        held.gpu_hours,
+        held.bound_hours,
+        _p95(held.gpu_samples),
+        held.node_hours,
+        held.min_node_hours,
+        _p95(held.node_samples),
         evictions,
         wasted,
-        busy,
+        held.busy,
         time.perf_counter() - started,
     )

@@ -14,7 +14,8 @@ shrinks, the ReplicaSet controller picks the pods to delete; the question is wha
   re-annotating running pods could keep true (an API write per change);
 - `consolidation`: no cost, but gpupack's consolidation (`scheduler.consolidation.plan`,
   mode On) after every step, each moved pod placed again at once, each workload moved at
-  most once per `WINDOW` steps. Its evictions per step are reported.
+  most once per `WINDOW` steps. Its evictions per step are reported;
+- `live-cost+consolidation`: both, as the extender runs them when a policy allows it.
 
 Reported per choice, the mean over seeds of GPU-time held over the lower bound's (the
 shares' compute rounded up). Usage: python -m benchmarks.churn.scaledown [--seeds 10]
@@ -36,7 +37,7 @@ from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer
 from scheduler.snapshot import Booking, Gpu, Node, Request, Snapshot
 
-CHOICES: Final = ("default", "bind-cost", "live-cost", "consolidation")
+CHOICES: Final = ("default", "bind-cost", "live-cost", "consolidation", "live-cost+consolidation")
 WINDOW: Final = 20  # steps between two moves of one workload
 SHARES: Final = (100, 200, 250, 300, 400, 500)
 GiB: Final = 2**30
@@ -69,7 +70,7 @@ def victims(choice: str, deployment: Deployment, snapshot: Snapshot, count: int)
     def cost(r: Replica) -> tuple[int, int, int]:
         if choice == "bind-cost":
             return (r.bind_cost, *default(r))
-        if choice == "live-cost":
+        if choice.startswith("live-cost"):
             return (snapshot.gpus[r.gpu].used_compute, *default(r))
         return (0, *default(r))
 
@@ -120,7 +121,7 @@ def run(
                 snapshot.forget(replica.key)
                 deployment.replicas.remove(replica)
                 del where[replica.key]
-        if choice == "consolidation":
+        if choice.endswith("consolidation"):
             evictions += _consolidate(snapshot, scorer, judge, where, moved, step)
         compute = sum(g.used_compute for g in snapshot.gpus.values())
         held_time += sum(1 for g in snapshot.gpus.values() if g.pods)

@@ -74,28 +74,44 @@ class FgdScorer:
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
+        # Only GPUs placement lets the pod use are candidates (not one draining, say). In
+        # the arrival replay every GPU with room for the pod is among them, so this
+        # changes no figure of the paper's protocol.
+        usable = {id(g) for g in fits}
+        allowed = tuple(i for i, g in enumerate(node.gpus) if id(g) in usable)
         free = [g.free_compute for g in node.gpus]
         model = node.gpus[0].model if node.gpus else ""
-        key = (request.cpu, request.compute, request.gpus, model, node.free_cpu, tuple(free))
+        key = (
+            request.cpu,
+            request.compute,
+            request.gpus,
+            model,
+            node.free_cpu,
+            tuple(free),
+            allowed,
+        )
         if key not in self._answers:
-            self._answers[key] = self._score(model, node.free_cpu, request, free)
+            self._answers[key] = self._score(model, node.free_cpu, request, free, allowed)
         answer = self._answers[key]
         if answer is None:
             return None
         score, indices = answer
-        chosen = tuple(node.gpus[i] for i in indices)
-        if any(g not in fits for g in chosen):
-            return None
-        return float(-score), chosen
+        return float(-score), tuple(node.gpus[i] for i in indices)
 
     def _score(
-        self, model: str, free_cpu: int, request: Request, free: list[int]
+        self,
+        model: str,
+        free_cpu: int,
+        request: Request,
+        free: list[int],
+        allowed: tuple[int, ...],
     ) -> tuple[int, tuple[int, ...]] | None:
         before = self._fragmentation(model, free_cpu, free)
         cpu_after = free_cpu - request.cpu
         if request.gpus == 1 and request.compute < FULL_GPU:
             best: tuple[int, tuple[int, ...]] | None = None
-            for i, left in enumerate(free):
+            for i in allowed:
+                left = free[i]
                 if left < request.compute:
                     continue
                 after = list(free)
@@ -104,7 +120,7 @@ class FgdScorer:
                 if best is None or score > best[0]:
                     best = (score, (i,))
             return best
-        indices = tuple(i for i, left in enumerate(free) if left == FULL_GPU)[: request.gpus]
+        indices = tuple(i for i in allowed if free[i] == FULL_GPU)[: request.gpus]
         if len(indices) < request.gpus:
             return None
         after = list(free)
