@@ -27,7 +27,7 @@ import bisect
 import csv
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -181,6 +181,36 @@ class _Held:
         self.node_samples.append((ledger.nodes / max(1, ledger.min_nodes), span))
 
 
+Forget = Callable[[str], Booking | None]
+Assume = Callable[[Request, str, tuple[str, ...]], object]
+
+
+def relocate(
+    snapshot: Snapshot, chooser: Scorer, move: Move, forget: Forget, assume: Assume
+) -> list[tuple[Booking, str, tuple[str, ...]]]:
+    """Empty one GPU as the cluster would: each pod evicted and placed again at once (its
+    controller's new pod) while the GPU drains; a pod that fits nowhere else goes back.
+    Each moved pod's old booking, and its new node and GPUs."""
+    source = snapshot.gpus[move.gpu]
+    source.draining = True
+    snapshot.nodes[source.node].touch()
+    moved: list[tuple[Booking, str, tuple[str, ...]]] = []
+    for key in move.pods:
+        booking = forget(key)
+        assert booking is not None
+        result = place(snapshot, booking.request, chooser)
+        node, gpus = (
+            (result.node, result.gpus)
+            if isinstance(result, Placement)
+            else (booking.node, booking.gpus)
+        )
+        assume(booking.request, node, gpus)
+        moved.append((booking, node, gpus))
+    source.draining = False
+    snapshot.nodes[source.node].touch()
+    return moved
+
+
 def _move(
     snapshot: Snapshot,
     ledger: _Ledger,
@@ -189,23 +219,10 @@ def _move(
     moved_at: dict[str, list[float]],
     now: float,
 ) -> tuple[int, int]:
-    """Empty one GPU: each pod evicted and placed again at once (its controller's new
-    pod) with the GPU draining. (evictions, 1 if as many GPUs are held as before)."""
+    """(evictions, 1 if as many GPUs are held after the move as before)."""
     held_before = ledger.gpus
-    source = snapshot.gpus[move.gpu]
-    source.draining = True
-    snapshot.nodes[source.node].touch()
-    for key in move.pods:
-        booking = ledger.forget(key)
-        assert booking is not None
-        moved_at.setdefault(key, []).append(now)
-        result = place(snapshot, booking.request, chooser)
-        if isinstance(result, Placement):
-            ledger.assume(booking.request, result.node, result.gpus)
-        else:  # only its old GPU had room: back where it was
-            ledger.assume(booking.request, booking.node, booking.gpus)
-    source.draining = False
-    snapshot.nodes[source.node].touch()
+    for booking, _, _ in relocate(snapshot, chooser, move, ledger.forget, ledger.assume):
+        moved_at.setdefault(booking.request.key, []).append(now)
     return len(move.pods), int(ledger.gpus >= held_before)
 
 

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Final
 
+from benchmarks.churn.replay import relocate
 from scheduler.consolidation import Judge, plan
 from scheduler.fragmentation import task_mix
 from scheduler.placement import Placement, place
@@ -139,25 +140,13 @@ def _consolidate(
 ) -> int:
     evicted = 0
     for move in plan(snapshot, judge):
-        source = snapshot.gpus[move.gpu]
-        source.draining = True
-        snapshot.nodes[source.node].touch()
-        for key in move.pods:
-            booking = snapshot.forget(key)
-            assert booking is not None
+        for booking, node, gpus in relocate(
+            snapshot, scorer, move, snapshot.forget, snapshot.assume
+        ):
             evicted += 1
             moved[booking.request.owner] = step
-            result = place(snapshot, booking.request, scorer)
-            node, gpus = (
-                (result.node, result.gpus)
-                if isinstance(result, Placement)
-                else (booking.node, booking.gpus)
-            )
-            snapshot.assume(booking.request, node, gpus)
-            replica = where[key]
+            replica = where[booking.request.key]
             replica.node, replica.gpu = node, gpus[0]
-        source.draining = False
-        snapshot.nodes[source.node].touch()
     return evicted
 
 
