@@ -5,17 +5,18 @@ Churn leaves GPUs part-used: pods end, Deployments shrink, and every GPU that st
 holds one share keeps a capacity pod and a node. Placement packs pods as they arrive;
 nothing else moves a pod once it runs. A pool *could shrink* when it holds more GPUs
 than its shares need (`lower_bound`: the shares' compute and memory, rounded up to whole
-GPUs). Then its emptiest GPUs are tried in turn (of equals, those on nodes that hold
-fewest GPUs: emptying a node's last GPU lets an autoscaler remove the node). One
-qualifies when every share on it may be moved (`Judge`: the policy allows it, a
-controller will recreate the pod, the budget has room, ...) and fits, by the same
-compute, memory, model and real-time-mps rules placement checks, on another GPU of its
-pool that stays held, with the host CPU and memory of that GPU's node. That GPU is
-emptied: its capacity pod is marked draining, so placement puts nothing new on it, and
-its pods are evicted; their controllers recreate them and placement, which prefers GPUs
-already in use, puts them on the GPUs that had room. The plan names those GPUs, but it
-is a plan, not a binding: kube-scheduler's other rules (anti-affinity, spread) may send
-a recreated pod elsewhere, which is why each workload's evictions are budgeted.
+GPUs). Then its GPUs are tried in turn: those of the node holding fewest GPUs first
+(emptying a node's last GPU lets an autoscaler remove the node, and nodes are what is
+billed), the emptiest first among them. One qualifies when every share on it may be
+moved (`Judge`: the policy allows it, a controller will recreate the pod, the budget
+has room, ...) and fits, by the same compute, memory, model and real-time-mps rules
+placement checks, on another GPU of its pool that stays held (on another node where
+one has room), with the host CPU and memory of that GPU's node. That GPU is emptied:
+its capacity pod is marked draining, so placement puts nothing new on it, and its pods
+are evicted; their controllers recreate them and placement, which prefers GPUs already
+in use, puts them on the GPUs that had room. The plan names those GPUs, but it is a
+plan, not a binding: kube-scheduler's other rules (anti-affinity, spread) may send a
+recreated pod elsewhere, which is why each workload's evictions are budgeted.
 
 Only a move that empties a whole GPU is made: thinning a GPU saves nothing. One GPU
 per pool at a time (`per_pool`), so a pool never drains faster than its pods restart.
@@ -94,12 +95,13 @@ def plan(
             if gpu.pool not in busy:
                 pools.setdefault(gpu.pool, []).append(gpu)
 
-    def emptiest(gpu: Gpu) -> tuple[float, int, int, str]:
-        """Least used first; of equals, the one on the node holding fewest GPUs (emptying
-        a node's last GPU lets the node go), then the one with fewest pods."""
+    def emptiest(gpu: Gpu) -> tuple[int, float, int, str]:
+        """The GPUs of the node holding fewest first (emptying a node's last GPU lets an
+        autoscaler remove the node: the bill is per node), then the least used, then the
+        one with fewest pods."""
         memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
         fill = max(gpu.used_compute / gpu.compute, memory)
-        return (fill, per_node[gpu.node], gpu.pods, gpu.uuid)
+        return (per_node[gpu.node], fill, gpu.pods, gpu.uuid)
 
     moves: list[Move] = []
     for pool, gpus in sorted(pools.items()):
@@ -169,9 +171,10 @@ class _Room:
         self._emptied: set[str] = set()
 
     def fit(self, source: Gpu, requests: list[Request]) -> tuple[str, ...] | None:
-        """Book every request on another GPU (best fit, largest first; of equals, on the
-        node holding most GPUs); None, and nothing booked, when one does not fit. The
-        targets in `_largest_first` order."""
+        """Book every request on another GPU, largest first: on another node if one has
+        room (so the source's node may empty), best fit, of equals on the node holding
+        most GPUs. None, and nothing booked, when one does not fit. The targets in
+        `_largest_first` order."""
         saved = (
             dict(self._compute),
             dict(self._memory),
@@ -189,7 +192,7 @@ class _Room:
                     continue
                 if not self._takes(gpu, source, request):
                     continue
-                if best is None or self._rank(gpu) < self._rank(best):
+                if best is None or self._rank(gpu, source) < self._rank(best, source):
                     best = gpu
             if best is None:
                 (
@@ -207,8 +210,9 @@ class _Room:
         self._emptied.add(source.uuid)
         return tuple(targets)
 
-    def _rank(self, gpu: Gpu) -> tuple[int, int]:
-        return (self._compute[gpu.uuid], -self._per_node.get(gpu.node, 0))
+    def _rank(self, gpu: Gpu, source: Gpu) -> tuple[bool, int, int]:
+        same_node = gpu.node == source.node
+        return (same_node, self._compute[gpu.uuid], -self._per_node.get(gpu.node, 0))
 
     def _takes(self, gpu: Gpu, source: Gpu, request: Request) -> bool:
         uuid = gpu.uuid

@@ -33,6 +33,28 @@ def test_a_pool_that_needs_what_it_holds_is_left_alone() -> None:
     assert plan(cluster([600], [700], [800]), anyone) == []
 
 
+def test_the_node_holding_fewest_gpus_is_emptied_first_even_if_its_gpu_is_fuller() -> None:
+    # n0 holds g0, g2 (100m each); n1 holds g1 (500m) alone: freeing n1 frees a node.
+    snapshot = cluster([100], [500], [100], nodes=2)
+
+    (move,) = plan(snapshot, anyone)
+
+    assert (move.gpu, move.node) == ("g1", "n1")
+    assert snapshot.gpus[move.targets[0]].node == "n0"
+
+
+def test_shares_go_to_another_node_when_one_has_room_so_the_source_node_can_empty() -> None:
+    # n0: g0 (400m), g2 (600m); n1: g1 (300m), g3 (300m), g5 (300m). n0 holds fewest: g0
+    # goes first, and its share fits best on g2 (n0), but n1 has room: it goes there.
+    snapshot = cluster([400], [300], [600], [300], [100], [300], nodes=2)
+    snapshot.forget("ml/p4-0")  # g4 (n0) empty: n0 holds g0 and g2
+
+    (move,) = plan(snapshot, anyone)
+
+    assert move.gpu == "g0"
+    assert snapshot.gpus[move.targets[0]].node == "n1"
+
+
 def test_the_emptiest_gpu_is_emptied_onto_gpus_that_stay_held() -> None:
     snapshot = cluster([500], [200, 100], [600])
 
