@@ -29,7 +29,7 @@ from typing import Final
 
 from scheduler.snapshot import FULL_GPU, Booking, Gpu, Request, Snapshot
 
-CANDIDATES: Final = 64  # GPUs tried per pool and round, emptiest first: a bounded search
+CANDIDATES: Final = 64  # GPUs tried per pool and round, in order: a bounded search
 
 # Why `booking` may not be moved off `gpu` (a readable reason), or None when it may.
 Judge = Callable[[Booking, Gpu], str | None]
