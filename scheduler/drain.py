@@ -23,8 +23,8 @@ round first looks after the GPUs already draining (capacity pods marked
 A move marks the capacity pod draining (placement puts nothing new on it), then evicts
 its pods one by one through the Eviction API, so PodDisruptionBudgets hold, each with an
 Event `GPUConsolidation` saying why and where its share is planned to go. An eviction a
-PodDisruptionBudget refuses (429) stops the move; if nothing was evicted yet the mark is
-removed at once.
+PodDisruptionBudget refuses (429) stops the move, with an Event `GPUConsolidationBlocked`
+on the pod; if nothing was evicted yet the mark is removed at once.
 """
 
 import logging
@@ -231,6 +231,13 @@ class Drainer:
                 )
                 if self._metrics is not None:
                     self._metrics.consolidation_evictions.labels(result=result).inc()
+                if result == "refused":  # the operator's answer to "why is it not packed?"
+                    why = (
+                        f"consolidation could not move this pod off GPU {move.gpu}: its "
+                        "PodDisruptionBudget allows no disruption now; it is tried again "
+                        "once its workload's budget window has passed"
+                    )
+                    writer.event(self._kube, pod, "GPUConsolidationBlocked", why, action="Evicting")
                 if evicted == 0:
                     self._undrain(holder)
                 return

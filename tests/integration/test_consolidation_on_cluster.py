@@ -156,6 +156,11 @@ def test_a_pod_its_budget_protects_and_a_jobs_pod_keep_their_gpus(
     assert now == names, "neither pod was evicted"
     assert len(pool_capacity(kube, placed)) == 2
     assert events(kube, ns, "GPUConsolidation") == []
+    blocked = events(kube, ns, "GPUConsolidationBlocked")
+    assert blocked, "the refusal is told on the pod"
+    assert {e["regarding"]["name"] for e in blocked} == {
+        p["metadata"]["name"] for p in pods_of(kube, ns, "guarded")
+    }
 
 
 def test_a_deployment_that_shrinks_loses_the_pods_on_its_emptiest_gpu_which_then_goes(

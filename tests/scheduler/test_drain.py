@@ -183,10 +183,17 @@ def test_a_refused_eviction_gives_the_gpu_back_to_placement_at_once() -> None:
 
     round_at(WINDOW)
 
-    marks = [b["metadata"]["annotations"][keys.DRAINING] for v, _, b in kube.calls if b]
+    marks = [
+        b["metadata"]["annotations"][keys.DRAINING]
+        for verb, _, b in kube.calls
+        if verb == "patch" and b
+    ]
     assert marks[0]
     assert marks[-1] is None
     assert kube.evicted() == []
+    (blocked,) = kube.events()
+    assert blocked["reason"] == "GPUConsolidationBlocked"
+    assert "PodDisruptionBudget" in blocked["note"]
 
 
 def draining(index: int, since: str = "2026-11-25T00:00:00Z") -> JSON:
