@@ -9,6 +9,7 @@ written by `gpupack.quantity.format_compute` and `format_memory`.
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from gpupack import keys
@@ -105,3 +106,18 @@ def read_original_resources(annotations: dict[str, str]) -> OriginalResources | 
     if scheduler_name is not None and not isinstance(scheduler_name, str):
         raise ContractError(keys.ORIGINAL_RESOURCES, value, accepted)
     return OriginalResources(containers, init_containers, scheduler_name)
+
+
+def rfc3339(moment: float) -> str:
+    """A Unix time as Kubernetes writes times (`2026-01-02T03:04:05Z`)."""
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: object) -> float | None:
+    """An RFC 3339 time as Unix seconds; None when absent or unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

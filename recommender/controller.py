@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from gpupack import keys
+from gpupack.codec import rfc3339
 from gpupack.kube import JSON
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import DEFAULT_POLICY, Policy, PolicySet, UpdateMode, effective_policies
@@ -43,7 +44,6 @@ from recommender.state import (
     policy_of,
     policy_status,
     restore,
-    rfc3339,
     running_of,
 )
 from recommender.usage import UsageSource

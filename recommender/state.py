@@ -10,11 +10,10 @@ whether a GPUPolicy object is in force. The controller does the I/O around these
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 from gpupack import keys
-from gpupack.codec import read_compute, read_memory
+from gpupack.codec import parse_time, read_compute, read_memory, rfc3339
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Pod, annotations_of, workload_of
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy
@@ -37,19 +36,6 @@ class WorkloadKey:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.kind}/{self.name}"
-
-
-def rfc3339(moment: float) -> str:
-    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def managed(pod: JSON) -> bool:

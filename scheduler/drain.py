@@ -3,9 +3,10 @@ their capacity pods, and then their nodes, can go.
 
 Runs in the leader's housekeeping, at most every `consolidation_interval` seconds. A
 round first looks after the GPUs already draining (capacity pods marked
-`gpupack.io/draining`): one whose pods have all left is deleted at once (reason
-`consolidated`); one still hosting after `drain_timeout` is given back to placement
-(the mark removed). A pool with a GPU draining starts no other drain. Then it asks
+`gpupack.io/draining` with the time it began): one still hosting `drain_timeout` after
+that time is given back to placement (the mark removed). One whose pods have all left
+is the lifecycle's to delete, at once (`scheduler.lifecycle`). A pool with a GPU
+draining starts no other drain. Then it asks
 `consolidation.plan` for moves, judging each pod (`judge`):
 
 - its policy (the pod's `gpupack.io/policy`, as the GPUPolicy objects say now) has
@@ -31,9 +32,9 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from gpupack import keys
+from gpupack.codec import parse_time, rfc3339
 from gpupack.kube import JSON, annotations_of
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
 from gpupack.runtime.api import ApiError
@@ -69,10 +70,6 @@ def asks_to_stay(pod: JSON) -> bool:
     )
 
 
-def draining_since(pod: JSON) -> str | None:
-    return annotations_of(pod).get(keys.DRAINING) or None
-
-
 class Drainer:
     def __init__(
         self,
@@ -94,7 +91,6 @@ class Drainer:
         self._since: float | None = None  # when this leader's budgets began
         self._last_round = -math.inf
         self._evicted: dict[str, list[float]] = {}  # workload -> eviction times
-        self._first_seen: dict[str, float] = {}  # draining capacity pod -> first seen
         self._now = 0.0
         self._policy_set: PolicySet | None = None
 
@@ -113,7 +109,7 @@ class Drainer:
             return []
         self._last_round = now
         self._now = now
-        busy = self._look_after_drains(now)
+        busy = self._look_after_drains()
         self._policy_set = self._policies()
         if not any(
             p.consolidation.mode is not ConsolidationMode.OFF
@@ -173,40 +169,30 @@ class Drainer:
 
     # Drains under way.
 
-    def _look_after_drains(self, now: float) -> set[str]:
-        """Delete emptied draining capacity pods, give up drains past the timeout; the
-        pools with a GPU still draining."""
+    def _look_after_drains(self) -> set[str]:
+        """Give up the drains past the timeout; the pools with a GPU still draining."""
         busy: set[str] = set()
         snapshot = self.cache.snapshot
-        draining: set[str] = set()
         for name, capacity in self.cache.capacity.items():
-            if draining_since(capacity.pod) is None:
+            if not annotations_of(capacity.pod).get(keys.DRAINING):
                 continue
-            draining.add(name)
-            first = self._first_seen.setdefault(name, now)
+            since = parse_time(annotations_of(capacity.pod)[keys.DRAINING])
             gpu = snapshot.gpus.get(capacity.gpu) if capacity.gpu else None
-            if gpu is None or gpu.pods == 0:
-                if not writer.hosting(capacity.pod):  # housekeeping unmarks it first
-                    self._submit(self._delete, capacity.pod)
-                busy.add(capacity.pool)
-                continue
-            if now - first >= self._settings.drain_timeout:
+            hosting = gpu is not None and gpu.pods > 0
+            if hosting and (since is None or self._wall() - since >= self._settings.drain_timeout):
                 log.warning("giving up draining %s: pods still on it after the timeout", name)
                 self._submit(self._undrain, capacity.pod)
                 if self._metrics is not None:
                     self._metrics.drains.labels(result="timed-out").inc()
                 continue
             busy.add(capacity.pool)
-        for name in [n for n in self._first_seen if n not in draining]:
-            del self._first_seen[name]
         return busy
 
     # API writes (worker threads).
 
     def _drain(self, move: Move, holder: JSON, pods: list[JSON]) -> None:
-        stamp = datetime.fromtimestamp(self._wall(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
-            writer.annotate(self._kube, holder, {keys.DRAINING: stamp})
+            writer.annotate(self._kube, holder, {keys.DRAINING: rfc3339(self._wall())})
         except ApiError as error:
             log.warning("could not mark %s draining: %s", move.holder, error)
             return
@@ -250,17 +236,3 @@ class Drainer:
             writer.annotate(self._kube, holder, {keys.DRAINING: None})
         except ApiError as error:
             log.warning("could not unmark %s: %s", holder["metadata"]["name"], error)
-
-    def _delete(self, holder: JSON) -> None:
-        try:
-            deleted = writer.delete_capacity(self._kube, holder)
-        except ApiError as error:
-            log.warning("could not delete %s: %s", holder["metadata"]["name"], error)
-            return
-        if deleted:
-            log.info(
-                "deleted capacity pod %s: consolidation emptied it", holder["metadata"]["name"]
-            )
-            if self._metrics is not None:
-                self._metrics.capacity_deleted.labels(reason="consolidated").inc()
-                self._metrics.drains.labels(result="completed").inc()

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gpupack.capacity import Allocation, Where
+from gpupack.codec import rfc3339
 from gpupack.kube import JSON
 from gpupack.policy import PolicySet, effective_policies
 from gpupack.quantity import format_compute, format_memory
@@ -404,7 +405,7 @@ class Extender:
                 self._pool.submit(self._requeue_pod, pod)
 
     def _requeue_pod(self, pod: JSON) -> None:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # wall time, not the clock
+        when = rfc3339(time.time())  # wall time, not the clock
         try:
             writer.requeue(self._kube, pod, when)
         except ApiError as error:

@@ -22,6 +22,8 @@ the extender's thread pool through `submit`.
   them.
   So a capacity pod that landed where its pool's pods cannot go (their anti-affinity,
   spread or volumes exclude the node) does not hold a GPU for long.
+- **Consolidated:** a capacity pod whose GPU consolidation drained (`scheduler.drain`,
+  `gpupack.io/draining`) is deleted as soon as nothing is booked on it.
 - **Autoscalers:** one hosting pods carries the do-not-evict annotations.
 - **Orphans:** a pod bound to a GPU that no capacity pod holds any more (someone
   deleted it, its node went away) gets a Warning Event and is evicted through the
@@ -203,9 +205,11 @@ class Lifecycle:
                 continue
             since = self._empty_since.setdefault(name, now)
             grace = self._settings.unused_grace if name in fresh else self._settings.grace_period
-            if now - since >= grace:
+            consolidated = gpu is not None and gpu.draining  # `scheduler.drain` emptied it
+            if consolidated or now - since >= grace:
                 del self._empty_since[name]
-                self._submit(self._delete_capacity, capacity.pod, now - since)
+                reason = "consolidated" if consolidated else "empty"
+                self._submit(self._delete_capacity, capacity.pod, now - since, reason)
         for name in [n for n in self._empty_since if n not in self.cache.capacity]:
             del self._empty_since[name]
         self._evict_orphans(now)
@@ -336,4 +340,6 @@ def _could_use(waiting: Waiting, gpu: Gpu | None, holder: JSON) -> bool:
     to, with the memory the pod asks (or unknown)."""
     if gpu is None:
         return placement_of(holder) == waiting.placement
+    if gpu.draining:
+        return False  # placement puts nothing new on it
     return gpu.node in waiting.nodes and (not gpu.memory or waiting.allocation.memory <= gpu.memory)

@@ -163,8 +163,9 @@ class Metrics:
         )
         self.drains = Counter(
             "gpupack_scheduler_consolidation_drains",
-            "GPUs consolidation began to empty (started), emptied and released "
-            "(completed), or gave back to placement with pods still on them (timed-out)",
+            "GPUs consolidation began to empty (started), or gave back to placement with "
+            "pods still on them (timed-out); those emptied are "
+            'capacity_pods_deleted_total{reason="consolidated"}',
             ["result"],
             registry=registry,
         )
@@ -183,7 +184,7 @@ class Metrics:
             self.attempts.labels(result=result)
         for reason in ("empty", "released-for-pool", "consolidated"):
             self.capacity_deleted.labels(reason=reason)
-        for result in ("started", "completed", "timed-out"):
+        for result in ("started", "timed-out"):
             self.drains.labels(result=result)
         for result in ("evicted", "refused", "failed"):
             self.consolidation_evictions.labels(result=result)

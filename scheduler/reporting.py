@@ -16,9 +16,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from datetime import datetime
 from typing import Any
 
+from gpupack.codec import parse_time
 from gpupack.kube import JSON
 from scheduler import writer
 from scheduler.cache import Cache
@@ -107,8 +107,5 @@ def measure(
 
 def created(pod: JSON) -> float:
     """A pod's creationTimestamp in Unix seconds (now when it has none yet)."""
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time()
+    stamp = parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return time.time() if stamp is None else stamp

@@ -18,6 +18,7 @@ from gpupack.policy import (
 from gpupack.runtime.api import ApiError
 from scheduler.drain import Drainer
 from scheduler.ledger import capacity_gpu
+from scheduler.lifecycle import Lifecycle
 from scheduler.placement import Placement, place
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
@@ -215,21 +216,21 @@ def test_a_draining_gpu_takes_no_new_pod() -> None:
 
 def test_an_emptied_draining_capacity_pod_is_deleted_and_a_stuck_one_given_back() -> None:
     kube = Kube()
-    cache, _ = cache_with(draining(0), draining(1), running("a", "100m", 1), capacity(2))
-    made = Drainer(
-        kube,
-        cache,
-        policies,
-        Settings(consolidation_interval=1.0, drain_timeout=60.0),
-        lambda f, *a: f(*a),
-    )
-
-    made.round(0.0)
+    began = "2026-11-25T00:00:00Z"  # 1_795_564_800
+    cache, _ = cache_with(draining(0, began), draining(1, began), running("a", "100m", 1))
+    settings = Settings(consolidation_interval=1.0, drain_timeout=60.0)
+    Lifecycle(kube, cache, settings, lambda f, *a: f(*a)).housekeeping(0.0, {})
     deleted = [p for verb, p, _ in kube.calls if verb == "delete"]
     assert deleted == [f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods/cap-0"]
     kube.calls.clear()
 
-    made.round(60.0)
+    def drain_at(wall: float) -> None:
+        made = Drainer(kube, cache, policies, settings, lambda f, *a: f(*a), wall=lambda: wall)
+        made.round(0.0)
+
+    drain_at(1_795_564_800 + 59)
+    assert [b for verb, _, b in kube.calls if verb == "patch"] == []  # not yet
+    drain_at(1_795_564_800 + 60)
     (unmark,) = [b for verb, _, b in kube.calls if verb == "patch"]
     assert unmark == {"metadata": {"annotations": {keys.DRAINING: None}}}
 
