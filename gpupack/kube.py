@@ -87,6 +87,13 @@ def controller_of(obj: Pod | JSON) -> JSON | None:
     return valid[0] if valid else None
 
 
+def controller_kind(obj: Pod | JSON) -> str | None:
+    """The kind of the owner marked `controller: true` (the one that recreates the pod),
+    or None; unlike `controller_of`, an owner that is not the controller does not count."""
+    owner = controller_of(obj)
+    return str(owner.get("kind", "")) if owner and owner.get("controller") is True else None
+
+
 def workload_of(pod: Pod, pod_name: str) -> tuple[str, str]:
     """(kind, name) of the workload: the controlling owner, a Deployment behind its
     ReplicaSet when the pod-template-hash label shows it, or the pod itself."""

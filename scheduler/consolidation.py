@@ -62,6 +62,12 @@ def held(gpu: Gpu) -> bool:
     return not gpu.coming and gpu.pods > 0
 
 
+def fill(gpu: Gpu) -> float:
+    """How used a GPU is: the larger of its booked compute and memory, as fractions."""
+    memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
+    return max(gpu.used_compute / gpu.compute, memory)
+
+
 def lower_bound(gpus: Iterable[Gpu]) -> int:
     """The fewest GPUs that could hold these GPUs' shares: their compute, and their
     memory over the largest GPU's, rounded up."""
@@ -99,9 +105,7 @@ def plan(
         """The GPUs of the node holding fewest first (emptying a node's last GPU lets an
         autoscaler remove the node: the bill is per node), then the least used, then the
         one with fewest pods."""
-        memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
-        fill = max(gpu.used_compute / gpu.compute, memory)
-        return (per_node[gpu.node], fill, gpu.pods, gpu.uuid)
+        return (per_node[gpu.node], fill(gpu), gpu.pods, gpu.uuid)
 
     moves: list[Move] = []
     for pool, gpus in sorted(pools.items()):

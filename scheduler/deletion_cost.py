@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON, annotations_of
+from gpupack.kube import JSON, annotations_of, controller_kind
 from gpupack.runtime.api import ApiError
 from scheduler import writer
 from scheduler.cache import Cache
@@ -53,8 +53,7 @@ def managed(pod: JSON) -> bool:
     """Whether gpupack may set the pod's deletion cost: a running pod a ReplicaSet owns,
     whose cost is absent or the one gpupack wrote."""
     meta = pod.get("metadata") or {}
-    owners = meta.get("ownerReferences") or ()
-    if not any(o.get("controller") is True and o.get("kind") == "ReplicaSet" for o in owners):
+    if controller_kind(pod) != "ReplicaSet":
         return False
     if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
         return False

@@ -35,13 +35,13 @@ from collections.abc import Callable
 
 from gpupack import keys
 from gpupack.codec import parse_time, rfc3339
-from gpupack.kube import JSON, annotations_of
+from gpupack.kube import JSON, annotations_of, controller_kind
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
 from gpupack.runtime.api import ApiError
 from gpupack.shares import is_live
 from scheduler import writer
 from scheduler.cache import Cache
-from scheduler.consolidation import Move, plan
+from scheduler.consolidation import Move, fill, plan
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -51,15 +51,6 @@ log = logging.getLogger(__name__)
 
 RECREATED_BY: frozenset[str] = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
 Submit = Callable[..., object]
-
-
-def recreating_controller(pod: JSON) -> str | None:
-    """The kind of the controller that will recreate the pod, or None."""
-    for owner in (pod.get("metadata") or {}).get("ownerReferences") or ():
-        if isinstance(owner, dict) and owner.get("controller") is True:
-            kind = str(owner.get("kind", ""))
-            return kind if kind in RECREATED_BY else None
-    return None
 
 
 def asks_to_stay(pod: JSON) -> bool:
@@ -146,13 +137,11 @@ class Drainer:
         settings = policy.consolidation
         if settings.mode is ConsolidationMode.OFF:
             return f"policy {policy.name}: consolidation Off"
-        if settings.mode is ConsolidationMode.IDLE:
-            memory = gpu.used_memory / gpu.memory if gpu.memory else 0.0
-            if max(gpu.used_compute / gpu.compute, memory) > settings.idle_below:
-                return f"policy {policy.name}: IdleGPUs, and the GPU holds more than idleBelow"
+        if settings.mode is ConsolidationMode.IDLE and fill(gpu) > settings.idle_below:
+            return f"policy {policy.name}: IdleGPUs, and the GPU holds more than idleBelow"
         if booking.request.exclusive and not settings.allow_mps:
             return f"policy {policy.name}: real-time-mps pods move only with allowMPS"
-        if recreating_controller(pod) is None:
+        if controller_kind(pod) not in RECREATED_BY:
             return "no ReplicaSet, StatefulSet or ReplicationController recreates it"
         if asks_to_stay(pod):
             return "it asks not to be disrupted"

@@ -35,7 +35,7 @@ from typing import Final
 from benchmarks.openb import trace
 from benchmarks.openb.replay import scorer
 from gpupack.policy import Consolidation, ConsolidationMode
-from scheduler.consolidation import Move, plan
+from scheduler.consolidation import Move, fill, plan
 from scheduler.placement import Placement, Scorer, place
 from scheduler.snapshot import Booking, Gpu, Request, Snapshot
 
@@ -265,7 +265,7 @@ def replay(
     def judge(booking: Booking, gpu: Gpu) -> str | None:
         if mode is ConsolidationMode.OFF:
             return "consolidation is off"
-        if mode is ConsolidationMode.IDLE and gpu.used_compute > settings.idle_below * gpu.compute:
+        if mode is ConsolidationMode.IDLE and fill(gpu) > settings.idle_below:
             return "GPU not idle"
         at = held.now or 0.0
         recent = [t for t in moved_at.get(booking.request.key, ()) if at - t < window]

@@ -78,7 +78,7 @@ def test_the_last_line_is_one_json_object_per_workload_policy_and_mode(
     assert out["workloads"]["tiny"]["fgd"]["On"]["evictions"] == 1
 
 
-def test_a_live_deletion_cost_empties_gpus_a_cost_written_once_does_not() -> None:
+def test_a_live_deletion_cost_and_consolidation_each_hold_fewer_gpus_than_no_cost() -> None:
     default, _ = scaledown.run("default", 0, 300, nodes=4, deployments=6)
     live, _ = scaledown.run("live-cost", 0, 300, nodes=4, deployments=6)
     moved, evictions = scaledown.run("consolidation", 0, 300, nodes=4, deployments=6)
