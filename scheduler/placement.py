@@ -37,6 +37,7 @@ lookup, not a scoring:
   kept too (`Snapshot.refusals`), so a pod that fits nowhere costs a lookup per state.
 """
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
+from scheduler.state_index import Entry, Frontier
 
 BOUND_FROM: Final = 8  # new states that placement scores outright, without bounding first
 
@@ -177,21 +179,38 @@ def place(
     shape = snapshot.shape_of(request)
     epoch = snapshot.scorer_epoch(scorer, scorer.generation)
     hosts = snapshot.check_hosts
-    candidates = snapshot.eligible(request)
+    eligible = snapshot.eligible(request)
+    excluded: frozenset[str] = frozenset()
     if nodes is not None:
-        allowed = frozenset(nodes)
-        candidates = [n for n in candidates if n.name in allowed]
-    shared: dict[int, object] | None = None
-    if getattr(scorer, "by_state", False) and not request.exclusive:
-        shared = snapshot.answers(shape)
-        best_node = _best_shared(snapshot, request, scorer, shape, shared, candidates)
+        allowed = nodes if isinstance(nodes, (set, frozenset)) else frozenset(nodes)
+        excluded = snapshot.eligible_names(request) - allowed
+    by_state = getattr(scorer, "by_state", False) and not request.exclusive
+    if by_state and 2 * len(excluded) <= len(eligible):
+        answers = snapshot.answers(shape)
+        best_node = _best_indexed(snapshot, request, scorer, shape, answers, excluded)
+        if best_node is None:
+            reasons = _reasons_by_state(snapshot, request, scorer, answers, excluded)
+            return _unfit(snapshot, request, len(eligible) - len(excluded), reasons)
     else:
-        best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
-    if best_node is not None:
-        answer = _own(best_node, request, scorer, shape, epoch, hosts)
-        if type(answer) is tuple:
-            return Placement(best_node.name, tuple(g.uuid for g in answer[1]), answer[0])
-    return _unfit(snapshot, request, candidates, shape, shared)
+        candidates = [n for n in eligible if n.name not in excluded] if excluded else eligible
+        if by_state:
+            answers = snapshot.answers(shape)
+            best_node = _best_shared(snapshot, request, scorer, answers, candidates)
+        else:
+            best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
+        if best_node is None:
+            reasons = Counter(
+                answer
+                for answer in (
+                    answers.get(n.state) if by_state else n.memo.get(shape) for n in candidates
+                )
+                if type(answer) is str
+            )
+            return _unfit(snapshot, request, len(candidates), reasons)
+    answer = _own(best_node, request, scorer, shape, epoch, hosts)
+    if type(answer) is tuple:
+        return Placement(best_node.name, tuple(g.uuid for g in answer[1]), answer[0])
+    raise AssertionError(f"{best_node.name} won without fitting: {answer}")  # pragma: no cover
 
 
 def refusal(snapshot: Snapshot, request: Request, name: str) -> str:
@@ -249,16 +268,12 @@ def _best_shared(
     snapshot: Snapshot,
     request: Request,
     scorer: Scorer,
-    shape: int,
     answers: dict[int, object],
     candidates: list[Node],
 ) -> Node | None:
-    """`_best_own` for a scorer whose cost depends only on the node's state: one answer
-    (cost or reason) per state in `answers`, shared by the nodes in that state. With a
-    scorer that bounds its costs, states are scored only while they could still win (see
-    `_best_bounded`)."""
-    if hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
-        return _best_bounded(snapshot, request, scorer, shape, answers, candidates)
+    """`_best_own` for a scorer whose cost depends only on the node's state, over a few
+    candidates: one answer (cost or reason) per state in `answers`, shared by the nodes
+    in that state."""
     get = answers.get
     state_of = snapshot.state_of
     best: float | None = None
@@ -276,110 +291,181 @@ def _best_shared(
     return best_node
 
 
-def _best_bounded(
+def _best_indexed(
     snapshot: Snapshot,
     request: Request,
     scorer: Scorer,
     shape: int,
     answers: dict[int, object],
-    candidates: list[Node],
+    excluded: frozenset[str],
 ) -> Node | None:
-    """`_best_shared` for a scorer that also bounds its cost from below: `profile(node,
-    pool)` summarises a node state (kept per state in `Snapshot.profiles`), and
-    `bounder(request)(profile)` is at most the cost `choose` would give. A state whose bound
-    exceeds the best cost found, or equals it at a later position, cannot win (ties go to
-    the first node): it is not scored, and its bound is kept (`Snapshot.bounds`) for the
-    next pod of this shape. The states that might win are scored by (bound, position), so
-    the first that cannot win ends the search; the winner is the same node."""
-    get = answers.get
+    """The first node with the lowest cost, from the live node states
+    (`Snapshot.states`) and the shape's frontier over them (`Snapshot.frontier`): the
+    states that appeared since the shape's last decision are taken in with their cost,
+    a lower bound on it (a scorer with `profile` and `bounder`, see `_bound_all`), or
+    -inf; then entries are popped in (cost or bound, position) order, each bound turned
+    into a cost, until a cost is on top: no other state can beat it or tie it at an
+    earlier node. A state whose GPUs refuse the pod leaves the frontier for good; one
+    whose first node is `excluded` competes at its first node that is not, for this
+    decision only."""
+    index = snapshot.states()
+    frontier = snapshot.frontier(shape)
     bounds = snapshot.bounds(shape)
-    lower = bounds.get
-    state_of = snapshot.state_of
-    best: float | None = None
-    best_node: Node | None = None
-    best_at = -1
-    fresh: dict[int, tuple[int, Node]] = {}  # states with neither answer nor bound
-    order: list[tuple[float, int, int, Node]] = []  # bounded states that might win
-    bounded: set[int] = set()
-    for index, node in enumerate(candidates):
-        state = node.state
-        if state < 0:
-            state = state_of(node)
-        answer = get(state)
-        if answer is None:
-            low = lower(state)
-            if low is None:
-                if state not in fresh:
-                    fresh[state] = (index, node)
-            elif (best is None or low < best) and state not in bounded:
-                bounded.add(state)
-                order.append((low, index, state, node))
-        elif type(answer) is not str and (best is None or answer < best):  # type: ignore[operator]
-            best, best_node, best_at = answer, node, index  # type: ignore[assignment]
-    if not fresh and not order:
-        return best_node
-    bound: Callable[[object], float] | None = None
-    if len(fresh) > BOUND_FROM:  # too few to gain from bounding: score them all
-        bound = scorer.bounder(request)  # type: ignore[attr-defined]
-    if bound is None:
-        order.extend((-math.inf, index, state, node) for state, (index, node) in fresh.items())
-    else:
-        profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
-        profiles = snapshot.profiles()
-        for state, (index, node) in fresh.items():
-            summary = profiles.get(state)
-            if summary is None:
-                summary = profiles[state] = profile(node, request.pool)
-            low = bounds[state] = bound(summary)
-            if best is None or low <= best:  # else it cannot win
-                order.append((low, index, state, node))
-    order.sort()  # by bound, then position (distinct per state: nodes never compared)
+    pool = request.pool
+    unknown: list[int] = []
+    for state in frontier.news(index):
+        if pool not in index.pools(state):  # no GPU of the pool, or no node any more
+            continue
+        answer = answers.get(state)
+        if type(answer) is str:
+            frontier.drop(state)
+            continue
+        key = answer if answer is not None else bounds.get(state)
+        if key is None:
+            unknown.append(state)
+        elif key != math.inf:
+            frontier.push((key, index.first_position(state), state))  # type: ignore[arg-type]
+    if unknown:
+        _bound_all(snapshot, request, scorer, bounds, frontier, unknown)
+    heap, current = frontier.heap, frontier.current
     refused = snapshot.refusals(request)
     hosts = snapshot.check_hosts
-    for low, index, state, node in order:
-        if best is not None and (low > best or (low == best and index > best_at)):
-            break
-        known = refused.get(state)  # its GPUs are known not to fit
-        found = (
-            _evaluate(node, request, scorer, refused, hosts)
-            if known is None
-            else (node_rejects(node, request) if hosts else None) or known
-        )
-        answer = answers[state] = found if type(found) is str else found[0]
-        bounds.pop(state, None)
-        if type(answer) is not str and (
-            best is None or answer < best or (answer == best and index < best_at)  # type: ignore[operator]
-        ):
-            best, best_node, best_at = answer, node, index  # type: ignore[assignment]
-    return best_node
+    aside: list[int] = []  # states whose first node is excluded
+    own: list[Entry] = []  # their entries at their first allowed node, this decision only
+    try:
+        while heap or own:
+            mine = bool(own) and (not heap or own[0] < heap[0])
+            entry = own[0] if mine else heap[0]
+            key, position, state = entry
+            members = index.members(state)
+            if not mine:
+                if current.get(state) is not entry:  # superseded
+                    heapq.heappop(heap)
+                    continue
+                if members is None:  # its last node left
+                    heapq.heappop(heap)
+                    frontier.drop(state)
+                    continue
+                first = index.first_position(state)
+                if first != position:  # its first node left: it competes at the next
+                    heapq.heappop(heap)
+                    frontier.push((key, first, state))
+                    continue
+                if excluded and members[position].name in excluded:
+                    heapq.heappop(heap)
+                    aside.append(state)
+                    other = index.first_allowed(state, excluded)
+                    if other is not None:
+                        heapq.heappush(own, (key, other.position, state))
+                    continue
+            assert members is not None  # an entry of `own` is for a live state
+            node = members[position]
+            answer = answers.get(state)
+            if answer is None:
+                known = refused.get(state)  # its GPUs are known not to fit
+                found = (
+                    _evaluate(node, request, scorer, refused, hosts)
+                    if known is None
+                    else (node_rejects(node, request) if hosts else None) or known
+                )
+                answer = answers[state] = found if type(found) is str else found[0]
+                bounds.pop(state, None)
+            if type(answer) is str:
+                heapq.heappop(own if mine else heap)
+                frontier.drop(state)
+                continue
+            if key != answer:  # a bound: compete with the cost
+                exact: Entry = (answer, position, state)  # type: ignore[assignment]
+                if mine:
+                    heapq.heapreplace(own, exact)
+                else:
+                    heapq.heappop(heap)
+                    frontier.push(exact)
+                continue
+            return node
+        return None
+    finally:
+        for state in aside:  # back in the frontier at its first node, cost if known
+            held = current.get(state)
+            if held is not None:
+                answer = answers.get(state)
+                key = answer if type(answer) is float else held[0]
+                frontier.push((key, index.first_position(state), state))
 
 
-def _unfit(
+def _bound_all(
     snapshot: Snapshot,
     request: Request,
-    candidates: list[Node],
-    shape: int,
-    shared: dict[int, object] | None,
-) -> Unfit:
+    scorer: Scorer,
+    bounds: dict[int, float],
+    frontier: Frontier,
+    states: list[int],
+) -> None:
+    """Put `states` (none scored or bounded for this shape yet) in the frontier: at
+    their lower bound when the scorer bounds and there are more than `BOUND_FROM` (a
+    bound is kept in `bounds` for the next pod of this shape; an infinite one means the
+    pod cannot fit there and the state is left out), else at -inf (scored when popped)."""
+    index = snapshot.states()
+    bound: Callable[[object], float] | None = None
+    if len(states) > BOUND_FROM and hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
+        bound = scorer.bounder(request)
+    if bound is None:
+        for state in states:
+            frontier.push((-math.inf, index.first_position(state), state))
+        return
+    profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
+    profiles = snapshot.profiles()
+    for state in states:
+        summary = profiles.get(state)
+        if summary is None:
+            first = index.first(state)
+            assert first is not None
+            summary = profiles[state] = profile(first, request.pool)
+        low = bounds[state] = bound(summary)
+        if low != math.inf:
+            frontier.push((low, index.first_position(state), state))
+
+
+def _reasons_by_state(
+    snapshot: Snapshot,
+    request: Request,
+    scorer: Scorer,
+    answers: dict[int, object],
+    excluded: frozenset[str],
+) -> Counter[str]:
+    """Why each node of the pod's pool (but the `excluded`) refuses it, counted per
+    state: once no state fits, the states never scored (a bound said the pod cannot fit
+    there) are evaluated for their reason, which costs no scoring."""
+    index = snapshot.states()
+    refused = snapshot.refusals(request)
+    hosts = snapshot.check_hosts
+    fewer = Counter(snapshot.nodes[name].indexed for name in excluded if name in snapshot.nodes)
     reasons: Counter[str] = Counter()
-    if shared is None:
-        for node in candidates:
-            answer = node.memo.get(shape)
-            if type(answer) is str:
-                reasons[answer] += 1
-    else:
-        get = shared.get
-        for node in candidates:
-            answer = get(node.state)
-            if type(answer) is str:
-                reasons[answer] += 1
-    excluded = sum(1 for n in snapshot.nodes.values() if n.gpus) - len(candidates)
+    for state in index.live():
+        if request.pool not in index.pools(state):
+            continue
+        answer = answers.get(state)
+        if answer is None:
+            first = index.first(state)
+            assert first is not None
+            found = _evaluate(first, request, scorer, refused, hosts)
+            answer = answers[state] = found if type(found) is str else found[0]
+        if type(answer) is str:
+            members = index.members(state)
+            count = (len(members) if members else 0) - fewer.get(state, 0)
+            if count > 0:
+                reasons[answer] += count
+    return reasons
+
+
+def _unfit(snapshot: Snapshot, request: Request, candidates: int, reasons: Counter[str]) -> Unfit:
+    excluded = snapshot.gpu_nodes() - candidates
     if excluded > 0:
         reasons["no GPU of the pod's pool"] += excluded
     coming = any(
         gpu.pool == request.pool
         and gpu.compute >= request.compute
         and (not gpu.memory or gpu.memory >= request.gpu_memory)
-        for gpu in [g for g in snapshot.gpus.values() if g.coming]
+        for gpu in snapshot.coming()
     )
     return Unfit(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))), coming)

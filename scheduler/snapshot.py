@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Final
 
+from scheduler.state_index import UNKNOWN, Frontier, StateIndex
+
 FULL_GPU: Final = 1000
 STATE_LIMIT: Final = 100_000  # numbered node states kept before the table starts over
 SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
 ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before they start over
-UNKNOWN: Final = -1  # `Node.state` until `Snapshot.state_of` numbers it
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +125,16 @@ class Node:
     memo: dict[int, object] = field(default_factory=dict)  # shape number -> answer
     memo_generation: int = -1
     state: int = UNKNOWN  # this version's state number (`Snapshot.state_of`)
+    position: int = -1  # its place in the snapshot's node order (ties go to the first)
+    indexed: int = UNKNOWN  # the state the snapshot's `StateIndex` holds it under
+    changes: set["Node"] | None = None  # the snapshot's `StateIndex.changed`
 
     def touch(self) -> None:
         self.version += 1
         self.memo.clear()
         self.state = UNKNOWN
+        if self.changes is not None:
+            self.changes.add(self)
 
     @property
     def free_cpu(self) -> int:
@@ -168,6 +174,7 @@ class Snapshot:
         self.topology = 0  # bumps when nodes, labels or GPUs change
         self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
+        self._eligible_names: dict[tuple[object, ...], tuple[int, frozenset[str]]] = {}
         self._states: dict[tuple[object, ...], int] = {}
         self._numbers = count()  # state numbers are never reused
         self._shapes: dict[tuple[object, ...], int] = {}
@@ -175,6 +182,11 @@ class Snapshot:
         self._bounds: dict[int, dict[int, float]] = {}  # shape -> state -> cost bound
         self._profiles: dict[int, object] = {}  # state -> what the scorer bounds with
         self._refusals: dict[tuple[object, ...], dict[int, str]] = {}  # see `refusals`
+        self._frontiers: dict[int, Frontier] = {}  # shape -> its heap over the states
+        self._index = StateIndex()
+        self._positions = count()
+        self._coming: tuple[int, list[Gpu]] | None = None  # (topology, GPUs coming)
+        self._gpu_nodes: tuple[int, int] | None = None  # (topology, nodes holding GPUs)
         self._answers_of: tuple[object, int] | None = None  # (scorer, its generation)
         self._answer_calls = 0
         self._epoch = 0
@@ -192,6 +204,11 @@ class Snapshot:
                 old.used_memory,
                 old.used_pods,
             )
+            node.position = old.position  # a replaced node keeps its place in the order
+            old.touch()  # out of the index
+        else:
+            node.position = next(self._positions)
+        node.changes = self._index.changed
         self.nodes[node.name] = node
         for gpu in node.gpus:
             self.gpus[gpu.uuid] = gpu
@@ -203,6 +220,7 @@ class Snapshot:
         if node is not None:
             for gpu in node.gpus:
                 self.gpus.pop(gpu.uuid, None)
+            node.touch()  # out of the index
             self.topology += 1
 
     def add_gpu(self, gpu: Gpu) -> None:
@@ -243,6 +261,33 @@ class Snapshot:
         self._eligible[key] = (self.topology, nodes)
         return nodes
 
+    def eligible_names(self, request: Request) -> frozenset[str]:
+        """The names of `eligible(request)` (cached until the topology changes)."""
+        key = ("names", request.models, request.pool)
+        cached = self._eligible_names.get(key)
+        if cached is None or cached[0] != self.topology:
+            names = frozenset(n.name for n in self.eligible(request))
+            cached = self._eligible_names[key] = (self.topology, names)
+        return cached[1]
+
+    def coming(self) -> list[Gpu]:
+        """The GPUs whose capacity pod is not running yet (cached until the topology
+        changes: a GPU stops coming only by being added again)."""
+        cached = self._coming
+        if cached is None or cached[0] != self.topology:
+            cached = self._coming = (self.topology, [g for g in self.gpus.values() if g.coming])
+        return cached[1]
+
+    def gpu_nodes(self) -> int:
+        """How many nodes hold GPUs (cached until the topology changes)."""
+        cached = self._gpu_nodes
+        if cached is None or cached[0] != self.topology:
+            cached = self._gpu_nodes = (
+                self.topology,
+                sum(1 for n in self.nodes.values() if n.gpus),
+            )
+        return cached[1]
+
     # Numbered states and shapes, for placement's shared answers.
 
     def state_of(self, node: Node) -> int:
@@ -262,6 +307,20 @@ class Snapshot:
         node.state = number
         return number
 
+    def states(self) -> StateIndex:
+        """The live node states and their nodes, brought up to date with the nodes that
+        changed since the last call."""
+        self._index.refresh(self.nodes, self.state_of)
+        return self._index
+
+    def frontier(self, shape: int) -> Frontier:
+        """One shape's heap over the node states (`scheduler.state_index`); kept and
+        dropped with `answers`."""
+        frontier = self._frontiers.get(shape)
+        if frontier is None:
+            frontier = self._frontiers[shape] = Frontier()
+        return frontier
+
     def shape_of(self, request: Request) -> int:
         """A small number for the request's shape (memo and answer keys hash fast)."""
         shape = request.shape
@@ -271,6 +330,7 @@ class Snapshot:
                 self._shapes.clear()
                 self._answers.clear()
                 self._bounds.clear()
+                self._frontiers.clear()
                 for node in self.nodes.values():
                     node.memo.clear()
             number = self._shapes[shape] = len(self._shapes)
@@ -284,26 +344,29 @@ class Snapshot:
             self._answers.clear()
             self._bounds.clear()
             self._profiles.clear()
+            self._frontiers.clear()
             self._answers_of = (scorer, generation)
             self._epoch += 1
         return self._epoch
 
     def answers(self, shape: int) -> dict[int, object]:
         """Placement's answers for one shape by state number, under the current
-        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` answers, bounds, profiles and refusals
-        together (checked every 64 calls) they all start over."""
+        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` answers, bounds, profiles, refusals
+        and frontier entries together (checked every 64 calls) they all start over."""
         self._answer_calls += 1
         if self._answer_calls % 64 == 0 and (
             sum(map(len, self._answers.values()))
             + sum(map(len, self._bounds.values()))
             + len(self._profiles)
             + sum(map(len, self._refusals.values()))
+            + sum(len(f.heap) for f in self._frontiers.values())
             > ANSWER_LIMIT
         ):
             self._answers.clear()
             self._bounds.clear()
             self._profiles.clear()
             self._refusals.clear()
+            self._frontiers.clear()
         answers = self._answers.get(shape)
         if answers is None:
             answers = self._answers[shape] = {}

@@ -84,17 +84,36 @@ def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
         snap.remove_gpu(rng.choice(sorted(snap.gpus)))
 
 
+def feasible(snap: Snapshot, rng: random.Random) -> list[str] | None:
+    """What kube-scheduler might pass: every node, all but a few, or a few."""
+    names = sorted(snap.nodes)
+    roll = rng.random()
+    if roll < 0.4:
+        return None
+    if roll < 0.8:
+        return [n for n in names if rng.random() < 0.85]
+    return rng.sample(names, min(len(names), rng.choice([1, 2, 3])))
+
+
 def replay_side_by_side(
-    fast: tuple[Snapshot, Scorer], reference: tuple[Snapshot, Scorer], seed: int, steps: int = 300
+    fast: tuple[Snapshot, Scorer],
+    reference: tuple[Snapshot, Scorer],
+    seed: int,
+    steps: int = 300,
+    feasible_nodes: bool = False,
 ) -> None:
     """Place the same random pods on two equal snapshots, churning both alike, and
-    assert every decision (or its refusal) is the same."""
+    assert every decision (or its refusal) is the same; with `feasible_nodes`, each
+    decision may only use the nodes a random draw allows (`feasible`)."""
     rng_a, rng_b = random.Random(seed), random.Random(seed)
     (a_snap, a_scorer), (b_snap, b_scorer) = fast, reference
+    draw = random.Random(seed + 1000)
     for step in range(steps):
         request = pod(rng_a, step)
         assert pod(rng_b, step) == request
-        a, b = place(a_snap, request, a_scorer), place(b_snap, request, b_scorer)
+        nodes = feasible(a_snap, draw) if feasible_nodes else None
+        a = place(a_snap, request, a_scorer, nodes)
+        b = place(b_snap, request, b_scorer, nodes)
         assert outcome(a) == outcome(b), step
         if isinstance(a, Placement):
             a_snap.assume(request, a.node, a.gpus)
@@ -110,6 +129,23 @@ def test_shared_answers_decide_as_scoring_every_node_on_its_own(make: type, seed
     own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
     replay_side_by_side(
         (Snapshot(cluster()), shared_scorer), (Snapshot(cluster()), own_scorer), seed
+    )
+
+
+@pytest.mark.parametrize("make", [FragmentationScorer, PackingScorer], ids=["fgd", "packing"])
+@pytest.mark.parametrize("seed", range(4))
+def test_shared_answers_decide_as_scoring_every_node_on_its_own_among_feasible_nodes(
+    make: type, seed: int
+) -> None:
+    """kube-scheduler passes a different set of feasible nodes with each pod: a state
+    whose first node is not among them competes at its first node that is."""
+    shared_scorer = make(MIX) if make is FragmentationScorer else make()
+    own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
+    replay_side_by_side(
+        (Snapshot(cluster()), shared_scorer),
+        (Snapshot(cluster()), own_scorer),
+        seed,
+        feasible_nodes=True,
     )
 
 
