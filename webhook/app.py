@@ -1,8 +1,8 @@
 """The webhook's HTTP application: `POST /mutate`, `GET /healthz`, `GET /readyz`.
 
 A thin adapter around the pure decision (`webhook.mutate.decide`): read and parse the
-AdmissionReview, decide, ensure capacity through the cluster port (bounded by a timeout,
-never an exception into the request), answer, audit, count. Bad input is a 400 or 413
+AdmissionReview, decide, plan capacity through the cluster port (never an exception into
+the request), answer, audit, count. Bad input is a 400 or 413
 with `{"error": message}`, never a 5xx; a bug in the decision admits the pod unchanged.
 
 Everything the app uses is passed to `create_app`: the cluster port (or None), the audit
@@ -11,11 +11,10 @@ policies in force and the workloads' recommendations come from its watch caches.
 No module-level state, no work at import.
 """
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
 from typing import Final, Protocol
@@ -39,7 +38,6 @@ from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest, ReviewError, allow, deny, parse_review
 
 NO_CLUSTER: Final = CapacityOutcome("no-cluster", detail="no cluster access: capacity not planned")
-DEFAULT_CAPACITY_TIMEOUT: Final = 2.0
 JSON_TYPE: Final = "application/json"
 
 log = logging.getLogger("webhook.app")
@@ -61,7 +59,10 @@ class ClusterPort(Protocol):
     # (namespace, workload kind, workload name) -> its GPURecommendation, parsed; or None
     def recommendation(self, namespace: str, kind: str, name: str) -> Recommendation | None: ...
 
-    async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome: ...
+    # Whether the pod's pool holds it, from the watch caches: no API call, no wait, so it
+    # is called on the event loop as it is (a coroutine and a timeout around it cost more
+    # than the plan itself).
+    def plan_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome: ...
 
     def start(self) -> None: ...
 
@@ -127,15 +128,19 @@ class Admissions:
     decide: Decide
     clock: Callable[[], datetime]
     timer: Callable[[], float]
-    capacity_timeout: float
+    cpu_timer: Callable[[], float]  # CPU time of the calling thread (the event loop's)
     key: bytes  # the decision key pods are sealed with
     mps: bool = True  # MPS pods are shared (the node agents serve the MPS CSI driver)
-    _background: set[asyncio.Task[CapacityOutcome]] = field(default_factory=set, init=False)
 
     async def mutate(self, request: Request) -> Response:
+        """Everything after the body is read runs without yielding the loop: its wall-clock
+        time minus the loop thread's CPU time over it is what the admission waited for
+        the GIL or a core (`WebhookMetrics.work`)."""
         started = self.timer()
         try:
-            review = parse_review(await read_body(request))
+            body = await read_body(request)
+            working, cpu = self.timer(), self.cpu_timer()
+            review = parse_review(body)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening any more
         except ReviewError as exc:
@@ -146,7 +151,7 @@ class Admissions:
         decision = self._decision(review)
         capacity = None
         if decision.demand is not None:
-            capacity = await self._ensure_capacity(decision.demand, review.dry_run)
+            capacity = self._plan_capacity(decision.demand, review.dry_run)
             self.metrics.capacity(capacity.action)
             if capacity.action == "error":
                 self.metrics.error(ErrorKind.CAPACITY)
@@ -156,6 +161,7 @@ class Admissions:
         self.metrics.admission(decision.outcome, decision.reason, elapsed)
         if decision.recommendation is not None and decision.outcome is Outcome.MUTATED:
             self.metrics.recommendation_applied()
+        self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
         return response
 
     def _decision(self, review: AdmissionRequest) -> Decision:
@@ -191,34 +197,14 @@ class Admissions:
             self.metrics.error(ErrorKind.INTERNAL)
             return internal_error(exc), json_response(allow(review.uid))
 
-    async def _ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        """The cluster's capacity outcome, or an "error" outcome; never raises. On timeout
-        the check goes on in the background (a cancelled create helps nobody)."""
+    def _plan_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+        """The cluster's capacity outcome, or an "error" outcome; never raises."""
         if self.cluster is None:
             return NO_CLUSTER
         try:
-            task = asyncio.ensure_future(self.cluster.ensure_capacity(demand, dry_run))
-        except Exception as exc:  # raised before it even started
-            return capacity_error(exc)
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), self.capacity_timeout)
-        except TimeoutError as exc:
-            if task.done():  # the check itself raised TimeoutError (an API call timed out)
-                return capacity_error(exc)
-            self._background.add(task)
-            task.add_done_callback(self._background_done)
-            detail = f"capacity check still running after {self.capacity_timeout:g} s"
-            return CapacityOutcome("error", detail=detail)
+            return self.cluster.plan_capacity(demand, dry_run)
         except Exception as exc:
             return capacity_error(exc)
-
-    def _background_done(self, task: "asyncio.Task[CapacityOutcome]") -> None:
-        self._background.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("late capacity check failed", exc_info=exc)
 
     def _write_audit(
         self,
@@ -253,7 +239,7 @@ def create_app(
     decide: Decide | None = None,
     clock: Callable[[], datetime] = utc_now,
     timer: Callable[[], float] = time.perf_counter,
-    capacity_timeout: float = DEFAULT_CAPACITY_TIMEOUT,
+    cpu_timer: Callable[[], float] = time.thread_time,
     tls_problem: TlsProblem | None = None,
     key: bytes = PROCESS_KEY,
     mps: bool = True,
@@ -273,7 +259,7 @@ def create_app(
         decide=decide,
         clock=clock,
         timer=timer,
-        capacity_timeout=capacity_timeout,
+        cpu_timer=cpu_timer,
         mps=mps,
         key=key,
     )

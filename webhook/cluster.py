@@ -5,9 +5,9 @@ namespace opt-in lookups, GPUPolicy objects, recommendations and capacity planni
 `Cluster` is what the server uses: `synced`, `namespace(name)`, `policies` (the
 PolicySet in force, from the GPUPolicy objects in the system namespace),
 `recommendation(namespace, kind, name)` (a workload's GPURecommendation, parsed),
-`ensure_capacity(demand, dry_run)`, `start`, `stop`. Policies and recommendations are
+`plan_capacity(demand, dry_run)`, `start`, `stop`. Policies and recommendations are
 parsed when their watch caches change (`webhook.rightsizing`), never per admission.
-`ensure_capacity` plans from the caches on the event loop and answers at once (no API
+`plan_capacity` plans from the caches on the event loop and answers at once (no API
 call): whether the pod's pool holds it, or how many GPUs it lacks. Creating capacity is
 gpupack-scheduler's alone (`webhook.capacity`).
 """
@@ -145,7 +145,7 @@ class Cluster:
         else:
             self._recommendations.reset(self.gpurecommendations.items())
 
-    async def ensure_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+    def plan_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         return self.capacity.ensure(demand, dry_run)
 
     def start(self) -> None:

@@ -85,3 +85,37 @@ class CapacityOutcome:
     action: str
     detail: str = ""
     extra: JSON = field(default_factory=dict)
+
+
+def stamped(
+    decision: Decision,
+    patch: tuple[JSON, ...],
+    annotations: dict[str, str],
+    demand: Demand | None,
+    warnings: tuple[str, ...],
+) -> Decision:
+    """`dataclasses.replace(decision, patch=..., annotations=..., demand=...,
+    warnings=...)`, built directly: `replace` walks the fields' metadata on every call, a
+    third of stamping an admission. Every other field is carried over (a test holds it
+    to `replace` for a decision with every field set)."""
+    d = decision
+    return Decision(
+        d.outcome,
+        d.reason,
+        d.message,
+        patch,
+        annotations,
+        d.policy,
+        d.policy_source,
+        d.policy_origin,
+        d.compute,
+        d.memory,
+        d.allocation_source,
+        d.recommendation,
+        d.gpu_request,
+        d.owner_kind,
+        d.owner_name,
+        d.stripped,
+        warnings,
+        demand,
+    )

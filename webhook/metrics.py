@@ -1,12 +1,21 @@
 """The webhook's Prometheus metrics, and the plain-HTTP endpoint that serves them.
 
 `WebhookMetrics` owns every metric family, registered on a registry the caller passes in
-(never the global one), so a test or a benchmark gets a fresh set. Recording methods are
-cheap: the admission counter's label children are cached after first use, since the hot
-path of `POST /mutate` records one admission per request.
+(never the global one), so a test or a benchmark gets a fresh set.
+
+The families `POST /mutate` records on every request (admissions, their duration,
+capacity plans, plan-cache lookups, recommendations applied, errors) are plain counts
+the event loop adds to, and `_HotPath` builds fresh families from them at every scrape:
+a `prometheus_client` counter or histogram takes a lock and walks its buckets in Python
+for each observation, several per request on the path whose throughput is the point.
+Only the event loop's thread records them; a scrape (on the metrics server's thread)
+copies each table in one step under the GIL, and a histogram's count is the sum of its
+buckets, so its samples always agree with each other. The rare ones (certificate
+reloads, expiry, readiness) stay `prometheus_client` metrics.
 """
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Final
 
@@ -15,9 +24,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpupack.runtime.endpoints import Endpoints
 from webhook.decision import Outcome, Reason
@@ -50,36 +60,95 @@ class ErrorKind(StrEnum):
     AUDIT = "audit"  # the audit line could not be built or written
 
 
+class _HotPath(Collector):
+    """The per-request families, as plain counts (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.admissions: dict[tuple[str, str], int] = {}  # (outcome, reason) -> count
+        self.buckets = [0] * (len(DURATION_BUCKETS) + 1)  # per bucket, +Inf last
+        self.seconds = 0.0
+        self.capacity: dict[str, int] = {}  # action -> count
+        self.plans = {"hit": 0, "miss": 0}
+        self.errors = dict.fromkeys((kind.value for kind in ErrorKind), 0)
+        self.recommendations = 0
+        self.work_seconds = 0.0
+        self.work_cpu_seconds = 0.0
+
+    def collect(self) -> Iterator[Metric]:
+        admissions = CounterMetricFamily(
+            "gpupack_webhook_admissions",
+            "Admission reviews answered, by outcome (mutated, skipped, denied) and reason.",
+            labels=["outcome", "reason"],
+        )
+        for (outcome, reason), count in list(self.admissions.items()):
+            admissions.add_metric([outcome, reason], count)
+        yield admissions
+        counts, seconds = list(self.buckets), self.seconds
+        cumulative, running = [], 0
+        for bound, count in zip((*map(str, DURATION_BUCKETS), "+Inf"), counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        yield HistogramMetricFamily(
+            "gpupack_webhook_admission_duration_seconds",
+            "Time to answer one admission review, capacity check included.",
+            buckets=cumulative,
+            sum_value=seconds,
+        )
+        yield _counters(
+            "gpupack_webhook_capacity_checks",
+            "Capacity plans for admitted fractional pods, by outcome (sufficient: the pool's "
+            "GPUs hold the pod; needed: gpupack-scheduler will create capacity).",
+            "action",
+            self.capacity,
+        )
+        yield _counters(
+            "gpupack_webhook_errors",
+            "Requests that went wrong, by kind; bad input never gets a 5xx.",
+            "kind",
+            self.errors,
+        )
+        yield CounterMetricFamily(
+            "gpupack_webhook_recommendations_applied",
+            "Admitted pods whose allocation came (at least in part) from their workload's "
+            "GPURecommendation.",
+            value=self.recommendations,
+        )
+        yield CounterMetricFamily(
+            "gpupack_webhook_admission_work_seconds",
+            "Wall-clock time admissions took from their body read to their answer (the "
+            "admission's own work, which never yields the event loop).",
+            value=self.work_seconds,
+        )
+        yield CounterMetricFamily(
+            "gpupack_webhook_admission_work_cpu_seconds",
+            "CPU time the event loop's thread spent over the same spans; the difference "
+            "from gpupack_webhook_admission_work_seconds_total is time spent waiting for "
+            "the GIL (the watch threads hold it) or for a core.",
+            value=self.work_cpu_seconds,
+        )
+        yield _counters(
+            "gpupack_webhook_plan_cache_lookups",
+            "Decisions planned afresh (miss) or taken from the plan of an earlier pod of the "
+            "same template and context (hit).",
+            "result",
+            self.plans,
+        )
+
+
+def _counters(name: str, documentation: str, label: str, counts: dict[str, int]) -> Metric:
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, count in list(counts.items()):
+        family.add_metric([value], count)
+    return family
+
+
 class WebhookMetrics:
     """Every metric the webhook exports, on the given registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._admissions = Counter(
-            "gpupack_webhook_admissions",
-            "Admission reviews answered, by outcome (mutated, skipped, denied) and reason.",
-            ["outcome", "reason"],
-            registry=registry,
-        )
-        self._duration = Histogram(
-            "gpupack_webhook_admission_duration_seconds",
-            "Time to answer one admission review, capacity check included.",
-            buckets=DURATION_BUCKETS,
-            registry=registry,
-        )
-        self._capacity_checks = Counter(
-            "gpupack_webhook_capacity_checks",
-            "Capacity plans for admitted fractional pods, by outcome (sufficient: the pool's "
-            "GPUs hold the pod; needed: gpupack-scheduler will create capacity).",
-            ["action"],
-            registry=registry,
-        )
-        self._errors = Counter(
-            "gpupack_webhook_errors",
-            "Requests that went wrong, by kind; bad input never gets a 5xx.",
-            ["kind"],
-            registry=registry,
-        )
+        self._hot = _HotPath()
+        registry.register(self._hot)
         self._certificate_reloads = Counter(
             "gpupack_webhook_certificate_reloads",
             "Serving certificate reloads after its files changed, by result.",
@@ -96,50 +165,34 @@ class WebhookMetrics:
             "1 while this replica is ready to admit pods (what /readyz answers), else 0.",
             registry=registry,
         )
-        self._recommendations_applied = Counter(
-            "gpupack_webhook_recommendations_applied",
-            "Admitted pods whose allocation came (at least in part) from their workload's "
-            "GPURecommendation.",
-            registry=registry,
-        )
-        self._plans = Counter(
-            "gpupack_webhook_plan_cache_lookups",
-            "Decisions planned afresh (miss) or taken from the plan of an earlier pod of the "
-            "same template and context (hit).",
-            ["result"],
-            registry=registry,
-        )
-        self._plan_children = {
-            hit: self._plans.labels("hit" if hit else "miss") for hit in (True, False)
-        }
-        self._admission_children: dict[tuple[str, str], Counter] = {}
-        self._capacity_children: dict[str, Counter] = {}
-        self._error_children = {kind: self._errors.labels(kind.value) for kind in ErrorKind}
         for result in ("success", "failure"):
             self._certificate_reloads.labels(result)
 
     def admission(self, outcome: Outcome, reason: Reason, seconds: float) -> None:
+        hot = self._hot
         key = (outcome.value, reason.value)
-        child = self._admission_children.get(key)
-        if child is None:
-            child = self._admission_children[key] = self._admissions.labels(*key)
-        child.inc()
-        self._duration.observe(seconds)
+        hot.admissions[key] = hot.admissions.get(key, 0) + 1
+        hot.buckets[bisect_left(DURATION_BUCKETS, seconds)] += 1  # le: upper bounds count
+        hot.seconds += seconds
+
+    def work(self, seconds: float, cpu_seconds: float) -> None:
+        """One admission's own work: wall-clock and the loop thread's CPU time."""
+        hot = self._hot
+        hot.work_seconds += seconds
+        hot.work_cpu_seconds += cpu_seconds
 
     def plan_lookup(self, hit: bool) -> None:
-        self._plan_children[hit].inc()
+        self._hot.plans["hit" if hit else "miss"] += 1
 
     def recommendation_applied(self) -> None:
-        self._recommendations_applied.inc()
+        self._hot.recommendations += 1
 
     def capacity(self, action: str) -> None:
-        child = self._capacity_children.get(action)
-        if child is None:
-            child = self._capacity_children[action] = self._capacity_checks.labels(action)
-        child.inc()
+        capacity = self._hot.capacity
+        capacity[action] = capacity.get(action, 0) + 1
 
     def error(self, kind: ErrorKind) -> None:
-        self._error_children[kind].inc()
+        self._hot.errors[kind.value] += 1
 
     def readiness(self, ready: Callable[[], bool]) -> None:
         """Read `ready` at every scrape for `gpupack_webhook_ready`."""

@@ -22,7 +22,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpupack import keys, seal
@@ -36,7 +36,7 @@ from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
 from webhook import mps, patch, scope
-from webhook.decision import Decision, Demand, Outcome, Reason
+from webhook.decision import Decision, Demand, Outcome, Reason, stamped
 from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 
@@ -125,14 +125,23 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
     sealed = {keys.DECISION: uid, **decision.annotations}
     sealed[keys.SEAL] = seal.seal(ctx.key, request.namespace, sealed, ctx.now)
     demand = decision.demand
-    if demand is not None:
-        demand = replace(demand, decision_id=uid)
+    if demand is not None:  # as `replace(demand, decision_id=uid)`, at a fraction of its cost
+        demand = Demand(
+            uid,
+            demand.pool,
+            demand.scheduling,
+            demand.compute,
+            demand.memory,
+            demand.namespace,
+            demand.workload,
+            demand.exclusive,
+        )
     ops, warnings = _with_identity(decision.patch, uid, sealed[keys.SEAL]), decision.warnings
     if sealed[keys.ENFORCEMENT] == gpupack_mps.SHARING_MPS:
         spec: PodSpec = request.pod.get("spec") or {}
         wired = mps.wiring(spec, scan_gpus(spec).slots)
         ops, warnings = ops + wired.ops, warnings + wired.warnings
-    return replace(decision, patch=ops, annotations=sealed, demand=demand, warnings=warnings)
+    return stamped(decision, ops, sealed, demand, warnings)
 
 
 def _with_identity(ops: tuple[JSON, ...], decision: str, sealed: str) -> tuple[JSON, ...]:

@@ -29,7 +29,7 @@ from gpupack.runtime.args import non_negative_seconds, positive_int, positive_se
 from gpupack.runtime.endpoints import ANY, Endpoints, listen_family, listening_socket
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments, settle_heap
-from webhook.app import DEFAULT_CAPACITY_TIMEOUT, NO_CLUSTER, ClusterPort, create_app
+from webhook.app import NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import Drain, GuardedProtocol, Limits
 from webhook.metrics import WebhookMetrics, start_metrics_server
@@ -105,10 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity-timeout",
         type=positive_seconds,
-        default=DEFAULT_CAPACITY_TIMEOUT,
+        default=None,
         metavar="DURATION",
-        help="longest an admission waits for the capacity plan in its audit line; the pod "
-        "is admitted either way (default: %(default)s)",
+        help="deprecated and ignored: the capacity plan in the audit line reads only watch "
+        "caches and is made at once, without a wait to bound",
     )
     parser.add_argument(
         "--mps",
@@ -299,11 +299,12 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         if cluster is None:
             log.warning(NO_CLUSTER.detail)
+        if args.capacity_timeout is not None:
+            log.warning("--capacity-timeout is deprecated and ignored: nothing waits on the plan")
         app = create_app(
             audit=audit,
             metrics=metrics,
             cluster=cluster,
-            capacity_timeout=args.capacity_timeout,
             tls_problem=tls.problem,
             key=key,
             mps=args.mps,

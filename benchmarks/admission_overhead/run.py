@@ -16,7 +16,10 @@ and plans capacity, and creates none.
   (its own metric `apiserver_admission_webhook_admission_duration_seconds`), of which
   `webhook_handler_ms` is the webhook's own time to answer
   (`gpupack_webhook_admission_duration_seconds`), the rest TLS, HTTP and the API
-  server's client;
+  server's client. Of the handler's time, `webhook_work_ms` is what follows the body's
+  read (it never yields the event loop): `webhook_work_cpu_ms` of it the loop thread's
+  CPU time, `webhook_gil_wait_ms` the rest, waiting for the GIL (the watch threads apply
+  every pod created) or a core;
 - `write_path_ms`: the rest of the dry rounds' difference (opted-in minus not): the
   patch applied, the larger pod validated and encoded;
 - `capacity_ms`: what the real rounds' difference adds to the dry rounds'. The webhook
@@ -94,17 +97,29 @@ def histogram(text: str, name: str, **labels: str) -> tuple[float, float]:
     return total, count
 
 
-def waits(kube: Kube, webhook_metrics: str) -> tuple[float, float]:
-    """Seconds so far: the API server waiting on gpupack's webhook, the webhook answering."""
+def counter(text: str, name: str) -> float:
+    """The value of the unlabelled counter `name` (its `_total` sample)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_total":
+                return float(sample.value)
+    return 0.0
+
+
+def waits(kube: Kube, webhook_metrics: str) -> tuple[float, float, float, float]:
+    """Seconds so far: the API server waiting on gpupack's webhook, the webhook answering,
+    the webhook's own work after reading each body (wall-clock), and its event loop
+    thread's CPU time over that work (the rest is waiting for the GIL or a core)."""
     apiserver = kube.text("GET", "/metrics", content_type="text/plain")
     called, _ = histogram(
         apiserver, "apiserver_admission_webhook_admission_duration_seconds", operation="CREATE"
     )
     with urllib.request.urlopen(webhook_metrics, timeout=10) as response:
-        handled, _ = histogram(
-            response.read().decode(), "gpupack_webhook_admission_duration_seconds"
-        )
-    return called, handled
+        text = response.read().decode()
+    handled, _ = histogram(text, "gpupack_webhook_admission_duration_seconds")
+    work = counter(text, "gpupack_webhook_admission_work_seconds")
+    cpu = counter(text, "gpupack_webhook_admission_work_cpu_seconds")
+    return called, handled, work, cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {k: [] for k in kinds}
     call_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
     handler_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
+    work_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
+    cpu_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp)) as cluster:
         cluster.install_webhook()
         kube = cluster.kube()
@@ -135,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 if kind in call_ms:
                     call_ms[kind].append((after[0] - before[0]) / args.pods * 1000)
                     handler_ms[kind].append((after[1] - before[1]) / args.pods * 1000)
+                    work_ms[kind].append((after[2] - before[2]) / args.pods * 1000)
+                    cpu_ms[kind].append((after[3] - before[3]) / args.pods * 1000)
                 print(
                     f"  round {round_ + 1} {kind:16s}: {args.pods} pods in {seconds:.2f} s",
                     file=sys.stderr,
@@ -144,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     opted, plain = statistics.median(times["opted_in"]), statistics.median(times["not_opted_in"])
     call = {k: statistics.median(v) for k, v in call_ms.items()}
     handler = {k: statistics.median(v) for k, v in handler_ms.items()}
+    work = {k: statistics.median(v) for k, v in work_ms.items()}
+    cpu = {k: statistics.median(v) for k, v in cpu_ms.items()}
     dry_extra = per_pod["opted_in_dry"] - per_pod["not_opted_in_dry"]
     extra = per_pod["opted_in"] - per_pod["not_opted_in"]
     result = {
@@ -162,11 +183,16 @@ def main(argv: list[str] | None = None) -> int:
             "extra_ms_per_pod": round(extra, 2),
             "webhook_call_ms": round(call["opted_in_dry"], 2),
             "webhook_handler_ms": round(handler["opted_in_dry"], 2),
+            "webhook_work_ms": round(work["opted_in_dry"], 3),
+            "webhook_work_cpu_ms": round(cpu["opted_in_dry"], 3),
+            "webhook_gil_wait_ms": round(work["opted_in_dry"] - cpu["opted_in_dry"], 3),
             "write_path_ms": round(dry_extra - call["opted_in_dry"], 2),
             "capacity_ms": round(extra - dry_extra, 2),
         },
         "real_rounds_webhook_call_ms": round(call["opted_in"], 2),
         "real_rounds_webhook_handler_ms": round(handler["opted_in"], 2),
+        "real_rounds_webhook_work_ms": round(work["opted_in"], 3),
+        "real_rounds_webhook_work_cpu_ms": round(cpu["opted_in"], 3),
         "capacity_pods_created": capacity,
         "ratio": round(opted / plain, 3),
         "dry_run_ratio": round(per_pod["opted_in_dry"] / per_pod["not_opted_in_dry"], 3),

@@ -1,7 +1,6 @@
 """The Cluster the server uses: against the local HTTP stub of `tests/apistub.py` once
 end to end, and otherwise against the in-memory fake."""
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -93,7 +92,7 @@ def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
         assert (cluster.namespace("ml") or {})["metadata"]["labels"] == {keys.OPTIMIZE: "enabled"}
         assert cluster.namespace("unknown") is None
 
-        outcome = asyncio.run(cluster.ensure_capacity(demand("uid-1"), dry_run=False))
+        outcome = cluster.plan_capacity(demand("uid-1"), dry_run=False)
     finally:
         cluster.stop()
 
@@ -118,7 +117,7 @@ def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
     }
 
 
-def test_ensure_capacity_counts_each_admission_for_the_next() -> None:
+def test_plan_capacity_counts_each_admission_for_the_next() -> None:
     kube = FakeKube()
     cluster = Cluster(kube)
     cluster.start()
@@ -126,13 +125,10 @@ def test_ensure_capacity_counts_each_admission_for_the_next() -> None:
         assert cluster.capacity_pods.wait_synced(WAIT)
         assert cluster.fractional_pods.wait_synced(WAIT)
 
-        async def admit() -> list[int]:
-            first = await cluster.ensure_capacity(demand("uid-1", compute=600), dry_run=False)
-            dry = await cluster.ensure_capacity(demand("uid-2", compute=600), dry_run=True)
-            second = await cluster.ensure_capacity(demand("uid-3", compute=600), dry_run=False)
-            return [o.extra["missing"] for o in (first, dry, second)]
-
-        missing = asyncio.run(admit())
+        first = cluster.plan_capacity(demand("uid-1", compute=600), dry_run=False)
+        dry = cluster.plan_capacity(demand("uid-2", compute=600), dry_run=True)
+        second = cluster.plan_capacity(demand("uid-3", compute=600), dry_run=False)
+        missing = [o.extra["missing"] for o in (first, dry, second)]
     finally:
         cluster.stop()
 

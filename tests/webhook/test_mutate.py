@@ -3,7 +3,7 @@
 import copy
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import jsonpatch
@@ -13,9 +13,10 @@ import pytest
 from gpupack import keys, seal
 from gpupack.codec import read_original_resources
 from gpupack.kube import JSON
+from gpupack.recommendation import Recommendation
 from tests.webhook.builders import TestPod as Pod
 from tests.webhook.builders import deployment_pod, gpu_container, namespace, request
-from webhook.decision import Decision, Outcome, Reason
+from webhook.decision import Decision, Demand, Outcome, Reason, stamped
 from webhook.mutate import MutationContext, decide
 
 UUID_ENV = {
@@ -940,3 +941,37 @@ def test_with_mps_turned_off_an_mps_pod_keeps_its_whole_gpu_and_the_audit_says_w
     # Other policies are shared as ever.
     plain = annotated(deployment_pod(), {keys.POLICY: "real-time"})
     assert decide(request(plain), MutationContext(mps=False)).outcome is Outcome.MUTATED
+
+
+def test_stamping_carries_every_field_it_does_not_set() -> None:
+    """`stamped` builds the Decision directly; it must equal `dataclasses.replace`."""
+    demand = Demand("uid", "pool", {"nodeSelector": {}}, 300, 2**30, "ns", "Deployment/w", True)
+    full = Decision(
+        Outcome.MUTATED,
+        Reason.MUTATED,
+        "message",
+        patch=({"op": "add", "path": "/a", "value": 1},),
+        annotations={"a": "b"},
+        policy="batch",
+        policy_source="pod-annotation",
+        policy_origin="GPUPolicy",
+        compute=300,
+        memory=2**30,
+        allocation_source="pinned",
+        recommendation=Recommendation("ns", "Deployment", "w", "batch", 200, 2**29, 0.9, "t", "r"),
+        gpu_request={"container": "c"},
+        owner_kind="Deployment",
+        owner_name="w",
+        stripped=("gpupack.io/gpu-uuid",),
+        warnings=("careful",),
+        demand=demand,
+    )
+    assert all(getattr(full, f.name) != f.default for f in fields(Decision))
+    changes: dict[str, Any] = {
+        "patch": ({"op": "remove", "path": "/b"},),
+        "annotations": {"c": "d"},
+        "demand": None,
+        "warnings": ("other",),
+    }
+
+    assert stamped(full, **changes) == replace(full, **changes)
