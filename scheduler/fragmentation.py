@@ -9,13 +9,17 @@ scorer's lower bounds need.
 For a task type that can run on a node at all (a GPU type, an allowed model, enough free
 CPU and host memory for one pod), FGD's measure counts as usable the free compute of the
 GPUs that have enough for it (when there are enough such GPUs), and the rest as
-fragmented. The deep measure also asks how much of that the type could really fill:
-`DEPTH` of its usable part is what filling the node with pods of that type would take
-(whole pods per GPU, whole GPU sets for multi-GPU types, no more pods than host memory
-holds), the rest FGD's. Free CPU only decides whether a type can run at all: counted in
-the filling too, it made the scorer guard CPU at the GPUs' expense where multi-GPU pods
-are common. docs/scheduler.md ("Packing") has the measurements behind both choices. One
-constant for every cluster and trace.
+fragmented. That is optimistic: of a GPU with 900 free, a 470 pod uses 470, and the 430
+it leaves is of use only if a pod that fits in it comes. The deep measure counts what
+filling the node with pods of the type would take (whole pods per GPU, whole GPU sets
+for multi-GPU types, no more pods than host memory holds), and of the room those pods
+would leave, the part the next GPU pod could still use (`Depth`): a partial GPU only a
+sharing pod can use, a GPU short of a multi-GPU set any single-GPU pod. The chance
+comes from the mix's own popularity, as FGD's weights do, so nothing in it is chosen per
+trace: where whole-GPU pods dominate a partial GPU's leftover is mostly lost, where
+sharing pods dominate it is mostly used. Free CPU only decides whether a type can run
+at all: counted in the filling too, it made the scorer guard CPU at the GPUs' expense
+where multi-GPU pods are common. docs/scheduler.md ("Packing") has the measurements.
 """
 
 from bisect import bisect_left
@@ -24,12 +28,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from scheduler.snapshot import FULL_GPU as FULL
 from scheduler.snapshot import Request
 
 COVERAGE: Final = 0.95  # FGD's typical pods: the most frequent specs covering 95 % of pods
 CACHE_LIMIT: Final = 200_000  # entries kept per cache before it starts over
-DEPTH: Final = 0.6  # the deep measure's share of a task type's usable compute
-BREADTH: Final = 1.0 - DEPTH  # FGD's share
 
 Losses = tuple[tuple[int, ...], tuple[float, ...]]  # sorted slacks, loss of taking more
 NO_LOSSES: Final[Losses] = ((), (0.0,))
@@ -82,6 +85,32 @@ def _spec_order(spec: tuple[int, int, int, frozenset[str] | None]) -> tuple[int,
     return cpu, compute, gpus, "|".join(sorted(models)) if models is not None else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """How much of the room a task type's own pods would not fill the deep measure takes
+    as lost: the chance that the next GPU pod could not use that room either, from the
+    mix's popularity (the same probability FGD weighs its task types with). A
+    single-GPU type leaves partial GPUs, which only sharing pods can use: `partial` is
+    the whole-GPU pods' part of the GPU pods. A multi-GPU type leaves whole GPUs short
+    of a set, which single-GPU pods can use: `whole` is the multi-GPU pods' part."""
+
+    partial: float
+    whole: float
+
+    def of(self, task: "TaskType") -> float:
+        return self.whole if task.gpus > 1 else self.partial
+
+
+def depth_of(mix: Sequence["TaskType"]) -> Depth:
+    """The mix's `Depth`; a mix without GPU pods loses all of it."""
+    gpu = sum(t.weight for t in mix if t.gpus > 0)
+    if gpu <= 0:
+        return Depth(1.0, 1.0)
+    whole = sum(t.weight for t in mix if t.gpus > 0 and t.compute >= FULL)
+    multi = sum(t.weight for t in mix if t.gpus > 1)
+    return Depth(whole / gpu, multi / gpu)
+
+
 def fragmentation(
     mix: Sequence[TaskType],
     model: str,
@@ -90,6 +119,7 @@ def fragmentation(
     free_memory: int | None = None,
     *,
     deep: bool = False,
+    depth: Depth | None = None,
 ) -> float:
     """Idle GPU millis that the typical pods could not use on a node with this model, free
     CPU and per-GPU free compute, popularity-weighted. For one task type: the whole idle
@@ -102,6 +132,8 @@ def fragmentation(
     total = sum(ordered)
     if not total:
         return 0.0
+    if depth is None:
+        depth = depth_of(mix)
     out = 0.0
     for task in mix:
         if (
@@ -119,14 +151,15 @@ def fragmentation(
         slots = _gpu_slots(task, model, ordered)
         if free_memory is not None and task.memory:
             slots = min(slots, free_memory // task.memory)
-        out += task.weight * (total - usable_part(slots * task.compute * task.gpus, wide))
+        filled = slots * task.compute * task.gpus
+        out += task.weight * (total - usable_part(filled, wide, depth.of(task)))
     return out
 
 
-def usable_part(filled: int, wide: int) -> float:
-    """A task type's usable compute on a node: `DEPTH` of what its pods would fill, the
-    rest of what FGD counts (the free compute of the GPUs with room for it)."""
-    return DEPTH * filled + BREADTH * wide
+def usable_part(filled: int, wide: int, depth: float) -> float:
+    """A task type's usable compute on a node: what its pods would fill, and `1 - depth`
+    of the rest of what FGD counts (the free compute of the GPUs with room for it)."""
+    return depth * filled + (1.0 - depth) * wide
 
 
 class DeepFragmentation:
@@ -135,9 +168,11 @@ class DeepFragmentation:
     model and free compute, and the per-task sums run over flat tuples in the mix's order
     (the same float operations)."""
 
-    def __init__(self, mix: Sequence[TaskType]) -> None:
+    def __init__(self, mix: Sequence[TaskType], depth: Depth | None = None) -> None:
         self._mix = tuple(mix)
+        self.depth = depth_of(self._mix) if depth is None else depth
         self._tasks = tuple((t.weight, t.cpu, t.memory, t.compute * t.gpus) for t in mix)
+        self._depths = tuple(self.depth.of(t) for t in mix)
         self._gpu_side: dict[tuple[str, tuple[int, ...]], tuple[_Side, ...]] = {}
         self._usable: dict[tuple[str, tuple[int, ...]], float] = {}
         self._kinds: dict[str, tuple[tuple[_Single, ...], tuple[_Kind, ...]]] = {}
@@ -172,11 +207,11 @@ class DeepFragmentation:
         value = self._usable.get(key)
         if value is None:
             value = 0.0
-            for (weight, _, _, per_pod), (fit, wide) in zip(
-                self._tasks, self._sides(model, ordered), strict=True
+            for (weight, _, _, per_pod), (fit, wide), depth in zip(
+                self._tasks, self._sides(model, ordered), self._depths, strict=True
             ):
                 if fit > 0:
-                    value += weight * usable_part(fit * per_pod, wide)
+                    value += weight * usable_part(fit * per_pod, wide, depth)
             if len(self._usable) >= CACHE_LIMIT:
                 self._usable.clear()
             self._usable[key] = value
@@ -189,7 +224,7 @@ class DeepFragmentation:
         taken before a task type loses usable compute), sorted, and the prefix sums of
         what it loses. Taking r loses at least `losses[bisect_left(slacks, r)]`: a type
         whose CPU slack is below r cannot run any more (it loses all it could use); one
-        whose memory slack is below r fits one pod fewer (`DEPTH` of a pod), or cannot
+        whose memory slack is below r fits one pod fewer (its depth of a pod), or cannot
         run (the rest)."""
         ordered = tuple(sorted(free))
         cpu: list[tuple[int, float]] = []
@@ -197,8 +232,8 @@ class DeepFragmentation:
         if sum(ordered):
             check_memory = free_memory is not None
             host_memory = free_memory or 0
-            for (weight, task_cpu, task_memory, per_pod), (gpu_fit, wide) in zip(
-                self._tasks, self._sides(model, ordered), strict=True
+            for (weight, task_cpu, task_memory, per_pod), (gpu_fit, wide), depth in zip(
+                self._tasks, self._sides(model, ordered), self._depths, strict=True
             ):
                 if (
                     gpu_fit < 0
@@ -211,11 +246,11 @@ class DeepFragmentation:
                     fit = host_memory // task_memory
                 if fit <= 0 or not per_pod:
                     continue
-                value = weight * usable_part(fit * per_pod, wide)
+                value = weight * usable_part(fit * per_pod, wide, depth)
                 if task_cpu:
                     cpu.append((free_cpu - task_cpu, value))
                 if check_memory and task_memory:
-                    one = weight * DEPTH * per_pod
+                    one = weight * depth * per_pod
                     memory.append((host_memory - fit * task_memory, one))
                     memory.append((host_memory - task_memory, max(value - one, 0.0)))
         return _prefix(cpu), _prefix(memory)
@@ -234,16 +269,18 @@ class DeepFragmentation:
         single = self._taken.get(key)
         if single is None:
             single = 0.0
+            depth, breadth = self.depth.partial, 1.0 - self.depth.partial
             for task_compute, filled, wide in kinds[0]:
                 pods = value // task_compute - left // task_compute
                 room = (value if value >= task_compute else 0) - (
                     left if left >= task_compute else 0
                 )
-                single += DEPTH * filled * pods + BREADTH * wide * room
+                single += depth * filled * pods + breadth * wide * room
             if len(self._taken) >= CACHE_LIMIT:
                 self._taken.clear()
             self._taken[key] = single
         out -= single
+        depth, breadth = self.depth.whole, 1.0 - self.depth.whole
         for gpus, task_compute, filled, wide in kinds[1]:
             if value < task_compute:
                 continue  # the GPU had no room for it: nothing changes
@@ -254,8 +291,8 @@ class DeepFragmentation:
                 after = before - compute if big >= gpus else 0
             else:
                 after = sum(ordered[small:]) - value if big - 1 >= gpus else 0
-                out -= DEPTH * filled * (big // gpus - (big - 1) // gpus)
-            out -= BREADTH * wide * (before - after)
+                out -= depth * filled * (big // gpus - (big - 1) // gpus)
+            out -= breadth * wide * (before - after)
         return out
 
     def _kinds_for(self, model: str) -> tuple[tuple[_Single, ...], tuple[_Kind, ...]]:
@@ -292,14 +329,16 @@ class DeepFragmentation:
         check_memory = free_memory is not None
         host_memory = free_memory or 0
         out = 0.0
-        for (weight, cpu, memory, per_pod), (gpu_fit, wide) in zip(self._tasks, sides, strict=True):
+        for (weight, cpu, memory, per_pod), (gpu_fit, wide), depth in zip(
+            self._tasks, sides, self._depths, strict=True
+        ):
             if gpu_fit < 0 or free_cpu < cpu or (check_memory and host_memory < memory):
                 out += weight * total
                 continue
             fit = gpu_fit
             if check_memory and memory and host_memory // memory < fit:
                 fit = host_memory // memory
-            out += weight * (total - usable_part(fit * per_pod, wide))
+            out += weight * (total - usable_part(fit * per_pod, wide, depth))
         return out
 
 

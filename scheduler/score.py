@@ -42,6 +42,7 @@ from scheduler.fragmentation import (
     CACHE_LIMIT,
     NO_LOSSES,
     DeepFragmentation,
+    Depth,
     Losses,
     TaskType,
     fragmentation,
@@ -83,6 +84,7 @@ class Weights:
     best_fit: float = 1e-4  # per milli left free on the partly used GPU taken
     host_memory: bool = True  # a task type that lacks host memory cannot use the node
     deep: bool = True  # blend in what filling the node with each task type would take
+    depth: Depth | None = None  # the deep measure's depth; None: derived from the mix
 
 
 class FragmentationScorer:
@@ -96,7 +98,7 @@ class FragmentationScorer:
         self._generation = 0
         self._frag: dict[tuple[object, ...], float] = {}
         self._answers: dict[tuple[object, ...], tuple[float, tuple[Slot, ...]]] = {}
-        self._deep = DeepFragmentation(self._mix)
+        self._deep = DeepFragmentation(self._mix, self._weights.depth)
         self._weight_sum = weight_sum(self._mix)
         self._sides: dict[tuple[object, ...], int] = {}  # GPU sides numbered for `bounder`
         self._side_numbers = itertools.count()  # never reused
@@ -117,7 +119,7 @@ class FragmentationScorer:
         self._generation += 1
         self._frag.clear()
         self._answers.clear()
-        self._deep = DeepFragmentation(self._mix)
+        self._deep = DeepFragmentation(self._mix, self._weights.depth)
         self._weight_sum = weight_sum(self._mix)
         self._options.clear()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.fragmentation import DEPTH, TaskType, fragmentation, task_mix
+from scheduler.fragmentation import Depth, TaskType, depth_of, fragmentation, task_mix
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
@@ -60,22 +60,64 @@ def test_fragmentation_is_the_idle_gpu_the_typical_pods_cannot_use(
 
 def test_deep_fragmentation_counts_what_filling_the_node_would_leave() -> None:
     mix = [TaskType(0, 400, 1)]
+    depth = Depth(partial=0.6, whole=0.6)
 
     def usable(filled: int) -> float:  # FGD counts all 1600: both GPUs have room for 400
-        return DEPTH * filled + (1 - DEPTH) * 1600
+        return depth.partial * filled + (1 - depth.partial) * 1600
+
+    def deep(mix: list[TaskType], free_memory: int | None = None, cpu: int = 8000) -> float:
+        return fragmentation(mix, "T4", cpu, [1000, 600], free_memory, deep=True, depth=depth)
 
     # Filled with 400s: two on the idle GPU, one on the 600 GPU, 1200 used.
-    assert fragmentation(mix, "T4", 8000, [1000, 600], deep=True) == pytest.approx(
-        1600 - usable(1200)
-    )
+    assert deep(mix) == pytest.approx(1600 - usable(1200))
     # Host memory for only one such pod: 400 filled.
-    one_pod = [TaskType(0, 400, 1, memory=GiB)]
-    left = fragmentation(one_pod, "T4", 8000, [1000, 600], GiB, deep=True)
-    assert left == pytest.approx(1600 - usable(400))
+    assert deep([TaskType(0, 400, 1, memory=GiB)], GiB) == pytest.approx(1600 - usable(400))
     # CPU only decides whether the type runs at all: enough for one pod counts as room.
-    cpu_for_one = fragmentation([TaskType(5000, 400, 1)], "T4", 8000, [1000, 600], deep=True)
-    assert cpu_for_one == pytest.approx(1600 - usable(1200))
-    assert fragmentation([TaskType(9000, 400, 1)], "T4", 8000, [1000, 600], deep=True) == 1600
+    assert deep([TaskType(5000, 400, 1)]) == pytest.approx(1600 - usable(1200))
+    assert deep([TaskType(9000, 400, 1)]) == 1600
+
+
+@pytest.mark.parametrize(
+    ("mix", "expected"),
+    [
+        pytest.param([TaskType(0, 1000, 1)], Depth(1.0, 0.0), id="whole-gpus-only"),
+        pytest.param([TaskType(0, 400, 1)], Depth(0.0, 0.0), id="shares-only"),
+        pytest.param(
+            [
+                TaskType(0, 500, 1, weight=0.4),
+                TaskType(0, 1000, 1, weight=0.4),
+                TaskType(0, 1000, 4, weight=0.2),
+            ],
+            Depth(0.6, 0.2),  # by popularity, not by GPUs asked
+            id="partial-and-whole",
+        ),
+        pytest.param(
+            [
+                TaskType(0, 500, 1, weight=0.25),
+                TaskType(0, 1000, 1, weight=0.25),
+                TaskType(4000, 0, 0, weight=0.5),
+            ],
+            Depth(0.5, 0.0),
+            id="cpu-only-pods-are-no-gpu-pods",
+        ),
+        pytest.param([TaskType(4000, 0, 0)], Depth(1.0, 1.0), id="no-gpu-pods"),
+    ],
+)
+def test_depth_is_the_chance_the_next_gpu_pod_cannot_use_what_a_type_leaves(
+    mix: list[TaskType], expected: Depth
+) -> None:
+    depth = depth_of(mix)
+    assert (depth.partial, depth.whole) == pytest.approx((expected.partial, expected.whole))
+
+
+def test_a_multi_gpu_type_loses_the_gpus_short_of_a_set_as_multi_gpu_pods_weigh() -> None:
+    """Three idle GPUs for a 2-GPU type: one set, one GPU over. Single-GPU pods can use
+    that GPU; with 2-GPU pods half of the GPU pods, half of it counts as lost."""
+    mix = [TaskType(0, 1000, 2, weight=0.5), TaskType(0, 1000, 1, weight=0.5)]
+    assert depth_of(mix).whole == pytest.approx(0.5)
+    pairs = mix[:1]  # the 2-GPU type alone, at its popularity in the mix
+    left = fragmentation(pairs, "T4", 8000, [1000, 1000, 1000], deep=True, depth=depth_of(mix))
+    assert left == pytest.approx((3000 - (0.5 * 2000 + 0.5 * 3000)) / 2)
 
 
 @pytest.mark.parametrize("deep", [False, True], ids=["shallow", "deep"])
