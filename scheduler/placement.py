@@ -16,25 +16,30 @@ score:
   returns the best GPUs there with a cost (lower is better). The lowest cost wins; ties
   go to the node met first, so a decision is deterministic for a given snapshot.
 
-Speed. A decision visits every eligible node, so per node it must cost a dictionary
-lookup, not a scoring:
+Speed. A decision must not visit every node (12,000 of them in a large cluster):
 
-- A node's answer for a pod shape (numbered by `Snapshot.shape_of`, so keys hash fast)
-  is memoised on the node until the node changes (any booking, label or GPU change
-  clears it) or placement runs with another scorer or generation.
 - A scorer whose cost depends only on the node's state says so (`by_state`); then
   nodes in equal state (`Snapshot.state_of`: capacity, usage, each GPU's kind and usage)
-  share one answer per shape, so a new pod shape costs one scoring per distinct state,
-  not per node. The cost picks the node; the winner alone is then scored on its own for
-  its GPUs (same state, same cost). real-time-mps pods, and nodes with a GPU held by one,
-  are scored per node (their answers depend on the owner).
-- A pod shape met after many nodes changed (or for the first time) still meets hundreds
-  of new states. A scorer that can bound its cost from below cheaply (`profile` per
-  state, `bounder` per pod) lets placement score only the states that could still win:
-  by bound, then node order, stopping at the first whose bound exceeds the best cost
-  found (or equals it at a later node, since ties go to the first node). Same decision,
-  a few scorings instead of hundreds. Why a node state's GPUs refuse a GPU demand is
-  kept too (`Snapshot.refusals`), so a pod that fits nowhere costs a lookup per state.
+  share one answer per pod shape (numbered by `Snapshot.shape_of`), and what a decision
+  needs of each state is its first node (ties go to the node met first). The snapshot
+  keeps the live states and their nodes by position (`Snapshot.states`, updated from
+  the nodes that changed), so a decision works on states, never on nodes.
+- Each shape keeps a frontier over the states (`Snapshot.frontier`): a heap of (cost or
+  lower bound, position of the state's first node). A decision takes in only the states
+  that appeared since the shape's last decision, at their lower bound when the scorer
+  can bound its cost cheaply (`profile` per state, `bounder` per pod; an infinite bound
+  means the pod cannot fit there) or else to be scored, then pops entries, scoring a
+  state only when it reaches the top with a bound, until a cost is on top: no state can
+  beat it, or tie it at an earlier node. The cost picks the node; the winner alone is
+  then scored on its own for its GPUs (same state, same cost). Why a node state's GPUs
+  refuse a GPU demand is kept too (`Snapshot.refusals`), so a state whose GPUs cannot
+  take the pod leaves its shape's frontier for good at the cost of a lookup.
+- kube-scheduler's feasible nodes (`nodes`) are honoured by letting a state whose first
+  node is not among them compete, for this decision, at its first node that is; when
+  fewer than half the eligible nodes are feasible, the decision walks those nodes
+  instead, one answer per state.
+- real-time-mps pods, and scorers whose cost depends on more than the state, are scored
+  node by node, each node's answer for a shape memoised on it until it changes.
 """
 
 import heapq
@@ -77,16 +82,23 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Unfit:
-    """No node fits. `reasons` counts why, per node ("3 nodes: insufficient cpu")."""
+    """No node fits. Why, node by node, is `why_unfit`'s to say: it visits every node, so
+    a decision does not pay for it (the extender says why per node with `refusal`)."""
 
-    reasons: tuple[tuple[str, int], ...]
     coming: bool = False  # a GPU that is coming could take the pod once it runs
+
+
+@dataclass(frozen=True, slots=True)
+class Reasons:
+    """Why no node takes a pod, counted per reason, most common first."""
+
+    counts: tuple[tuple[str, int], ...]
 
     @property
     def message(self) -> str:
-        if not self.reasons:
+        if not self.counts:
             return "no GPU of the pod's pool exists yet"
-        parts = [f"{count} node{'s' if count > 1 else ''}: {why}" for why, count in self.reasons]
+        parts = [f"{count} node{'s' if count > 1 else ''}: {why}" for why, count in self.counts]
         return "0 GPUs fit; " + ", ".join(parts)
 
 
@@ -189,8 +201,7 @@ def place(
         answers = snapshot.answers(shape)
         best_node = _best_indexed(snapshot, request, scorer, shape, answers, excluded)
         if best_node is None:
-            reasons = _reasons_by_state(snapshot, request, scorer, answers, excluded)
-            return _unfit(snapshot, request, len(eligible) - len(excluded), reasons)
+            return _unfit(snapshot, request)
     else:
         candidates = [n for n in eligible if n.name not in excluded] if excluded else eligible
         if by_state:
@@ -199,14 +210,7 @@ def place(
         else:
             best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
         if best_node is None:
-            reasons = Counter(
-                answer
-                for answer in (
-                    answers.get(n.state) if by_state else n.memo.get(shape) for n in candidates
-                )
-                if type(answer) is str
-            )
-            return _unfit(snapshot, request, len(candidates), reasons)
+            return _unfit(snapshot, request)
     answer = _own(best_node, request, scorer, shape, epoch, hosts)
     if type(answer) is tuple:
         return Placement(best_node.name, tuple(g.uuid for g in answer[1]), answer[0])
@@ -421,51 +425,42 @@ def _bound_all(
             first = index.first(state)
             assert first is not None
             summary = profiles[state] = profile(first, request.pool)
-        low = bounds[state] = bound(summary)
-        if low != math.inf:
+        low = bound(summary)
+        if low != math.inf:  # else the pod cannot fit there: nothing to keep
+            bounds[state] = low
             frontier.push((low, index.first_position(state), state))
 
 
-def _reasons_by_state(
+def why_unfit(
     snapshot: Snapshot,
     request: Request,
     scorer: Scorer,
-    answers: dict[int, object],
-    excluded: frozenset[str],
-) -> Counter[str]:
-    """Why each node of the pod's pool (but the `excluded`) refuses it, counted per
-    state: once no state fits, the states never scored (a bound said the pod cannot fit
-    there) are evaluated for their reason, which costs no scoring."""
-    index = snapshot.states()
-    refused = snapshot.refusals(request)
-    hosts = snapshot.check_hosts
-    fewer = Counter(snapshot.nodes[name].indexed for name in excluded if name in snapshot.nodes)
+    nodes: Collection[str] | None = None,
+) -> Reasons:
+    """Why each node (those of `nodes`, when given) does not take `request`, counted: the
+    checks `place` makes, node by node (nodes without a GPU of the pod's pool count as
+    that). For people and tests; nothing on the scheduling path calls it."""
+    allowed = None if nodes is None else frozenset(nodes)
     reasons: Counter[str] = Counter()
-    for state in index.live():
-        if request.pool not in index.pools(state):
+    candidates = 0
+    for node in snapshot.eligible(request):
+        if allowed is not None and node.name not in allowed:
             continue
-        answer = answers.get(state)
-        if answer is None:
-            first = index.first(state)
-            assert first is not None
-            found = _evaluate(first, request, scorer, refused, hosts)
-            answer = answers[state] = found if type(found) is str else found[0]
+        candidates += 1
+        answer = _evaluate(node, request, scorer, None, snapshot.check_hosts)
         if type(answer) is str:
-            members = index.members(state)
-            count = (len(members) if members else 0) - fewer.get(state, 0)
-            if count > 0:
-                reasons[answer] += count
-    return reasons
-
-
-def _unfit(snapshot: Snapshot, request: Request, candidates: int, reasons: Counter[str]) -> Unfit:
+            reasons[answer] += 1
     excluded = snapshot.gpu_nodes() - candidates
     if excluded > 0:
         reasons["no GPU of the pod's pool"] += excluded
+    return Reasons(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))))
+
+
+def _unfit(snapshot: Snapshot, request: Request) -> Unfit:
     coming = any(
         gpu.pool == request.pool
         and gpu.compute >= request.compute
         and (not gpu.memory or gpu.memory >= request.gpu_memory)
         for gpu in snapshot.coming()
     )
-    return Unfit(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))), coming)
+    return Unfit(coming)

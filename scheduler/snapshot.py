@@ -29,14 +29,15 @@ scorer's summary of the state (`profiles`), and why a state's GPUs refuse a GPU 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Final
+from typing import Any, Final
 
 from scheduler.state_index import UNKNOWN, Frontier, StateIndex
 
 FULL_GPU: Final = 1000
 STATE_LIMIT: Final = 100_000  # numbered node states kept before the table starts over
 SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
-ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before they start over
+ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before the least used shapes lose theirs
+DEAD_BATCH: Final = 32  # states left by every node, forgotten together
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +184,7 @@ class Snapshot:
         self._profiles: dict[int, object] = {}  # state -> what the scorer bounds with
         self._refusals: dict[tuple[object, ...], dict[int, str]] = {}  # see `refusals`
         self._frontiers: dict[int, Frontier] = {}  # shape -> its heap over the states
+        self._used: dict[int, int] = {}  # shape -> the `answers` call that last used it
         self._index = StateIndex()
         self._positions = count()
         self._coming: tuple[int, list[Gpu]] | None = None  # (topology, GPUs coming)
@@ -311,6 +313,7 @@ class Snapshot:
         """The live node states and their nodes, brought up to date with the nodes that
         changed since the last call."""
         self._index.refresh(self.nodes, self.state_of)
+        self._forget_dead()
         return self._index
 
     def frontier(self, shape: int) -> Frontier:
@@ -331,6 +334,7 @@ class Snapshot:
                 self._answers.clear()
                 self._bounds.clear()
                 self._frontiers.clear()
+                self._used.clear()
                 for node in self.nodes.values():
                     node.memo.clear()
             number = self._shapes[shape] = len(self._shapes)
@@ -345,32 +349,73 @@ class Snapshot:
             self._bounds.clear()
             self._profiles.clear()
             self._frontiers.clear()
+            self._used.clear()
             self._answers_of = (scorer, generation)
             self._epoch += 1
         return self._epoch
 
     def answers(self, shape: int) -> dict[int, object]:
         """Placement's answers for one shape by state number, under the current
-        `scorer_epoch`. Bounded: past `ANSWER_LIMIT` answers, bounds, profiles, refusals
-        and frontier entries together (checked every 64 calls) they all start over."""
+        `scorer_epoch`. Bounded: what is kept of states no node is in any more is dropped
+        (`_forget_dead`), and past `ANSWER_LIMIT` answers, bounds, frontier entries,
+        profiles and refusals together (checked every 64 calls) the shapes used least
+        recently lose theirs (`_shrink`)."""
         self._answer_calls += 1
-        if self._answer_calls % 64 == 0 and (
-            sum(map(len, self._answers.values()))
-            + sum(map(len, self._bounds.values()))
-            + len(self._profiles)
-            + sum(map(len, self._refusals.values()))
-            + sum(len(f.heap) for f in self._frontiers.values())
-            > ANSWER_LIMIT
-        ):
-            self._answers.clear()
-            self._bounds.clear()
-            self._profiles.clear()
-            self._refusals.clear()
-            self._frontiers.clear()
+        self._used[shape] = self._answer_calls
+        if self._answer_calls % 64 == 0:
+            self._shrink()
         answers = self._answers.get(shape)
         if answers is None:
             answers = self._answers[shape] = {}
         return answers
+
+    def _held(self, shape: int) -> int:
+        frontier = self._frontiers.get(shape)
+        return (
+            len(self._answers.get(shape, ()))
+            + len(self._bounds.get(shape, ()))
+            + (len(frontier.heap) if frontier is not None else 0)
+        )
+
+    def _shrink(self) -> None:
+        """Past `ANSWER_LIMIT`, drop the tables of the shapes used least recently (a shape
+        met again takes in every state anew) until half of it is left; then profiles and
+        refusals, which every shape shares, if they alone are past it."""
+        shapes = sum(map(self._held, self._used))
+        shared = len(self._profiles) + sum(map(len, self._refusals.values()))
+        if shapes + shared <= ANSWER_LIMIT:
+            return
+        for shape in sorted(self._used, key=self._used.__getitem__):
+            if shapes <= ANSWER_LIMIT // 2:
+                break
+            shapes -= self._held(shape)
+            self._answers.pop(shape, None)
+            self._bounds.pop(shape, None)
+            self._frontiers.pop(shape, None)
+            del self._used[shape]
+        if shared > ANSWER_LIMIT // 2:
+            self._profiles.clear()
+            self._refusals.clear()
+
+    def _forget_dead(self) -> None:
+        """Drop what is kept per state for the states no node is in any more (their numbers
+        are never used again), in batches of `DEAD_BATCH`."""
+        dead = self._index.dead
+        if len(dead) < DEAD_BATCH:
+            return
+        gone = [state for state in dead if self._index.members(state) is None]
+        dead.clear()
+        tables: list[dict[int, Any]] = [
+            *self._answers.values(),
+            *self._bounds.values(),
+            *(f.current for f in self._frontiers.values()),
+            *self._refusals.values(),
+            self._profiles,
+        ]
+        for table in tables:
+            if table:
+                for state in gone:
+                    table.pop(state, None)
 
     def bounds(self, shape: int) -> dict[int, float]:
         """Lower bounds on the cost of one shape by state number, for states placement

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from scheduler.snapshot import Node
 
 UNKNOWN: Final = -1  # a node's state before it is numbered, or while it is not indexed
-LOG_MIN: Final = 4_096  # log entries kept at least before the log starts over
+LOG_MIN: Final = 4_096  # log entries kept at least before its older half is dropped
 COMPACT_SLACK: Final = 256  # stale heap entries a frontier tolerates beyond its live ones
 
 Entry = tuple[float, int, int]  # cost or bound, the first node's position, state
@@ -41,7 +41,8 @@ class StateIndex:
         self._order: dict[int, list[int]] = {}  # state -> positions, a heap (lazy)
         self._pools: dict[int, frozenset[str]] = {}  # state -> its GPUs' pools
         self.log: list[int] = []  # states that appeared or gained an earlier first node
-        self.restarts = 0  # bumps when the log starts over: frontiers take in every state
+        self.base = 0  # how many entries were dropped from the log's front
+        self.dead: list[int] = []  # states their last node left (the snapshot forgets them)
 
     def refresh(self, nodes: "dict[str, Node]", state_of: "Callable[[Node], int]") -> None:
         """Move the nodes that changed to their current state (or out: removed nodes,
@@ -58,6 +59,7 @@ class StateIndex:
                     del members[node.position]
                     if not members:
                         del self._members[old], self._order[old], self._pools[old]
+                        self.dead.append(old)
                 node.indexed = UNKNOWN
             if not node.gpus or nodes.get(node.name) is not node:
                 continue
@@ -74,8 +76,9 @@ class StateIndex:
             heapq.heappush(self._order[state], node.position)
             node.indexed = state
         if len(self.log) > max(LOG_MIN, 2 * len(self._members)):
-            self.log = []
-            self.restarts += 1
+            half = len(self.log) // 2  # a frontier that has not read it takes in every state
+            del self.log[:half]
+            self.base += half
 
     def live(self) -> KeysView[int]:
         return self._members.keys()
@@ -120,19 +123,20 @@ class Frontier:
 
     heap: list[Entry] = field(default_factory=list)
     current: dict[int, Entry] = field(default_factory=dict)  # state -> its valid entry
-    read: int = 0  # how much of the index's log it has taken in
-    restarts: int = -1  # the index's `restarts` it has taken in everything at
+    read: int = -1  # how far into the index's log (counting dropped entries) it has read
 
     def news(self, index: StateIndex) -> Iterable[int]:
         """The states to take in: those logged since the last call, or every live state
-        the first time and after the log started over."""
-        if self.restarts != index.restarts:
-            self.restarts, self.read = index.restarts, len(index.log)
+        the first time and when the log has dropped entries it had not read (a shape
+        not met for a long time: taking in every state costs no more than its news)."""
+        end = index.base + len(index.log)
+        if self.read < index.base:
+            self.read = end
             self.heap.clear()
             self.current.clear()
             return list(index.live())
-        news = index.log[self.read :]
-        self.read = len(index.log)
+        news = index.log[self.read - index.base :]
+        self.read = end
         return news
 
     def push(self, entry: Entry) -> None:

@@ -102,7 +102,7 @@ def test_bounds_profiles_and_refusals_start_over_with_the_answers(
         request = pod(rng_a, step)
         pod(rng_b, step)
         a, b = place(bounded, request, bounded_scorer), place(own, request, own_scorer)
-        assert outcome(a) == outcome(b), step
+        assert outcome(a, bounded, request, bounded_scorer) == outcome(b, own, request, own_scorer)
         if isinstance(a, Placement):
             bounded.assume(request, a.node, a.gpus)
             own.assume(request, a.node, a.gpus)

@@ -7,7 +7,7 @@ from gpupack import keys
 from gpupack.pool import pool_key
 from scheduler.cache import Cache, Dirty
 from scheduler.ledger import request_of
-from scheduler.placement import Placement, place
+from scheduler.placement import Placement, place, why_unfit
 from scheduler.score import PackingScorer
 from scheduler.snapshot import Request
 
@@ -197,9 +197,11 @@ def test_pods_the_objects_put_beyond_a_gpu_are_reported_not_booked() -> None:
     assert [b.request.key for b in cache.snapshot.overcommitted()] == ["ml/b"]
     assert gpu.pods == 2  # both still count as hosted: the capacity pod stays
     # The GPU takes nothing new while it is over-committed, even what would fit its books.
-    result = place(cache.snapshot, request_of(fractional("n", "100m")), PackingScorer())  # type: ignore[arg-type]
+    request = request_of(fractional("n", "100m"))
+    assert isinstance(request, Request)
+    result = place(cache.snapshot, request, PackingScorer())
     assert not isinstance(result, Placement)
-    assert "over-committed" in str(result)
+    assert "over-committed" in why_unfit(cache.snapshot, request, PackingScorer()).message
 
     # The first pod goes: the second now fits and is booked for real.
     del store.objects["ml/a"]

@@ -19,7 +19,7 @@ from gpupack.runtime.api import ApiError
 from scheduler.drain import Drainer
 from scheduler.ledger import capacity_gpu
 from scheduler.lifecycle import Lifecycle
-from scheduler.placement import Placement, place
+from scheduler.placement import Placement, place, why_unfit
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
 from scheduler.snapshot import Request
@@ -209,9 +209,10 @@ def test_a_draining_gpu_takes_no_new_pod() -> None:
     assert gpu is not None
     assert gpu.draining
     cache, _ = cache_with(draining(0))
-    result = place(cache.snapshot, Request("ml/new", compute=100, pool=POOL), PackingScorer())
+    request = Request("ml/new", compute=100, pool=POOL)
+    result = place(cache.snapshot, request, PackingScorer())
     assert not isinstance(result, Placement)
-    assert "draining" in result.message
+    assert "draining" in why_unfit(cache.snapshot, request, PackingScorer()).message
 
 
 def test_an_emptied_draining_capacity_pod_is_deleted_and_a_stuck_one_given_back() -> None:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from scheduler.placement import Placement, Unfit, place, refusal
+from scheduler.placement import Placement, Unfit, place, refusal, why_unfit
 from scheduler.score import PackingScorer
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
@@ -57,10 +57,11 @@ def test_gpu_memory_is_a_second_dimension() -> None:
     snap = Snapshot([node("a", 1)])
     fill(snap, Request("ns/big", compute=100, gpu_memory=38 * GiB))
 
-    result = place(snap, Request("ns/next", compute=100, gpu_memory=4 * GiB), PackingScorer())
+    request = Request("ns/next", compute=100, gpu_memory=4 * GiB)
+    result = place(snap, request, PackingScorer())
 
     assert isinstance(result, Unfit)
-    assert result.reasons == (("insufficient GPU memory", 1),)
+    assert why_unfit(snap, request, PackingScorer()).counts == (("insufficient GPU memory", 1),)
 
 
 def test_host_cpu_counts_every_pod_on_the_node() -> None:
@@ -70,7 +71,7 @@ def test_host_cpu_counts_every_pod_on_the_node() -> None:
     result = place(snap, pod("ns/p"), PackingScorer())
 
     assert isinstance(result, Unfit)
-    assert "1 node: insufficient cpu" in result.message
+    assert "1 node: insufficient cpu" in why_unfit(snap, pod("ns/p"), PackingScorer()).message
 
 
 def test_mps_pods_never_share_a_gpu_with_another_workload() -> None:

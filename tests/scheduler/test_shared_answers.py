@@ -7,8 +7,9 @@ from collections.abc import Sequence
 import pytest
 
 from scheduler import snapshot as snapshot_module
+from scheduler import state_index as state_index_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
-from scheduler.placement import Placement, Scorer, Unfit, place
+from scheduler.placement import Placement, Scorer, Unfit, place, why_unfit
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
@@ -59,8 +60,12 @@ def pod(rng: random.Random, index: int) -> Request:
     )
 
 
-def outcome(result: Placement | Unfit) -> object:
-    return result if isinstance(result, Placement) else (result.reasons, result.coming)
+def outcome(result: Placement | Unfit, snap: Snapshot, request: Request, scorer: Scorer) -> object:
+    """The placement, or that the pod fits nowhere, whether a GPU coming could take it,
+    and why each node refuses it."""
+    if isinstance(result, Placement):
+        return result
+    return result.coming, why_unfit(snap, request, scorer).counts
 
 
 def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
@@ -114,7 +119,7 @@ def replay_side_by_side(
         nodes = feasible(a_snap, draw) if feasible_nodes else None
         a = place(a_snap, request, a_scorer, nodes)
         b = place(b_snap, request, b_scorer, nodes)
-        assert outcome(a) == outcome(b), step
+        assert outcome(a, a_snap, request, a_scorer) == outcome(b, b_snap, request, b_scorer), step
         if isinstance(a, Placement):
             a_snap.assume(request, a.node, a.gpus)
             b_snap.assume(request, a.node, a.gpus)
@@ -208,12 +213,22 @@ def test_a_node_made_unschedulable_by_a_label_change_is_not_chosen() -> None:
     assert second.node != first.node
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"SHAPE_LIMIT": 3, "STATE_LIMIT": 5, "ANSWER_LIMIT": 10}, id="tiny-tables"),
+        pytest.param({"ANSWER_LIMIT": 60}, id="least-used-shapes-dropped"),
+        pytest.param({"LOG_MIN": 0, "DEAD_BATCH": 1}, id="short-log-dead-states-forgotten"),
+    ],
+)
 def test_shape_and_state_tables_that_start_over_keep_decisions(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, limits: dict[str, int]
 ) -> None:
-    monkeypatch.setattr(snapshot_module, "SHAPE_LIMIT", 3)
-    monkeypatch.setattr(snapshot_module, "STATE_LIMIT", 5)
-    monkeypatch.setattr(snapshot_module, "ANSWER_LIMIT", 10)
+    """Every bound on what placement keeps (shapes, states, answers, the log of new
+    states, what is kept of states no node is in) changes no decision."""
+    for name, value in limits.items():
+        module = state_index_module if name == "LOG_MIN" else snapshot_module
+        monkeypatch.setattr(module, name, value)
     rng_a, rng_b = random.Random(7), random.Random(7)
     shared, own = Snapshot(cluster()), Snapshot(cluster())
     shared_scorer, own_scorer = FragmentationScorer(MIX), OnItsOwn(FragmentationScorer(MIX))
@@ -222,7 +237,7 @@ def test_shape_and_state_tables_that_start_over_keep_decisions(
         request = pod(rng_a, step)
         pod(rng_b, step)
         a, b = place(shared, request, shared_scorer), place(own, request, own_scorer)
-        assert outcome(a) == outcome(b), step
+        assert outcome(a, shared, request, shared_scorer) == outcome(b, own, request, own_scorer)
         if isinstance(a, Placement):
             shared.assume(request, a.node, a.gpus)
             own.assume(request, a.node, a.gpus)
