@@ -6,20 +6,29 @@ arrived for each policy, the paper's published FGD and BestFit where it has them
 whether ours is no worse than FGD (ours and published). The last stdout line is one
 JSON object; `--markdown` prints the table as docs/scheduler.md shows it first.
 
+`--variants` adds workloads made from the default trace by `benchmarks.openb.variants`
+(names such as `share70` or `multi30-share60`, or `seen` and `held-out` for the sets the
+packing was and was not chosen on); they have no published figures, so ours is
+compared with our FGD only.
+
 Usage: python -m benchmarks.openb.table [--seeds 42..51] [--workload default cpu250 ...]
-  [--policy gpupack fgd bestfit] [--workers N] [--markdown]
+  [--variants seen held-out share70 ...] [--policy gpupack fgd bestfit] [--workers N]
+  [--markdown]
 """
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks.openb import trace
+from benchmarks.openb import trace, variants
 from benchmarks.openb.replay import HEADLINE_PCT, SeedResult
 from benchmarks.openb.run import _run_one, add_replay_arguments, published, workload_of
 
@@ -36,6 +45,22 @@ def workloads(data: Path, names: list[str] | None) -> list[Path]:
         known = ", ".join(by_name) or "none"
         raise SystemExit(f"--workload: no pod list for {', '.join(missing)} (found: {known})")
     return [by_name[n] for n in names]
+
+
+def write_variants(names: list[str], out: Path, data: Path, nodes: Path) -> list[Path]:
+    """The named variants (`seen` and `held-out` stand for their sets) of the data
+    folder's default trace, written to `out`."""
+    expanded: list[str] = []
+    for name in names:
+        expanded += {"seen": variants.SEEN, "held-out": variants.HELD_OUT}.get(name, (name,))
+    pods = trace.read_pods(data / trace.DEFAULT_PODS.name)
+    cluster = trace.read_nodes(nodes)
+    paths = []
+    for name in dict.fromkeys(expanded):
+        path = out / f"openb_pod_list_{name}.csv"
+        variants.write(path, variants.make(name, pods, cluster, seed=0))
+        paths.append(path)
+    return paths
 
 
 def row(
@@ -90,12 +115,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=trace.DEFAULT_DATA)
     parser.add_argument("--workload", nargs="+", help="e.g. default cpu250; default: all")
     add_replay_arguments(parser)
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="also replay these variants of the default trace (`seen`, `held-out`, or "
+        "names such as share70); `--workload` then selects among the data folder's",
+    )
     parser.add_argument("--markdown", action="store_true", help="also print a markdown table")
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers: must be at least 1")
     policies: list[str] = list(dict.fromkeys(args.policy or ["gpupack", "fgd", "bestfit"]))
-    paths = workloads(args.data, args.workload)
+    paths = workloads(args.data, args.workload) if args.workload or not args.variants else []
+    if args.variants:
+        made = Path(tempfile.mkdtemp(prefix="gpupack-variants-"))
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        try:
+            paths += write_variants(args.variants, made, args.data, args.nodes)
+        except ValueError as error:
+            parser.error(f"--variants: {error}")
     if not paths:
         parser.error(f"--data: no openb_pod_list_*.csv in {args.data}")
     summary = args.data / "fgd_expected_results" / "summary_by_arrival.csv"

@@ -170,3 +170,21 @@ def test_the_table_replays_every_workload_and_compares_with_the_published(
 def test_the_table_names_a_workload_it_cannot_find(files: tuple[Path, Path]) -> None:
     with pytest.raises(SystemExit, match="no pod list for nope"):
         table.main(["--data", str(files[1].parent), "--workload", "nope", "--workers", "1"])
+
+
+def test_the_table_replays_variants_made_from_the_default_trace(
+    files: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "openb_pod_list_default.csv").write_text(PODS)
+    common = ["--data", str(data), "--nodes", str(files[0]), "--seeds", "42", "--workers", "1"]
+
+    code = table.main([*common, "--policy", "gpupack", "--variants", "share50", "cpu30"])
+
+    assert code == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [r["workload"] for r in report["rows"]] == ["share50", "cpu30"]
+    with pytest.raises(SystemExit):
+        table.main([*common, "--variants", "gpushare40"])
+    assert "share<P>, multi<P>, cpu<P>, spec<P>" in capsys.readouterr().err
