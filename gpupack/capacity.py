@@ -126,12 +126,22 @@ class _OpenBin:
         return not (a.exclusive and self.owners - {a.owner})
 
     def add(self, a: Allocation) -> None:
-        self.allocations.append(a)
-        self.compute_used += a.compute
-        self.memory_used += a.memory
-        self.owners.add(a.owner)
-        if a.exclusive:
-            self.exclusive_owner = a.owner
+        self.add_run([a])
+
+    def add_run(self, run: list[Allocation]) -> None:
+        """Add allocations of one shape (`_shape`): the sums grow by one multiple, not
+        one allocation at a time (a burst of a workload is hundreds of them)."""
+        if not run:
+            return
+        first = run[0]
+        self.allocations.extend(run)
+        self.compute_used += first.compute * len(run)
+        self.memory_used += first.memory * len(run)
+        if first.exclusive:
+            self.owners.add(first.owner)
+            self.exclusive_owner = first.owner
+        else:
+            self.owners.update(a.owner for a in run)
 
     def room_for(self, a: Allocation) -> int:
         """How many more allocations shaped like `a` fit (the same answer `fits` gives
@@ -165,16 +175,14 @@ def _fill(open_bin: _OpenBin, pending: list[Allocation]) -> list[Allocation]:
     owner = open_bin.exclusive_owner
     if owner is None or pending[0].exclusive:
         room = open_bin.room_for(pending[0])
-        for allocation in pending[:room]:
-            open_bin.add(allocation)
+        open_bin.add_run(pending[:room])
         return pending[room:]
     # A GPU held by an MPS workload takes only that workload's pods.
     eligible = [i for i, a in enumerate(pending) if a.owner == owner]
     if not eligible:
         return pending
     taken = set(eligible[: open_bin.room_for(pending[eligible[0]])])
-    for index in sorted(taken):
-        open_bin.add(pending[index])
+    open_bin.add_run([pending[index] for index in sorted(taken)])
     return [a for i, a in enumerate(pending) if i not in taken]
 
 
@@ -209,8 +217,7 @@ def plan(
                 target = _OpenBin(None, None)
                 oversized.append(pending[0].key)
             room = max(target.room_for(pending[0]), 1)
-            for allocation in pending[:room]:
-                target.add(allocation)
+            target.add_run(pending[:room])
             pending = pending[room:]
             bins.append(target)
     return Plan(tuple(b.freeze() for b in bins), tuple(oversized))

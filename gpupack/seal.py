@@ -18,6 +18,8 @@ passed in.
 """
 
 import base64
+import functools
+import hashlib
 import hmac
 import json
 from json.encoder import encode_basestring_ascii as _string
@@ -54,11 +56,24 @@ def message(namespace: str, issued: int, annotations: dict[str, str]) -> bytes:
     return f"[{_string(VERSION)},{_string(namespace)},{issued},[{inner}]]".encode()
 
 
+@functools.lru_cache(maxsize=8)
+def _pads(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
+    """HMAC-SHA256's inner and outer hashes with the key's pads taken in (RFC 2104), made
+    once per key: every seal and every check copies them instead of setting up an HMAC
+    (which with OpenSSL 3 also looks the digest up each time), about half its cost."""
+    block = hashlib.sha256().block_size
+    padded = (hashlib.sha256(key).digest() if len(key) > block else key).ljust(block, b"\0")
+    return (
+        hashlib.sha256(bytes(b ^ 0x36 for b in padded)),
+        hashlib.sha256(bytes(b ^ 0x5C for b in padded)),
+    )
+
+
 def _digest(key: bytes, namespace: str, issued: int, annotations: dict[str, str]) -> str:
-    # hmac.digest: OpenSSL's one-shot HMAC, without building an HMAC object in Python
-    # (one per admission and one per scheduled pod).
-    mac = hmac.digest(key, message(namespace, issued, annotations), "sha256")
-    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+    inner, outer = (h.copy() for h in _pads(key))
+    inner.update(message(namespace, issued, annotations))
+    outer.update(inner.digest())
+    return base64.urlsafe_b64encode(outer.digest()).rstrip(b"=").decode()
 
 
 def seal(key: bytes, namespace: str, annotations: dict[str, str], issued: int) -> str:

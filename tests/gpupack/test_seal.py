@@ -1,8 +1,12 @@
 """The seal's bytes: what earlier releases sealed must still verify (pods admitted by the
 old webhook are placed by the new scheduler during an upgrade)."""
 
+import base64
+import hashlib
+import hmac
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -59,3 +63,13 @@ def test_values_no_api_server_would_store_are_encoded_as_json_dumps_does() -> No
     assert seal.message("ml", 7, odd) == expected  # type: ignore[arg-type]
     sealed: dict[str, object] = {**odd, keys.SEAL: "v1.7.x"}
     assert not seal.reinvoked(KEY, "ml", sealed, 7)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [32, 64, 65, 200], ids=["short", "block", "over", "long"])
+def test_the_seal_is_hmac_sha256_for_keys_of_any_length(length: int) -> None:
+    """The seal precomputes HMAC's pads per key; it must stay RFC 2104 HMAC-SHA256."""
+    key = bytes(range(256))[:length]
+    annotations = {keys.DECISION: "uid-1", keys.POLICY: "batch"}
+    value = seal.seal(key, "ml", annotations, 7)
+    mac = hmac.new(key, seal.message("ml", 7, annotations), hashlib.sha256).digest()
+    assert value == f"v1.7.{base64.urlsafe_b64encode(mac).decode().rstrip('=')}"
