@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -221,6 +222,102 @@ def plan(
             pending = pending[room:]
             bins.append(target)
     return Plan(tuple(b.freeze() for b in bins), tuple(oversized))
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """What `plan` says a pool lacks, without its bins."""
+
+    missing: int  # capacity pods to create
+    oversized: tuple[str, ...] = ()  # as `Plan.oversized`
+
+
+@dataclass(slots=True)
+class _Group:
+    """`count` GPUs in one state: the sums of what they hold, and their memory."""
+
+    count: int
+    used: int
+    used_memory: int
+    size: int | None
+
+    def room(self, compute: int, memory: int) -> int:
+        return _room(self.used, self.used_memory, self.size, compute, memory)
+
+    def taking(self, count: int, pods: int, compute: int, memory: int) -> "_Group":
+        return _Group(
+            count, self.used + pods * compute, self.used_memory + pods * memory, self.size
+        )
+
+
+def shortfall(
+    gpus: Sequence[Gpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
+) -> Shortfall:
+    """`plan(...)`'s `missing` and `oversized`, at the cost of the pool's distinct shapes
+    and GPUs rather than of its allocations: the webhook asks it for every admission, of
+    pools that can hold hundreds of waiting pods. GPUs to create are kept as groups of
+    equal ones (first fit fills the first of a group before the next, so a group splits
+    into at most three), never one by one. Where a real-time-mps allocation is involved
+    (owners then matter) it asks `plan` itself. A property test holds it to `plan`."""
+    unplaced = list(unplaced)
+    if any(a.exclusive for a in unplaced) or any(a.exclusive for g in gpus for a in g.allocations):
+        result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
+        return Shortfall(result.missing, result.oversized)
+    held = [
+        _Group(
+            1, sum(a.compute for a in g.allocations), sum(a.memory for a in g.allocations), g.memory
+        )
+        for g in sorted(gpus, key=lambda g: (not g.running, g.name))
+    ]
+    created: list[_Group] = []
+    oversized: list[str] = []
+    shapes = Counter((a.compute, a.memory) for a in unplaced)
+    for (compute, memory), count in sorted(shapes.items(), key=lambda s: (-s[0][0], -s[0][1])):
+        n = count
+        for bins in (held, created):
+            index = 0
+            while n and index < len(bins):
+                group = bins[index]
+                room = group.room(compute, memory)
+                if not room:
+                    index += 1
+                    continue
+                full = min(group.count, n // room)
+                rest = n - full * room if full < group.count else 0
+                parts = [
+                    group.taking(full, room, compute, memory),
+                    group.taking(1 if rest else 0, rest, compute, memory),
+                    group.taking(group.count - full - (1 if rest else 0), 0, compute, memory),
+                ]
+                parts = [p for p in parts if p.count]
+                bins[index : index + 1] = parts
+                index += len(parts)
+                n -= full * room + rest
+        if not n:
+            continue
+        too_large = _room(0, 0, new_gpu_memory, compute, memory) == 0  # for the assumed GPU
+        size = None if too_large else new_gpu_memory
+        room = max(_room(0, 0, size, compute, memory), 1)
+        if too_large:  # each GPU created for them names its first
+            run = sorted(
+                (a for a in unplaced if (a.compute, a.memory) == (compute, memory)), key=_decreasing
+            )
+            oversized += [a.key for a in run[count - n :: room]]
+        empty = _Group(0, 0, 0, size)
+        if n // room:
+            created.append(empty.taking(n // room, room, compute, memory))
+        if n % room:
+            created.append(empty.taking(1, n % room, compute, memory))
+    return Shortfall(sum(g.count for g in created), tuple(oversized))
+
+
+def _room(used: int, used_memory: int, size: int | None, compute: int, memory: int) -> int:
+    """How many allocations of (`compute`, `memory`) a GPU with these sums still takes:
+    `_OpenBin.room_for` for allocations of no real-time-mps workload."""
+    count = (FULL_GPU - used) // compute if compute > 0 else _UNBOUNDED
+    if size is not None and memory > 0:
+        count = min(count, (size - used_memory) // memory)
+    return max(count, 0)
 
 
 def default_mps_image(version: str) -> str:

@@ -48,7 +48,7 @@ from gpupack.capacity import (
     affinity_to_others,
     holding_nodes,
     placement_of,
-    plan,
+    shortfall,
 )
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
@@ -143,7 +143,7 @@ class Lifecycle:
         known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
         if known:
             waiting = [a for a in waiting if a.memory <= max(known)]
-        missing = plan(coming, waiting, new_gpu_memory=min(known) if known else None).missing
+        missing = shortfall(coming, waiting, new_gpu_memory=min(known) if known else None).missing
         used = [c.name for c in self.cache.capacity.values() if c.pool == pool]
         used += self.cache.leaving  # a name reused before its pod is gone is no new GPU
         names = self._creator.claim(pool, missing, used, placement=key)

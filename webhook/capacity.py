@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar
 
 from gpupack import keys
-from gpupack.capacity import Allocation, Gpu, plan
+from gpupack.capacity import Allocation, Gpu, shortfall
 from gpupack.kube import JSON, annotations_of, labels_of
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
@@ -171,7 +171,7 @@ class CapacityManager:
             return CapacityOutcome("not-synced", detail="the pod caches have not synced yet")
         self._prune(state, now)
         view = self._view(state, demand)
-        needed = plan(
+        needed = shortfall(
             view.gpus,
             (*view.unplaced, allocation_of(demand)),
             new_gpu_memory=view.new_gpu_memory,

@@ -2,7 +2,7 @@
 
 import kubernetes_validate
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack import keys
@@ -12,6 +12,7 @@ from gpupack.capacity import (
     Allocation,
     Bin,
     Gpu,
+    Shortfall,
     Where,
     affinity_to_others,
     capacity_index,
@@ -20,6 +21,7 @@ from gpupack.capacity import (
     holding_nodes,
     placement_of,
     plan,
+    shortfall,
 )
 from gpupack.kube import JSON
 
@@ -566,3 +568,28 @@ def test_capacity_pods_made_with_equal_requirements_share_a_placement_key() -> N
     assert Where(steer=("n1",)).key == ""
     pod = capacity_pod(POOL, {}, index=0, created_for="ml/Pod/p", where=one)
     assert placement_of(pod) == one.key
+
+
+shared = st.builds(  # no real-time-mps: the shortfall's own path; 30Gi > some GPUs
+    Allocation,
+    key=st.uuids().map(str),
+    compute=st.sampled_from([50, 100, 230, 300, 470, 810, 1000]),
+    memory=st.sampled_from([GiB, 4 * GiB, 20 * GiB, 30 * GiB]),
+    owner=owners,
+)
+
+
+@settings(max_examples=300)
+@given(
+    existing_gpus(),
+    st.lists(allocations, max_size=25) | same_shapes | mixed_runs | st.lists(shared, max_size=60),
+    gpu_memories,
+)
+def test_the_shortfall_is_what_the_plan_lacks(
+    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+) -> None:
+    result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
+
+    assert shortfall(gpus, unplaced, new_gpu_memory=new_gpu_memory) == Shortfall(
+        result.missing, result.oversized
+    )

@@ -322,7 +322,7 @@ def test_a_bug_becomes_an_error_outcome_not_an_exception(
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("webhook.capacity.plan", explode)
+    monkeypatch.setattr("webhook.capacity.shortfall", explode)
 
     outcome = replica.manager.ensure(demand("uid-1"), False)
 
