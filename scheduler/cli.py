@@ -251,7 +251,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     synced = threading.Event()
     with shell.listening("the extender", args.port):
         server = make_server(args.address, args.port, extender, synced.is_set)
-    process.defer(server.server_close)
+    process.defer(server.close)
     process.serve_endpoints(
         args.metrics_address,
         args.metrics_port,
@@ -267,7 +267,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         """Caches synced: serve the verbs, follow the Lease, keep house."""
         extender.tick()  # fold the synced caches in before the first verb
         synced.set()
-        threading.Thread(target=server.serve_forever, name="extender", daemon=True).start()
+        server.start()
         if follower is None:
             extender.leading = True
         else:
@@ -280,7 +280,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         try:
             extender.run(stop)
         finally:
-            server.shutdown()
+            server.close()
 
     return shell.Service(work=work)
 

@@ -11,19 +11,25 @@ Prometheus metrics are served on their own port (`--metrics-port`), on the pod's
 It listens on loopback by default: only the kube-scheduler container beside it, in the
 pod's own network namespace, can reach the verbs, so no other workload can reserve a
 GPU or bind a pod through it. HTTP/1.1 keep-alive, so kube-scheduler reuses connections.
+Every connection is bounded in time, size and number (`gpupack.runtime.httpserver`,
+`LIMITS`): a body of at most 8 MiB, at most 16 connections.
 """
 
 import json
 import logging
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, Protocol
 
+from gpupack.runtime.endpoints import listening_socket
+from gpupack.runtime.httpserver import Limits, Request, Response, Server, text
 from scheduler import wire
 
 log = logging.getLogger(__name__)
 
-MAX_BODY: Final = 32 * 2**20  # a pod and 100,000 node names fit well within this
+MAX_BODY: Final = 8 * 2**20  # a pod and 100,000 node names fit well within this
+# Only the kube-scheduler beside it (and the kubelet's probes) should ever connect; a few
+# bodies of MAX_BODY at once is all the memory a flood can take.
+LIMITS: Final = Limits(body_bytes=MAX_BODY, connections=16, idle_seconds=120.0)
 
 
 class Verbs(Protocol):
@@ -39,64 +45,36 @@ def make_server(
     port: int,
     verbs: Verbs,
     ready: Callable[[], bool],
-) -> ThreadingHTTPServer:
-    """A server bound to (address, port); call `serve_forever` yourself."""
+    limits: Limits = LIMITS,
+) -> Server:
+    """A server bound to (address, port); call its `start` yourself."""
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "gpupack-scheduler"
-        protocol_version = "HTTP/1.1"
-        # Headers and body go out as two writes; with Nagle's algorithm the body would
-        # wait for the client's delayed ACK (tens of ms) on every keep-alive call.
-        disable_nagle_algorithm = True
-
-        def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path not in ("/filter", "/bind"):
-                self._send(404, b"not found: the verbs are /filter and /bind\n", "text/plain")
-                return
+    def verb(path: str, call: Callable[[Any], Any]) -> Callable[[Request], Response]:
+        def answer(request: Request) -> Response:
+            if not request.body:
+                return text(411, f"{path}: a body with a Content-Length is required")
             try:
-                length = int(self.headers.get("Content-Length") or "")
-            except ValueError:
-                self._send(411, b"a Content-Length is required\n", "text/plain")
-                return
-            if not 0 < length <= MAX_BODY:
-                self._send(413, f"the body must be 1 to {MAX_BODY} bytes\n".encode(), "text/plain")
-                return
-            try:
-                body = json.loads(self.rfile.read(length))
-                result: Any = (
-                    verbs.filter(wire.filter_args(body))
-                    if path == "/filter"
-                    else verbs.bind(wire.bind_args(body))
-                )
-            except (ValueError, UnicodeDecodeError) as error:  # JSON or wire errors
-                self._send(400, f"{path}: {error}\n".encode(), "text/plain")
-                return
+                result = call(json.loads(request.body))
+            except (ValueError, UnicodeDecodeError, RecursionError) as error:  # JSON or wire
+                return text(400, f"{path}: {str(error)[:500]}")
             except Exception as error:  # kube-scheduler retries the pod; say why
                 log.exception("%s failed", path)
                 result = {"Error": f"gpupack {path[1:]} failed: {error}"}
-            self._send(200, json.dumps(result).encode(), "application/json")
+            return Response(200, json.dumps(result).encode(), "application/json")
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/healthz":
-                self._send(200, b"ok\n", "text/plain")
-            elif path == "/readyz":
-                ok = ready()
-                self._send(200 if ok else 503, b"ok\n" if ok else b"caches syncing\n", "text/plain")
-            else:
-                self._send(404, b"not found: try /healthz or /readyz\n", "text/plain")
+        return answer
 
-        def _send(self, status: int, body: bytes, kind: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def readyz(_: Request) -> Response:
+        return text(200, "ok") if ready() else text(503, "caches syncing")
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # one line per pod would drown the log; the verbs log what matters
-
-    server = ThreadingHTTPServer((address, port), Handler)
-    server.daemon_threads = True
-    return server
+    return Server(
+        listening_socket(address, port),
+        {
+            ("POST", "/filter"): verb("/filter", lambda b: verbs.filter(wire.filter_args(b))),
+            ("POST", "/bind"): verb("/bind", lambda b: verbs.bind(wire.bind_args(b))),
+            ("GET", "/healthz"): lambda _: text(200, "ok"),
+            ("GET", "/readyz"): readyz,
+        },
+        limits=limits,
+        name="extender",
+    )

@@ -13,15 +13,16 @@ kubelet's probes and the API server on an IPv4 cluster), which a socket made her
 handed to the server cannot do.
 
 The metrics body is whatever `render()` returns (prometheus_client's exposition, in
-the components): this module knows HTTP, not Prometheus.
+the components): this module knows HTTP, not Prometheus. Every connection is bounded
+(time, size, count) by `gpupack.runtime.httpserver`.
 """
 
 import json
 import socket
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final
+
+from gpupack.runtime.httpserver import Limits, Request, Response, Server
 
 ANY: Final = "::"  # every address, IPv4 and IPv6
 Render = Callable[[], tuple[bytes, str]]  # (body, content type)
@@ -70,26 +71,12 @@ def listening_socket(address: str, port: int, backlog: int = 128) -> socket.sock
     return sock
 
 
-class DualStackServer(ThreadingHTTPServer):
-    """A threading HTTP server on `listening_socket(address, port)` (`::`: dual-stack)."""
-
-    daemon_threads = True
-
-    def __init__(self, address: str, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
-        sock = listening_socket(address, port)
-        self.address_family = sock.family
-        super().__init__(sock.getsockname()[:2], handler, bind_and_activate=False)
-        self.socket.close()  # the one socketserver made, unbound: ours replaces it
-        self.socket = sock
-        self.server_address = sock.getsockname()
-        self.server_name, self.server_port = (
-            str(self.server_address[0]),
-            int(self.server_address[1]),
-        )
+PROBE_LIMITS: Final = Limits(body_bytes=64 * 1024, idle_seconds=90.0)  # GETs only
 
 
 class Endpoints:
-    """`/metrics`, `/healthz` and `/readyz` on `address:port`, in a daemon thread."""
+    """`/metrics`, `/healthz` and `/readyz` on `address:port`, in a daemon thread, on the
+    one bounded server (`gpupack.runtime.httpserver`)."""
 
     def __init__(
         self,
@@ -99,50 +86,40 @@ class Endpoints:
         render: Render,
         ready: Callable[[], str | None],
         alive: Callable[[], bool] = lambda: True,
+        limits: Limits = PROBE_LIMITS,
     ) -> None:
-        routes: dict[str, Callable[[], tuple[int, bytes, str]]] = {
-            "/metrics": lambda: (200, *render()),
-            "/healthz": lambda: (
-                _json(200, {"status": "ok"}) if alive() else _json(503, {"status": "stopping"})
-            ),
-            "/readyz": lambda: _readiness(ready()),
-        }
+        def metrics(_: Request) -> Response:
+            body, content_type = render()
+            return Response(200, body, content_type)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                route = routes.get(self.path.split("?", 1)[0])
-                status, body, content_type = (
-                    route() if route is not None else _json(404, {"error": "not found"})
-                )
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def healthz(_: Request) -> Response:
+            return _json(200, {"status": "ok"}) if alive() else _json(503, {"status": "stopping"})
 
-            def log_message(self, format: str, *args: object) -> None:
-                return  # probes every few seconds: not worth a log line each
-
-        self._server = DualStackServer(address, port, Handler)
-        self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name=f"endpoints :{self.port}", daemon=True
+        self._server = Server(
+            listening_socket(address, port),
+            {
+                ("GET", "/metrics"): metrics,
+                ("GET", "/healthz"): healthz,
+                ("GET", "/readyz"): lambda _: _readiness(ready()),
+            },
+            limits=limits,
+            name="endpoints",
         )
+        self.port = self._server.port
 
     def start(self) -> "Endpoints":
-        self._thread.start()
+        self._server.start()
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
 
 
-def _json(status: int, doc: object) -> tuple[int, bytes, str]:
-    return status, json.dumps(doc).encode(), "application/json"
+def _json(status: int, doc: object) -> Response:
+    return Response(status, json.dumps(doc).encode(), "application/json")
 
 
-def _readiness(reason: str | None) -> tuple[int, bytes, str]:
+def _readiness(reason: str | None) -> Response:
     if reason is None:
         return _json(200, {"ready": True})
     return _json(503, {"ready": False, "reason": reason})

@@ -85,14 +85,13 @@ class FakeNode:
     def start(self) -> None:
         self._informer.start()
         self._sampler.start()
-        server.start(self._http)
+        self._http.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
-        self._http.shutdown()
-        self._http.server_close()
+        self._http.close()
         self._sampler.stop()
         self._informer.stop()
         self._client.close()

@@ -22,6 +22,7 @@ from exporter.cgroup import HOST, OwnerKind, ProcessOwner
 from exporter.collector import ExporterCollector, Scrape
 from exporter.pods import PodInfo
 from exporter.readings import ProcessUsage, Readings
+from gpupack.runtime.httpserver import Server
 from recommender.usage import (
     Collected,
     ExporterScraper,
@@ -221,8 +222,15 @@ def test_exporter_port_out_of_range_is_an_error(port: int) -> None:
 
 
 @contextmanager
-def serving(http: ThreadingHTTPServer) -> Iterator[str]:
+def serving(http: ThreadingHTTPServer | Server) -> Iterator[str]:
     """Serve in a thread; yield `http://127.0.0.1:<port>`."""
+    if isinstance(http, Server):
+        http.start()
+        try:
+            yield f"http://127.0.0.1:{http.port}"
+        finally:
+            http.close()
+        return
     http.daemon_threads = True
     # A short poll interval: shutdown() waits for the serving loop's next poll.
     thread = threading.Thread(target=http.serve_forever, args=(0.01,), daemon=True)
@@ -254,7 +262,7 @@ def answering(answer: Answer) -> ThreadingHTTPServer:
     return ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 
 
-def exporter_server(scrape: Scrape) -> ThreadingHTTPServer:
+def exporter_server(scrape: Scrape) -> Server:
     """The exporter's real HTTP server over the exporter's real collector."""
     return server.make_server("127.0.0.1", 0, registry_of(scrape), lambda: (True, {}))
 

@@ -74,3 +74,30 @@ def test_an_explicit_address_picks_its_family(
     address: str, family: socket.AddressFamily, host: str
 ) -> None:
     assert listen_family(address) == (family, host)
+
+
+def test_probes_and_scrapes_answer_through_a_flood_of_idle_connections() -> None:
+    endpoints = Endpoints(
+        "127.0.0.1", 0, render=lambda: (b"up 1\n", "text/plain"), ready=lambda: None
+    ).start()
+    flood = [socket.create_connection(("127.0.0.1", endpoints.port)) for _ in range(150)]
+    try:
+        assert get("127.0.0.1", endpoints.port, "/healthz")[0] == 200
+        assert get("127.0.0.1", endpoints.port, "/metrics") == (200, b"up 1\n")
+    finally:
+        for sock in flood:
+            sock.close()
+        endpoints.close()
+
+
+def test_endless_headers_are_refused() -> None:
+    endpoints = Endpoints(
+        "127.0.0.1", 0, render=lambda: (b"", "text/plain"), ready=lambda: None
+    ).start()
+    try:
+        with socket.create_connection(("127.0.0.1", endpoints.port), timeout=10) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-Long: " + b"a" * 100_000)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 431")
+        assert get("127.0.0.1", endpoints.port, "/healthz")[0] == 200
+    finally:
+        endpoints.close()
