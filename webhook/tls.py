@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
+from cryptography import x509
+
 MINIMUM_VERSION: Final = ssl.TLSVersion.TLSv1_2
 # TLS 1.2 suites: forward-secret AEAD only (TLS 1.3 suites are not affected by this).
 CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"
@@ -56,15 +58,20 @@ def file_version(path: str) -> FileVersion:
     return FileVersion(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def readable(cert_file: str, key_file: str) -> None:
+    """CertificateError naming the file when the certificate or key cannot be read."""
+    for flag, path in (("certificate", cert_file), ("private key", key_file)):
+        if not os.access(path, os.R_OK):
+            reason = "does not exist" if not os.path.exists(path) else "is not readable"
+            raise CertificateError(f"TLS {flag} file {path!r} {reason}")
+
+
 def server_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     """A TLS server context (TLS 1.2 or newer) serving the given PEM certificate and key.
 
     Raises CertificateError naming the file when either cannot be read or they don't match.
     """
-    for flag, path in (("certificate", cert_file), ("private key", key_file)):
-        if not os.access(path, os.R_OK):
-            reason = "does not exist" if not os.path.exists(path) else "is not readable"
-            raise CertificateError(f"TLS {flag} file {path!r} {reason}")
+    readable(cert_file, key_file)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = MINIMUM_VERSION
     ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
@@ -112,48 +119,15 @@ class Validity:
         return None
 
 
-def _element(der: bytes, at: int) -> tuple[int, int, int]:
-    """(tag, start of contents, end of contents) of the DER element at `at`."""
-    tag, length = der[at], der[at + 1]
-    at += 2
-    if length & 0x80:
-        count = length & 0x7F
-        length = int.from_bytes(der[at : at + count], "big")
-        at += count
-    if at + length > len(der):
-        raise ValueError("a DER length runs past the end")
-    return tag, at, at + length
-
-
-def _time(tag: int, value: bytes) -> datetime:
-    text = value.decode("ascii")
-    layout = {0x17: "%y%m%d%H%M%SZ", 0x18: "%Y%m%d%H%M%SZ"}.get(tag)
-    if layout is None:
-        raise ValueError(f"a validity time has DER tag {tag:#x}, not UTCTime or GeneralizedTime")
-    return datetime.strptime(text, layout).replace(tzinfo=UTC)
-
-
 def validity(der: bytes) -> Validity:
-    """notBefore and notAfter of a DER X.509 certificate (RFC 5280, 4.1): the fifth element
-    of tbsCertificate, or the fourth without the optional explicit version. ValueError
-    when it is not a certificate."""
+    """notBefore and notAfter of a DER X.509 certificate (RFC 5280, 4.1), as
+    `cryptography` reads them (UTCTime years 50 to 99 are 1950 to 1999). ValueError when
+    it is not a certificate."""
     try:
-        _, certificate, _ = _element(der, 0)
-        _, at, _ = _element(der, certificate)  # tbsCertificate's contents
-        tag, _, end = _element(der, at)
-        if tag == 0xA0:  # [0] EXPLICIT version
-            at = end
-        for _ in range(3):  # serialNumber, signature, issuer
-            at = _element(der, at)[2]
-        _, at, _ = _element(der, at)  # validity
-        before_tag, before_start, before_end = _element(der, at)
-        after_tag, after_start, after_end = _element(der, before_end)
-        return Validity(
-            _time(before_tag, der[before_start:before_end]),
-            _time(after_tag, der[after_start:after_end]),
-        )
-    except (IndexError, UnicodeDecodeError) as exc:
+        certificate = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
         raise ValueError(f"not an X.509 certificate: {exc}") from None
+    return Validity(certificate.not_valid_before_utc, certificate.not_valid_after_utc)
 
 
 class CertificateReloader:
@@ -185,11 +159,12 @@ class CertificateReloader:
         self._wall = wall
         self._on_reload = on_reload
         self._on_serving = on_serving
-        self.context, der, self.validity = self._load()
-        try:
+        readable(cert_file, key_file)
+        try:  # before the files are read: a rotation meanwhile is seen at the next check
             self._versions = self._file_versions()
         except OSError as exc:
             raise CertificateError(f"cannot read the TLS files: {exc}") from None
+        self.context, der, self.validity = self._load()
         self.context.sni_callback = self._on_handshake
         self._current = self.context
         self._next_check = clock() + interval

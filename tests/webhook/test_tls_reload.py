@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from prometheus_client import CollectorRegistry
 from starlette.applications import Starlette
 
 from certs import pem
+from webhook import tls as tls_module
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.metrics import WebhookMetrics
@@ -233,6 +236,52 @@ def test_validity_is_read_from_the_certificate_as_cryptography_reads_it(
 
     assert read.not_before == reference.not_valid_before_utc
     assert read.not_after == reference.not_valid_after_utc
+
+
+def test_utctime_years_from_50_are_the_twentieth_century() -> None:
+    """RFC 5280, 4.1.2.5.1: a UTCTime year of 50 or more is 19YY (a hand-read 2-digit
+    year once made 1950 into 2050, and an expired certificate look valid)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(x509.NameOID.COMMON_NAME, "old")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(datetime(1950, 6, 1, tzinfo=UTC))
+        .not_valid_after(datetime(1999, 12, 31, tzinfo=UTC))
+        .sign(key, hashes.SHA256())
+    )
+    der = certificate.public_bytes(serialization.Encoding.DER)
+    assert b"\x17\x0d500601" in der  # UTCTime "500601000000Z"
+
+    read = validity(der)
+
+    assert (read.not_before.year, read.not_after.year) == (1950, 1999)
+    assert read.problem(datetime(2026, 1, 1, tzinfo=UTC)) is not None
+
+
+def test_a_rotation_while_the_files_are_read_is_picked_up_at_the_next_check(
+    ca: CertificateAuthority, serving_files: ServingFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files' versions are taken before they are read: had they been taken after,
+    a rotation in between would leave the old certificate served with the new versions
+    recorded, and never reloaded."""
+    rotated = ca.issue()
+    load = tls_module.server_context
+
+    def rotating_midway(cert_file: str, key_file: str) -> ssl.SSLContext:
+        context = load(cert_file, key_file)
+        rotated.write(serving_files.cert, serving_files.key)  # the Secret changes now
+        return context
+
+    monkeypatch.setattr(tls_module, "server_context", rotating_midway)
+    tls = CertificateReloader(str(serving_files.cert), str(serving_files.key), interval=0.1)
+    monkeypatch.setattr(tls_module, "server_context", load)
+
+    assert tls.reload()
+    assert tls.fingerprint == rotated.fingerprint
 
 
 @pytest.mark.parametrize(
