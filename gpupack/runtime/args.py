@@ -1,18 +1,21 @@
 """Command-line conventions every gpupack binary shares.
 
 - Argument types (`type=` callables): durations written as Kubernetes writes them
-  (`15s`, `1m30s`, `500ms`, `2h`; a plain number is seconds), positive numbers. A bad
-  value is argparse's usage error naming the value and the accepted form, the same
-  wording in every binary.
+  (`15s`, `1m30s`, `500ms`, `2h`; a plain number is seconds; at most `MAX_DURATION`, so
+  `inf`, `nan` or `1e309` never reach a wait that cannot take them), positive numbers
+  (finite). A bad value is argparse's usage error naming the value and the accepted
+  form, the same wording in every binary.
 - `conventions(parser)`, called last by every binary's `build_parser`: `--version`,
   durations' defaults shown as durations in the help (`5m`), and
   every option also settable by an environment variable named after its first long
   option (`--grace-period` is `GPUPACK_GRACE_PERIOD`), which the help shows. A flag on the
-  command line wins over the environment; a bad value in the environment is a usage
-  error naming the variable.
+  command line wins over the environment, a repeatable one too (`--dns-name` given once
+  replaces every name `GPUPACK_DNS_NAME` lists); a bad value in the environment is a
+  usage error naming the variable.
 """
 
 import argparse
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -22,7 +25,8 @@ from typing import Final
 ENV_PREFIX: Final = "GPUPACK_"
 _DURATION: Final = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-EXAMPLES: Final = "(15s, 1m30s, 500ms, 2h; a plain number is seconds)"
+MAX_DURATION: Final = 366 * 24 * 3600.0  # a year: longer is a typo, and waits cannot take inf
+EXAMPLES: Final = "(15s, 1m30s, 500ms, 2h; a plain number is seconds; at most a year)"
 DURATION_FORM: Final = f"a duration {EXAMPLES}"
 
 
@@ -31,16 +35,17 @@ def parse_duration(text: str) -> float:
     ValueError naming the accepted form otherwise."""
     text = text.strip()
     try:
-        return float(text)
+        total = float(text)
     except ValueError:
-        pass
-    position, total = 0, 0.0
-    for match in _DURATION.finditer(text):
-        if match.start() != position:
-            break
-        total += float(match[1]) * _SECONDS[match[2]]
-        position = match.end()
-    if not text or position != len(text):
+        position, total = 0, 0.0
+        for match in _DURATION.finditer(text):
+            if match.start() != position:
+                break
+            total += float(match[1]) * _SECONDS[match[2]]
+            position = match.end()
+        if not text or position != len(text):
+            raise ValueError(f"{text!r} is not {DURATION_FORM}") from None
+    if not abs(total) <= MAX_DURATION:  # inf, nan, 1e309, a century
         raise ValueError(f"{text!r} is not {DURATION_FORM}")
     return total
 
@@ -83,7 +88,7 @@ def positive_number(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
@@ -177,3 +182,24 @@ def _environment(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> Non
         if name in env:
             action.default = _from_environment(parser, action, name, env[name])
             action.required = False
+            if isinstance(action, argparse._AppendAction):
+                action.__class__ = _replaced_by_command_line(type(action))  # type: ignore[assignment]
+
+
+def _replaced_by_command_line(base: type[argparse.Action]) -> type[argparse.Action]:
+    """`base`, a repeatable option, whose values from the environment the first value on
+    the command line replaces (argparse appends to the default, which would merge them)."""
+
+    class FromEnvironment(base):  # type: ignore[valid-type, misc]
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: object,
+            option_string: str | None = None,
+        ) -> None:
+            if getattr(namespace, self.dest, None) is self.default:
+                setattr(namespace, self.dest, None)
+            super().__call__(parser, namespace, values, option_string)
+
+    return FromEnvironment

@@ -133,3 +133,51 @@ def test_version_and_the_variables_are_in_the_help(capsys: pytest.CaptureFixture
         built.parse_args(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.startswith("gpupack-test ")
+
+
+@pytest.mark.parametrize("text", ["inf", "-inf", "nan", "1e309", "1e400s", "9999999h", "400d"])
+def test_durations_no_wait_can_take_are_not_durations(text: str) -> None:
+    """inf, nan and 1e309 once passed as seconds and raised OverflowError inside a wait
+    (a leader's lease, long after the binary had started)."""
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+    with pytest.raises(argparse.ArgumentTypeError):
+        positive_seconds(text)
+
+
+@pytest.mark.parametrize("text", ["inf", "nan", "1e309"])
+def test_numbers_must_be_finite(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a positive number"):
+        positive_number(text)
+
+
+def test_a_duration_from_the_environment_that_no_wait_can_take_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parser({"GPUPACK_GRACE_PERIOD": "inf", "GPUPACK_DECISION_KEY_FILE": "k"})
+    assert exit_.value.code == 2
+    assert "GPUPACK_GRACE_PERIOD='inf'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        pytest.param(["--dns-name", "c.example"], ["c.example"], id="the-command-line-replaces"),
+        pytest.param(
+            ["--dns-name", "c.example", "--dns-name", "d.example"],
+            ["c.example", "d.example"],
+            id="every-command-line-value",
+        ),
+        pytest.param([], ["a.example", "b.example"], id="the-environment-alone"),
+    ],
+)
+def test_a_repeatable_flag_on_the_command_line_wins_over_the_environment(
+    argv: list[str], names: list[str]
+) -> None:
+    environ = {"GPUPACK_DNS_NAME": "a.example,b.example", "GPUPACK_DECISION_KEY_FILE": "k"}
+
+    assert parser(environ).parse_args(argv).dns_name == names
+    assert parser({"GPUPACK_DECISION_KEY_FILE": "k"}).parse_args(argv).dns_name == (
+        names if argv else []
+    )
