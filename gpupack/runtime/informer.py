@@ -11,9 +11,18 @@ object may have changed: a consumer keeps a dirty set instead of rescanning the 
 
 Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
 reader asks for one pool's pods without scanning every pod in the cluster.
+
+Lists are served from the API server's watch cache where that is safe, as client-go's
+reflector asks: the first with `resourceVersion=0` (any version the cache has), later
+ones with the last version seen and `resourceVersionMatch=NotOlderThan` (never older than
+what the store already showed); only a list the server answered with 410 is repeated as
+a consistent read from etcd. After an API server restart every exporter of a large
+cluster relists at once; from the cache and at jittered moments (`Backoff.jitter`, and up
+to the backoff's base before the first relist) that is no storm on etcd.
 """
 
 import logging
+import random
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -57,8 +66,11 @@ class Informer:
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
         page_size: int = PAGE_SIZE,
         on_change: Callable[[str], None] | None = None,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self._client = client
+        self._draw = draw  # a random number in [0, 1), for jitter
+        self._consistent_list = False  # the last list was refused with 410: read from etcd
         self._on_change = on_change
         self._path = path
         self._params = dict(params or {})
@@ -177,22 +189,23 @@ class Informer:
                 if applied:
                     gone = 0
                 elif not self._stopped.is_set():
-                    self._pause(self._backoff.delay(1))  # an empty watch must not spin
+                    self._pause(self._backoff.delay(1, self._draw))  # an empty watch must not spin
             except _GoneError:
                 gone += 1
                 need_list = True
                 log.info("%s: resourceVersion expired, listing again", self.name)
-                self._pause(0.0 if gone == 1 else self._backoff.delay(gone - 1))
+                self._pause(self._relist_pause(gone))
             except ApiError as error:
                 if self._stopped.is_set():
                     return
                 if error.gone:
                     gone += 1
+                    self._consistent_list = need_list  # the list itself was too old
                     need_list = True
-                    pause = 0.0 if gone == 1 else self._backoff.delay(gone - 1)
+                    pause = self._relist_pause(gone)
                 else:
                     failures += 1
-                    pause = self._backoff.delay(failures)
+                    pause = self._backoff.delay(failures, self._draw)
                 if not error.gone:
                     self._failed(str(error))
                 log.warning("%s: %s; retrying in %.1fs", self.name, error, pause)
@@ -202,11 +215,29 @@ class Informer:
                 need_list = True
                 self._failed("unexpected failure (see the log)")
                 log.exception("%s: unexpected failure; listing again", self.name)
-                self._pause(self._backoff.delay(failures))
+                self._pause(self._backoff.delay(failures, self._draw))
+
+    def _relist_pause(self, gone: int) -> float:
+        """Before relisting after the `gone`-th 410 in a row: up to the backoff's base at
+        random the first time (every watcher of a restarted server got its 410 at once),
+        then backing off."""
+        if gone == 1:
+            return self._backoff.base * self._draw()
+        return self._backoff.delay(gone - 1, self._draw)
+
+    def _list_params(self) -> dict[str, str]:
+        """The first page's: from the watch cache unless a list was refused as too old."""
+        params = {**self._params, "limit": str(self._page_size)}
+        seen = self.resource_version
+        if self._consistent_list:
+            return params  # no resourceVersion: the latest, from etcd
+        if not seen:
+            return {**params, "resourceVersion": "0"}  # whatever the cache has
+        return {**params, "resourceVersion": seen, "resourceVersionMatch": "NotOlderThan"}
 
     def _list(self) -> None:
         items: list[JSON] = []
-        params = {**self._params, "limit": str(self._page_size)}
+        params = self._list_params()
         while True:
             page = self._client.list(self._path, params)
             items.extend(page.get("items") or [])
@@ -214,7 +245,10 @@ class Informer:
             token = meta.get("continue")
             if not token:
                 break
-            params = {**params, "continue": str(token)}
+            # A continue token carries its version; the server refuses both at once.
+            params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
+            params["continue"] = str(token)
+        self._consistent_list = False
         store = {object_key(obj): obj for obj in items}
         index: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
         for key, obj in store.items():

@@ -121,7 +121,7 @@ class Transport:
             data = b""
         finally:
             response.release_conn()
-        raise status_error(response.status, str(response.reason or ""), data)
+        raise status_error(response.status, str(response.reason or ""), data, response.headers)
 
     def _read(self, method: str, path: str, **kw: Any) -> tuple[int, bytes]:
         """The status and the whole body of a successful call."""

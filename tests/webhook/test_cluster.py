@@ -62,7 +62,8 @@ def test_retry_backs_off_boundedly_and_never_retries_a_conflict() -> None:
             raise failures.pop()
         return "ok"
 
-    assert retry(flaky, attempts=5, backoff=Backoff(0.1, 0.25), sleep=sleeps.append) == "ok"
+    backoff = Backoff(0.1, 0.25)
+    assert retry(flaky, attempts=5, backoff=backoff, sleep=sleeps.append, draw=lambda: 0.0) == "ok"
     assert sleeps == [0.1, 0.2, 0.25, 0.25]
 
     def conflict() -> str:

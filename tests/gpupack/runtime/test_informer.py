@@ -38,6 +38,7 @@ def make(kube: FakeKube, sleeps: list[float]) -> Iterator[Callable[..., Informer
     started: list[Informer] = []
 
     def make(path: str = PODS, params: dict[str, str] | None = None, **kwargs: Any) -> Informer:
+        kwargs.setdefault("draw", lambda: 0.0)  # no jitter: pauses are exact
         informer = Informer(kube, path, params, sleep=sleeps.append, **kwargs)
         informer.start()
         started.append(informer)
@@ -334,3 +335,76 @@ def test_the_last_failure_is_visible_until_the_cache_is_current_again(kube: Fake
         assert informer.error == ""
     finally:
         informer.stop()
+
+
+def lists(kube: FakeKube) -> list[dict[str, str]]:
+    return [call.params for call in kube.calls if call.verb == "list"]
+
+
+def test_the_first_list_is_served_from_the_watch_cache(
+    kube: FakeKube, make: Callable[..., Informer]
+) -> None:
+    informer = make()
+    assert informer.wait_synced(WAIT)
+
+    assert lists(kube)[0]["resourceVersion"] == "0"
+    assert "resourceVersionMatch" not in lists(kube)[0]
+
+
+def test_a_relist_asks_the_cache_for_nothing_older_than_what_was_seen(
+    kube: FakeKube, make: Callable[..., Informer]
+) -> None:
+    kube.put(pod("a"))
+    informer = make()
+    assert informer.wait_synced(WAIT)
+    assert kube.wait_for(lambda: kube.open_watches == 1, WAIT)
+    seen = informer.resource_version
+
+    kube.fail("watch", ApiError(410, "Expired", "too old resource version"))
+    kube.end_watches()
+
+    assert informer.wait_for(lambda i: i.lists == 2, WAIT)
+    relist = lists(kube)[1]
+    assert (relist["resourceVersion"], relist["resourceVersionMatch"]) == (seen, "NotOlderThan")
+
+
+def test_a_list_refused_as_too_old_is_read_consistently_from_etcd(
+    kube: FakeKube, make: Callable[..., Informer]
+) -> None:
+    kube.fail("list", ApiError(410, "Expired", "too old resource version"))
+
+    informer = make()
+
+    assert informer.wait_synced(WAIT)
+    first, second = lists(kube)[:2]
+    assert first["resourceVersion"] == "0"
+    assert "resourceVersion" not in second
+    assert "resourceVersionMatch" not in second
+
+
+def test_continued_pages_carry_their_token_and_no_resource_version(
+    kube: FakeKube, make: Callable[..., Informer]
+) -> None:
+    for index in range(5):
+        kube.put(pod(f"p{index}"))
+
+    informer = make(page_size=2)
+
+    assert informer.wait_synced(WAIT)
+    pages = lists(kube)
+    assert len(pages) == 3
+    assert pages[0]["resourceVersion"] == "0"
+    assert all("continue" in p and "resourceVersion" not in p for p in pages[1:])
+
+
+def test_after_a_410_watchers_relist_at_random_moments_within_the_backoffs_base(
+    kube: FakeKube, make: Callable[..., Informer], sleeps: list[float]
+) -> None:
+    """An API server restart ends every watch of every exporter in the cluster at once;
+    relisting in the same instant would be a storm."""
+    kube.fail("watch", ApiError(410, "Expired", "too old resource version"))
+
+    informer = make(draw=lambda: 0.5)
+
+    assert informer.wait_for(lambda i: i.lists == 2, WAIT)
+    assert sleeps[0] == pytest.approx(0.25)  # half of the 0.5 s base
