@@ -3,7 +3,8 @@
 prometheus_client's `generate_latest` validates and escapes every label name of every
 sample; at 8 GPUs x 64 processes that is most of a scrape (`benchmarks/exporter`). Our
 families are gauges and counters whose names and label names are fixed identifiers, so
-this writer sorts each family's label names once and escapes only values that need it.
+this writer sorts the label names once per run of samples that share them and escapes
+only values that need it.
 Its output parses to the same samples as `generate_latest`'s (a test holds it to that);
 any other kind of family falls back to `generate_latest`.
 """
@@ -40,11 +41,13 @@ def text(registry: Collector) -> bytes:
 
 
 def _samples(samples: Iterable[Sample]) -> Iterable[str]:
-    order: tuple[str, ...] = ()  # a family's samples share their label names
+    names: frozenset[str] = frozenset()
+    order: tuple[str, ...] = ()  # sorted once for a run of samples with the same names
     for sample in samples:
         labels = sample.labels
-        if len(order) != len(labels):
-            order = tuple(sorted(labels))
+        if labels.keys() != names:  # not merely their count: {gpu, pod} then {gpu, node}
+            names = frozenset(labels)
+            order = tuple(sorted(names))
         value = floatToGoString(sample.value)  # type: ignore[no-untyped-call]
         if labels:
             pairs = ",".join([f'{key}="{_escape(labels[key])}"' for key in order])

@@ -88,3 +88,15 @@ def test_other_kinds_of_family_fall_back_to_prometheus_client() -> None:
     )
     registry = registry_of(Fixed(histogram))
     assert exposition.text(registry) == generate_latest(registry)
+
+
+def test_samples_whose_label_names_differ_but_not_in_number_are_written_alike() -> None:
+    """The writer once re-sorted label names only when their count changed, so such a
+    family failed the whole scrape with a 500."""
+    family = Metric("gpupack_mixed", "labels that change between samples", "gauge")
+    family.add_sample("gpupack_mixed", {"gpu": "0", "pod": "a"}, 1)
+    family.add_sample("gpupack_mixed", {"gpu": "0", "node": "n"}, 2)
+    family.add_sample("gpupack_mixed", {"node": "n", "uuid": "x"}, 3)
+    registry = registry_of(Fixed(family))
+
+    assert exposition.text(registry) == generate_latest(registry)
