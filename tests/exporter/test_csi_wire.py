@@ -6,6 +6,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter import csi, protowire
 from exporter.csi import PublishRequest, Refused, UnpublishRequest
@@ -80,6 +82,37 @@ def test_the_kubelets_registration_verdicts_decode() -> None:
 def test_a_malformed_publish_request_is_an_error_naming_the_message(data: bytes) -> None:
     with pytest.raises(protowire.WireError, match="NodePublishVolumeRequest"):
         csi.decode_publish(data)
+
+
+def corrupted(message: bytes) -> st.SearchStrategy[bytes]:
+    """`message` with a byte changed, cut short or grown: closer to a real peer's bug than
+    random bytes, which mostly fail at the first tag."""
+    return st.one_of(
+        st.builds(
+            lambda at, byte: message[:at] + bytes([byte]) + message[at + 1 :],
+            st.integers(0, len(message) - 1),
+            st.integers(0, 255),
+        ),
+        st.integers(0, len(message)).map(lambda at: message[:at]),
+        st.binary(max_size=16).map(lambda extra: message + extra),
+    )
+
+
+@settings(max_examples=400)
+@given(
+    st.binary(max_size=256)
+    | corrupted(GO_PUBLISH)
+    | corrupted(GO_UNPUBLISH)
+    | corrupted(GO_REGISTRATION_REFUSED)
+)
+def test_no_bytes_the_kubelet_could_send_break_a_decoder(data: bytes) -> None:
+    """Whatever arrives on the socket decodes or is a WireError naming the message (the
+    server answers INVALID_ARGUMENT); never another exception."""
+    for decode in (csi.decode_publish, csi.decode_unpublish, csi.decode_registration_status):
+        try:
+            decode(data)
+        except protowire.WireError as error:
+            assert str(error)
 
 
 class RecordingNode:
