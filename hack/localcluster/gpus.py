@@ -1,6 +1,7 @@
 """The node agent's stand-in for kwok nodes, which have no kubelet and no GPUs."""
 
 import contextlib
+import http.client
 import threading
 import uuid
 
@@ -56,7 +57,9 @@ class SimulatedGpuAssigner:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self._interval):
-                with contextlib.suppress(ApiError, OSError):
+                # An API server restarting (a fault test) breaks reads every way: the
+                # thread must outlive it, as the exporter it stands for does.
+                with contextlib.suppress(ApiError, OSError, http.client.HTTPException):
                     self.assign_once()
         finally:
             self._kube.close()

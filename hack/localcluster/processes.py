@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +33,13 @@ class Process:
     args: list[str]
     log: Path
     popen: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # the environment it was first started with
 
     def start(self, env: dict[str, str] | None = None, *, detach: bool = False) -> None:
+        """Start it; a restart without `env` gets the environment of the first start."""
+        if env is None:
+            env = self.env
+        self.env = env
         with open(self.log, "ab") as log:
             self.popen = subprocess.Popen(  # noqa: S603 (our own binaries, fixed arguments)
                 self.args,
@@ -64,6 +71,45 @@ class Process:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=1)
         self.popen = None
+
+
+class Restarter:
+    """What the kubelet does for a pod's containers (restartPolicy: Always), for host
+    processes: each of `names` that exits is started again after `delay` seconds (a
+    kube-scheduler that loses its Lease exits, and its pod restarts it). Restarts are
+    counted per name; `paused()` stops watching while a test stops one on purpose."""
+
+    def __init__(self, processes: dict[str, Process], names: list[str], delay: float = 1.0):
+        self._processes = processes
+        self._names = names
+        self._delay = delay
+        self.restarts: dict[str, int] = dict.fromkeys(names, 0)
+        self._stop = threading.Event()
+        self._paused = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="restarter", daemon=True)
+
+    def __enter__(self) -> "Restarter":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._paused:
+            yield
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._delay):
+            with self._paused:
+                for name in self._names:
+                    process = self._processes.get(name)
+                    if process is not None and process.popen is not None and not process.alive():
+                        log(f"{name} exited ({process.popen.returncode}): starting it again")
+                        process.start()
+                        self.restarts[name] += 1
 
 
 def stop_pid(pid: int, grace: float = 10.0) -> None:
