@@ -31,6 +31,7 @@ class Reason(StrEnum):
     NODE_NAME_SET = "node-name-set"
     OTHER_SCHEDULER = "other-scheduler"
     ALREADY_MUTATED = "already-mutated"
+    STALE_SEAL = "stale-seal"  # a seal of ours, issued too far from now: denied
     INVALID_GPU_REQUEST = "invalid-gpu-request"
     INVALID_ANNOTATION = "invalid-annotation"
     UNKNOWN_POLICY = "unknown-policy"

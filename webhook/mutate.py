@@ -92,7 +92,14 @@ def decide(request: AdmissionRequest, ctx: MutationContext, plan: Plan | None = 
 
 
 def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision | None:
-    """The decision for a pod this admission already rewrote (reinvocation), else None."""
+    """The decision for a pod this admission already rewrote (reinvocation), else None.
+
+    A pod whose seal verifies but was issued more than `seal.REINVOCATION` seconds from
+    this replica's clock is denied, naming both causes: its sealed annotations were copied
+    from another pod, or the replica that sealed it has a clock this far from this one's
+    (a reinvocation reaches any replica). Stripping the seal, as for any other
+    user-written gpupack annotation, would leave a pod that gpupack-scheduler never
+    places; a denial is seen at once, and the pod's controller tries again."""
     pod = request.pod
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
@@ -100,10 +107,24 @@ def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision
         request.operation == "CREATE"
         and keys.SEAL in annotations
         and spec.get("schedulerName") == keys.SCHEDULER_NAME
-        and seal.reinvoked(ctx.key, request.namespace, annotations, ctx.now)
     ):
         return None
+    try:
+        issued = seal.verify(ctx.key, request.namespace, annotations)
+    except seal.SealError:
+        return None  # not gpupack's seal: stripped with the rest of the user's values
     owner_kind, owner_name = workload_of(pod, request.name)
+    if abs(ctx.now - issued) > seal.REINVOCATION:
+        return Decision(
+            Outcome.DENIED,
+            Reason.STALE_SEAL,
+            f"gpupack: the pod carries a gpupack seal issued {ctx.now - issued:+d} s from this "
+            f"webhook replica's clock (more than {seal.REINVOCATION} s): its gpupack.io "
+            "annotations were copied from another pod (remove them), or the webhook "
+            "replicas' clocks disagree by that much (check the nodes' time sync)",
+            owner_kind=owner_kind,
+            owner_name=owner_name,
+        )
     return Decision(
         Outcome.SKIPPED,
         Reason.ALREADY_MUTATED,

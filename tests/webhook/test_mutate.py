@@ -860,15 +860,31 @@ def test_reinvocation_is_recognised_only_while_the_seal_is_fresh() -> None:
     mutated = mutate_once(deployment_pod(), ctx)
     fresh = MutationContext(key=b"k" * 32, now=1_800_000_000 + seal.REINVOCATION)
     assert decide(request(mutated, uid="req-2"), fresh).reason is Reason.ALREADY_MUTATED
-    # A copy of a sealed pod's annotations long after: not this admission's; stripped.
-    late = MutationContext(key=b"k" * 32, now=1_800_000_000 + seal.REINVOCATION + 1)
-    again = decide(request(mutated, uid="req-3"), late)
+    # A seal of another key is no seal of ours: stripped with the user's values.
+    other_key = MutationContext(key=b"o" * 32, now=1_800_000_000)
+    again = decide(request(mutated, uid="req-4"), other_key)
     assert again.reason is Reason.NO_GPU
     stripped = annotations(jsonpatch.apply_patch(mutated, list(again.patch)))
     assert keys.SEAL not in stripped
     assert keys.DECISION not in stripped
-    other_key = MutationContext(key=b"o" * 32, now=1_800_000_000)
-    assert decide(request(mutated, uid="req-4"), other_key).reason is Reason.NO_GPU
+
+
+@pytest.mark.parametrize("skew", [seal.REINVOCATION + 1, -(seal.REINVOCATION + 1), 3600])
+def test_a_seal_of_ours_from_too_far_away_in_time_is_denied_naming_copies_and_clocks(
+    skew: int,
+) -> None:
+    """A reinvocation reaching a replica whose clock is more than 5 minutes from the
+    sealing replica's once stripped the seal, leaving a pod gpupack-scheduler never
+    places; a copied seal did the same. Both are now denied with a reason to act on."""
+    ctx = MutationContext(key=b"k" * 32, now=1_800_000_000)
+    mutated = mutate_once(deployment_pod(), ctx)
+    skewed = MutationContext(key=b"k" * 32, now=1_800_000_000 + skew)
+
+    again = decide(request(mutated, uid="req-3"), skewed)
+
+    assert (again.outcome, again.reason) == (Outcome.DENIED, Reason.STALE_SEAL)
+    assert "copied from another pod" in again.message
+    assert "clocks disagree" in again.message
 
 
 def test_the_share_is_charged_as_quota_resources_on_the_gpu_container() -> None:
