@@ -1,22 +1,16 @@
 """The exporter's HTTP endpoints, on every GPU node and reachable from the whole
 cluster: scrapes and health answer, whatever a neighbour does to the port."""
 
-import http.client
 import socket
 
 from prometheus_client import CollectorRegistry, Gauge
 
 from exporter import server
+from tests.gpupack.runtime.test_endpoints import get as endpoints_get
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.request("GET", path)
-        answer = connection.getresponse()
-        return answer.status, answer.read()
-    finally:
-        connection.close()
+    return endpoints_get("127.0.0.1", port, path)
 
 
 def test_scrapes_and_health_answer_through_a_flood_of_idle_and_oversized_requests() -> None:

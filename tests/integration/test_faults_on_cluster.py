@@ -126,55 +126,40 @@ def restart(cluster: LocalCluster, kubelet: Restarter, name: str, down: float = 
         process.start()
 
 
-def test_an_api_server_restarted_during_a_burst_loses_no_pod_and_books_no_gpu_twice(
-    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster, kubelet: Restarter
+@pytest.mark.parametrize(
+    ("process", "down"),
+    [
+        pytest.param("kube-apiserver", 3.0, id="api-server"),
+        pytest.param("etcd", 3.0, id="etcd"),
+        # kube-scheduler's container alone, beside a running extender: the extender's
+        # reservations expire if no bind comes, and the restarted one filters again.
+        pytest.param("gpupack-scheduler-kube-scheduler", 2.0, id="kube-scheduler"),
+    ],
+)
+def test_a_restart_during_a_burst_loses_no_pod_and_books_no_gpu_twice(
+    kube: Kube,
+    opted_in_namespace: str,
+    scheduler: LocalCluster,
+    kubelet: Restarter,
+    process: str,
+    down: float,
 ) -> None:
     LOGS[0] = lambda: scheduler.processes["gpupack-scheduler"].tail(60)
     ns = opted_in_namespace
-    start_burst(kube, ns, "apiserver", 24, "250m", first=8)
+    start_burst(kube, ns, "burst", 24, "250m", first=8)
 
-    restart(scheduler, kubelet, "kube-apiserver")
+    restart(scheduler, kubelet, process, down)
     eventually("the API server answering", lambda: kube.get("/api/v1/namespaces/default"), 60)
-    pods, seconds = converged(kube, ns, "apiserver", 24)
+    pods, seconds = converged(kube, ns, "burst", 24)
 
     by_gpu = assert_consistent(kube, pods)
     assert sum(len(v) for v in by_gpu.values()) == 24
     assert len(by_gpu) <= 6 + 1  # 24 x 250m pack onto 6 GPUs; one more may have come
-    print(f"api server restart: converged in {seconds:.1f} s; restarts {kubelet.restarts}")
-
-
-def test_etcd_restarted_during_a_burst_loses_no_pod_and_books_no_gpu_twice(
-    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster, kubelet: Restarter
-) -> None:
-    ns = opted_in_namespace
-    start_burst(kube, ns, "etcd", 20, "250m", first=6)
-
-    restart(scheduler, kubelet, "etcd")
-    pods, seconds = converged(kube, ns, "etcd", 20)
-
-    by_gpu = assert_consistent(kube, pods)
-    assert sum(len(v) for v in by_gpu.values()) == 20
-    print(f"etcd restart: converged in {seconds:.1f} s; restarts {kubelet.restarts}")
-
-
-def test_kube_scheduler_restarted_beside_a_running_extender_loses_no_pod(
-    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster, kubelet: Restarter
-) -> None:
-    """The kube-scheduler container crashes alone: the extender keeps its reservations,
-    which expire if no bind comes, and the restarted kube-scheduler filters again."""
-    ns = opted_in_namespace
-    start_burst(kube, ns, "kubesched", 20, "200m", first=6)
-
-    restart(scheduler, kubelet, "gpupack-scheduler-kube-scheduler", down=2.0)
-    pods, seconds = converged(kube, ns, "kubesched", 20)
-
-    by_gpu = assert_consistent(kube, pods)
-    assert sum(len(v) for v in by_gpu.values()) == 20
-    print(f"kube-scheduler restart: converged in {seconds:.1f} s")
+    print(f"{process} restarted: converged in {seconds:.1f} s; restarts {kubelet.restarts}")
 
 
 def test_a_gpu_node_deleted_under_its_shares_frees_its_gpus_and_the_shares_come_back(
-    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster, kubelet: Restarter
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:
     """The node goes (a cloud instance reclaimed): the pod garbage collector deletes its
     pods, the capacity pods and the shares with them; the ReplicaSet makes new pods, which
