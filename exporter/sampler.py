@@ -3,7 +3,9 @@
 NVML's per-process utilization is a ring buffer of short samples, so it has to be read
 often and remembered: each tick asks every GPU for its status, its processes and the
 samples newer than the newest one already seen (the last-seen timestamp per GPU), and
-records per (GPU, PID) the tick's mean SM ratio (0 when the process ran no kernel). A
+records per (GPU, PID) the tick's mean SM ratio (0 when the process ran no kernel, but
+nothing for a CUDA MPS client without samples: NVML may charge its kernels to the MPS
+server, and on driver 580 does, so its compute is unknown rather than idle). A
 scrape (`readings`) averages those tick values over the time since the previous scrape,
 clamped to [min_window, max_window], so a 15 s and a 60 s Prometheus interval both get
 an honest mean. Memory is the last value seen. A process that vanished is dropped.
@@ -20,7 +22,7 @@ of it goes through `Health`, which logs once per change of state.
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -31,6 +33,7 @@ from exporter.readings import (
     DeviceStatus,
     GpuReading,
     NvmlUnavailable,
+    ProcessKind,
     ProcessMemory,
     ProcessUsage,
     Reader,
@@ -223,7 +226,13 @@ class Sampler:
             if sample.timestamp_us > since:
                 by_pid.setdefault(sample.pid, []).append(sample.sm)
                 newest = max(newest, sample.timestamp_us)
-        sm = {pid: _mean(by_pid.get(pid, [0.0])) for pid in processes}
+        # No sample is idle, except for an MPS client: NVML may put all of its SM time on
+        # the MPS server (driver 580 does), so its silence says nothing; it has no compute.
+        sm = {
+            pid: _mean(by_pid[pid]) if pid in by_pid else 0.0
+            for pid, process in processes.items()
+            if pid in by_pid or process.kind is not ProcessKind.MPS_CLIENT
+        }
         return _Answer(status, processes, sm, newest)
 
     def _commit(self, now: float, answers: Mapping[str, _Answer | str], xids: list[Xid]) -> None:
@@ -245,7 +254,7 @@ class Sampler:
                 self._processes[device.uuid] = answer.processes
                 if not device.mig:
                     self._history[device.uuid] = _extend(
-                        self._history.get(device.uuid, {}), answer.sm, now, oldest
+                        self._history.get(device.uuid, {}), answer.processes, answer.sm, now, oldest
                     )
                 if self._xid_unhealthy.get(device.uuid, self._generation) < self._generation:
                     del self._xid_unhealthy[device.uuid]
@@ -332,18 +341,22 @@ def _problem(device: Device, lost: str | None, xid: int | None) -> str:
 
 def _extend(
     history: dict[int, deque[tuple[float, float]]],
+    present: Iterable[int],
     sm: Mapping[int, float],
     now: float,
     oldest: float,
 ) -> dict[int, deque[tuple[float, float]]]:
-    """The history of the PIDs present now, with this tick appended and old ticks cut."""
+    """The history of the PIDs present now, with this tick's value appended where it has
+    one and old ticks cut; a PID left with no ticks has none."""
     kept: dict[int, deque[tuple[float, float]]] = {}
-    for pid, value in sm.items():
+    for pid in present:
         ticks = history.get(pid) or deque()
-        ticks.append((now, value))
-        while ticks[0][0] < oldest:
+        if pid in sm:
+            ticks.append((now, sm[pid]))
+        while ticks and ticks[0][0] < oldest:
             ticks.popleft()
-        kept[pid] = ticks
+        if ticks:
+            kept[pid] = ticks
     return kept
 
 

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 import pytest
 
 from exporter.health import NVML, Health
-from exporter.readings import Device, DeviceStatus, GpuReading, ProcessUsage, Readings
+from exporter.readings import (
+    Device,
+    DeviceStatus,
+    GpuReading,
+    ProcessKind,
+    ProcessUsage,
+    Readings,
+)
 from exporter.sampler import Sampler
 from tests.exporter.fake_reader import EPOCH_US, FakeReader, GiB, fake_uuid
 
@@ -108,6 +115,31 @@ def test_idle_process_has_zero_compute(others: bool) -> None:
     idle = r.process(GPU0, PID)
     assert idle.compute == 0.0
     assert idle.memory == 3 * GiB
+
+
+def test_an_mps_client_without_samples_has_no_compute_rather_than_none_used() -> None:
+    """Measured on an H200 (driver 580): NVML lists an MPS client with its memory but puts
+    its kernels' SM time on the MPS server. Reporting the client idle would tell the
+    recommender that a busy real-time-mps pod uses no compute."""
+    r = rig()
+    r.fake.set_process(GPU0, PID, memory=2 * GiB, sm=None, kind=ProcessKind.MPS_CLIENT)
+    r.fake.set_process(GPU0, PID + 1, memory=GiB // 16, sm=0.93)  # the MPS server
+    r.tick(5)
+    client = r.process(GPU0, PID)
+    assert client.compute is None
+    assert client.memory == 2 * GiB
+    assert r.process(GPU0, PID + 1).compute == pytest.approx(0.93)
+
+
+def test_an_mps_client_with_samples_keeps_them_across_ticks_without() -> None:
+    """A driver that does charge the client: its samples count, and a tick without one
+    neither adds an idle tick nor drops what it had."""
+    r = rig()
+    r.fake.set_process(GPU0, PID, sm=0.6, kind=ProcessKind.MPS_CLIENT)
+    r.tick(3)
+    r.fake.set_process(GPU0, PID, sm=None, kind=ProcessKind.MPS_CLIENT)
+    r.tick(2)
+    assert r.process(GPU0, PID).compute == pytest.approx(0.6)
 
 
 def test_utilization_is_asked_for_samples_newer_than_the_newest_seen() -> None:
