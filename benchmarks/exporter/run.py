@@ -43,8 +43,16 @@ The fake /proc is plain files in a temporary directory. Reading the real
 /proc/<pid>/stat costs the kernel more, so on a node `Agent.scrape` reads PID owners
 somewhat slower than it does here.
 
+With `--nvml real` the sampler reads this machine's GPUs through `PynvmlReader`, each with
+`--processes` real CUDA processes of 256 MiB (`tests.exporter.cuda_worker`; one in 8
+spins on every SM), and the fake /proc gives their real PIDs the pods' cgroups: the
+scrape then costs what it costs over real NVML readings, and the sampler tick is the
+real NVML calls. Its compute series are not what the processes did: the simulated clock
+ticks far faster than NVML refreshes its samples. `hack/gpu-proof` runs it with 1, 8
+and 32 processes beside `--nvml fake`.
+
 Usage: .venv/bin/python -m benchmarks.exporter.run [--gpus 8] [--processes 64]
-       [--containers 4] [--scrapes 200] [--json PATH] [--exposition PATH]
+       [--containers 4] [--scrapes 200] [--nvml fake|real] [--json PATH] [--exposition PATH]
 """
 
 import argparse
@@ -59,7 +67,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -73,13 +81,16 @@ from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector, Scrape
 from exporter.exposition import text as exposition_text
 from exporter.health import API, POD_RESOURCES, Health
+from exporter.nvml import PynvmlReader
 from exporter.pods import PodMap
+from exporter.readings import Reader
 from exporter.sampler import Sampler
 from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime import shell
 from gpupack.runtime.api import ApiError, WatchStream
+from tests.exporter.cuda_worker import cuda_process
 from tests.exporter.fake_reader import FakeReader, fake_uuid
 from tests.exporter.procfs import containerd_v2, write_proc
 
@@ -92,6 +103,9 @@ FIRST_PID: Final = 41_000
 BOOT_TICKS: Final = 8_000_000  # process start times, clock ticks after boot
 FILL_TICKS: Final = 60  # the sampler's default max window, at one tick a second
 MiB: Final = 1 << 20
+REAL_PROCESS_BYTES: Final = 256 * MiB  # --nvml real: what each CUDA process holds
+REAL_PROCESS_SECONDS: Final = 3600.0  # its longest life; it is stopped when the run ends
+SPIN_EVERY: Final = 8  # --nvml real: one process in 8 keeps every SM busy
 
 
 # -- the node -----------------------------------------------------------------------------
@@ -139,8 +153,8 @@ def container_name(n: int) -> str:
     return f"worker-{n}"
 
 
-def workload_pod(layout: Layout, gpu: int, index: int, memory_total: int) -> JSON:
-    """A pod of a Deployment that gpupack admitted and placed on `gpu`."""
+def workload_pod(layout: Layout, gpu: int, gpu_uuid: str, index: int, memory_total: int) -> JSON:
+    """A pod of a Deployment that gpupack admitted and placed on GPU `gpu` (`gpu_uuid`)."""
     uid = pod_uid(gpu, index)
     count = min(layout.containers, layout.processes - index * layout.containers)
     compute = max(1, 1000 // layout.pods_per_gpu)
@@ -168,7 +182,7 @@ def workload_pod(layout: Layout, gpu: int, index: int, memory_total: int) -> JSO
             "annotations": {
                 keys.GPU_COMPUTE: format_compute(compute),
                 keys.GPU_MEMORY: format_memory(memory),
-                keys.GPU_UUID: fake_uuid(gpu),
+                keys.GPU_UUID: gpu_uuid,
                 keys.DECISION: str(uuid.uuid5(uuid.NAMESPACE_URL, f"decision/{uid}")),
             },
             "ownerReferences": [
@@ -191,8 +205,9 @@ def workload_pod(layout: Layout, gpu: int, index: int, memory_total: int) -> JSO
     }
 
 
-def capacity_pod(gpu: int, memory_total: int) -> JSON:
-    """The capacity pod holding `gpu`, annotated as the exporter's discovery leaves it."""
+def capacity_pod(gpu: int, gpu_uuid: str, memory_total: int) -> JSON:
+    """The capacity pod holding GPU `gpu` (`gpu_uuid`), annotated as the exporter's
+    discovery leaves it."""
     uid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpupack-bench/capacity/{gpu}"))
     return {
         "apiVersion": "v1",
@@ -204,7 +219,7 @@ def capacity_pod(gpu: int, memory_total: int) -> JSON:
             "resourceVersion": str(1_000 + gpu),
             "labels": {keys.ROLE: keys.ROLE_CAPACITY, keys.POOL: "h100-80gb"},
             "annotations": {
-                keys.GPU_UUID: fake_uuid(gpu),
+                keys.GPU_UUID: gpu_uuid,
                 keys.GPU_MEMORY: format_memory(memory_total),
             },
         },
@@ -218,14 +233,64 @@ def capacity_pod(gpu: int, memory_total: int) -> JSON:
     }
 
 
-def write_processes(root: Path, layout: Layout) -> None:
+def write_processes(root: Path, layout: Layout, gpus: "Gpus") -> None:
     """/proc/<pid>/{stat,cgroup,cmdline} for every GPU process, each in its container."""
     for gpu in range(layout.gpus):
         for n in range(layout.processes):
             uid = pod_uid(gpu, n // layout.containers)
             cgroup = containerd_v2(uid, container_id(uid, n % layout.containers))
-            pid = layout.pid(gpu, n)
+            pid = gpus.pids[gpu][n]
             write_proc(root, pid, cgroup=cgroup, start_time=BOOT_TICKS + pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Gpus:
+    """What the sampler reads: a reader, the UUID of each GPU of the layout, and the PIDs
+    of each GPU's processes."""
+
+    reader: Reader
+    uuids: list[str]
+    pids: list[list[int]]
+    memory_total: int
+
+
+@contextmanager
+def fake_gpus(layout: Layout) -> Iterator[Gpus]:
+    reader = FakeReader.typical(layout.gpus, layout.processes, first_pid=FIRST_PID)
+    uuids = [fake_uuid(gpu) for gpu in range(layout.gpus)]
+    pids = [[layout.pid(gpu, n) for n in range(layout.processes)] for gpu in range(layout.gpus)]
+    yield Gpus(reader, uuids, pids, reader.device(uuids[0]).memory_total)
+
+
+@contextmanager
+def real_gpus(layout: Layout) -> Iterator[Gpus]:
+    """The first `layout.gpus` whole GPUs NVML lists, each with `layout.processes` real
+    CUDA processes of REAL_PROCESS_BYTES (`tests.exporter.cuda_worker`): one in
+    SPIN_EVERY spins on every SM, the others sleep."""
+    probe = PynvmlReader()
+    try:
+        devices = [device for device in probe.open() if not device.mig][: layout.gpus]
+    finally:
+        probe.close()
+    if len(devices) < layout.gpus:
+        raise SystemExit(f"--nvml real: {layout.gpus} GPU(s) asked for, NVML lists {len(devices)}")
+    with ExitStack() as stack:
+        pids = [
+            [
+                stack.enter_context(
+                    cuda_process(
+                        "spin" if n % SPIN_EVERY == 0 else "idle",
+                        device.uuid,
+                        REAL_PROCESS_BYTES,
+                        REAL_PROCESS_SECONDS,
+                    )
+                ).pid
+                for n in range(layout.processes)
+            ]
+            for device in devices
+        ]
+        uuids = [device.uuid for device in devices]
+        yield Gpus(PynvmlReader(), uuids, pids, devices[0].memory_total)
 
 
 class QuietWatch:
@@ -305,15 +370,14 @@ def timed(call: Callable[[], Scrape], into: list[float]) -> Callable[[], Scrape]
 
 
 @contextmanager
-def running_node(layout: Layout) -> Iterator[Node]:
+def running_node(layout: Layout, gpus: Gpus) -> Iterator[Node]:
     """The exporter wired as `exporter.cli` wires it, with its sampler's history full."""
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-proc-") as proc:
-        write_processes(Path(proc), layout)
-        reader = FakeReader.typical(layout.gpus, layout.processes, first_pid=FIRST_PID)
-        memory_total = reader.device(fake_uuid(0)).memory_total
-        pods = [capacity_pod(gpu, memory_total) for gpu in range(layout.gpus)]
+        write_processes(Path(proc), layout, gpus)
+        memory_total = gpus.memory_total
+        pods = [capacity_pod(gpu, gpus.uuids[gpu], memory_total) for gpu in range(layout.gpus)]
         pods += [
-            workload_pod(layout, gpu, index, memory_total)
+            workload_pod(layout, gpu, gpus.uuids[gpu], index, memory_total)
             for gpu in range(layout.gpus)
             for index in range(layout.pods_per_gpu)
         ]
@@ -321,7 +385,7 @@ def running_node(layout: Layout) -> Iterator[Node]:
         informer = node_pods(api, NODE)
         health = Health()
         clock = Clock()
-        sampler = Sampler(reader, health, clock=clock)
+        sampler = Sampler(gpus.reader, health, clock=clock)
         agent = Agent(
             api, PodMap(informer), sampler, ProcessTable(Path(proc)), NoPodResources(), health
         )
@@ -339,6 +403,7 @@ def running_node(layout: Layout) -> Iterator[Node]:
             yield node
         finally:
             informer.stop()
+            sampler.stop()  # closes the reader
 
 
 # -- measuring ----------------------------------------------------------------------------
@@ -423,12 +488,15 @@ def mib(kib: int) -> float:
     return round(kib / 1024, 1)
 
 
-def measure(layout: Layout, scrapes: int, warmup: int, interval: int) -> tuple[JSON, bytes]:
+def measure(
+    layout: Layout, scrapes: int, warmup: int, interval: int, nvml: str = "fake"
+) -> tuple[JSON, bytes]:
     importlib.import_module("exporter.cli")  # what the binary loads: RSS compares with it
     gc.collect()
     at_import = memory_kib()["VmRSS"]
     started = time.perf_counter()
-    with running_node(layout) as node:
+    gpus = real_gpus if nvml == "real" else fake_gpus
+    with gpus(layout) as source, running_node(layout, source) as node:
         shell.settle_heap()  # as every gpupack binary does once started
         ours_render = functools.partial(exposition_text, node.registry)  # what /metrics serves
         warm = scrape_loop(node, [ours_render], warmup, interval)
@@ -449,8 +517,9 @@ def measure(layout: Layout, scrapes: int, warmup: int, interval: int) -> tuple[J
         "benchmark": "exporter-scrape",
         "measures": "exporter.exposition.text(registry) (what /metrics serves) with "
         "ExporterCollector(Agent.scrape), "
-        "Sampler over FakeReader.typical, ProcessTable over a fake /proc, PodMap over "
-        "an Informer",
+        f"Sampler over {'PynvmlReader (real NVML)' if nvml == 'real' else 'FakeReader.typical'}, "
+        "ProcessTable over a fake /proc, PodMap over an Informer",
+        "nvml": nvml,
         "layout": layout.as_json(),
         "scrapes": scrapes,
         "warmup": warmup,
@@ -491,7 +560,8 @@ def table(report: Mapping[str, Any]) -> str:
     target = report["target_ms"]
     verdict = {True: "within", False: "OVER"}
     lines = [
-        f"exporter scrape: {layout['gpus']} GPUs x {layout['processes_per_gpu']} processes = "
+        f"exporter scrape ({report['nvml']} NVML): {layout['gpus']} GPUs x "
+        f"{layout['processes_per_gpu']} processes = "
         f"{layout['processes']} processes in {layout['pods']} pods of "
         f"{layout['containers_per_pod']} containers (+{layout['capacity_pods']} capacity pods)",
         f"{report['series']} series, {report['exposition_bytes'] / 1024:.1f} KiB per scrape; "
@@ -552,9 +622,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exposition", type=Path, metavar="PATH", help="write the last scrape's text here"
     )
+    parser.add_argument(
+        "--nvml",
+        choices=("fake", "real"),
+        default="fake",
+        help="fake: FakeReader.typical; real: PynvmlReader on this machine's GPUs, each "
+        "with --processes real CUDA processes (needs an NVIDIA GPU; default: fake)",
+    )
     args = parser.parse_args(argv)
     layout = Layout(args.gpus, args.processes, args.containers)
-    report, exposition = measure(layout, args.scrapes, args.warmup, args.interval)
+    report, exposition = measure(layout, args.scrapes, args.warmup, args.interval, args.nvml)
     print(table(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
