@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final
 
@@ -99,17 +99,14 @@ class BadRequest(Exception):
 class _Connection:
     sock: socket.socket
     idle_since: float | None = None  # None while a request is being read or answered
-    closed: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def close(self) -> None:
-        with self.lock:
-            if self.closed:
-                return
-            self.closed = True
+    def end(self) -> None:
+        """End the connection from another thread: its own thread, blocked in recv or send
+        or about to be, wakes to an ended socket and closes it. Closing the descriptor
+        here instead could leave that thread polling the number after a new connection
+        reused it: it then hung on someone else's socket."""
         with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv or send
-        self.sock.close()
+            self.sock.shutdown(socket.SHUT_RDWR)
 
 
 class Server:
@@ -168,7 +165,7 @@ class Server:
         with self._lock:
             connections = list(self._open)
         for connection in connections:
-            connection.close()
+            connection.end()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -189,7 +186,7 @@ class Server:
             self._refuse(sock)
             return
         if victim is not None:
-            victim.close()
+            victim.end()
         thread = threading.Thread(
             target=self._serve_connection, args=(connection,), name=f"{self._name} connection"
         )
@@ -231,7 +228,7 @@ class Server:
         finally:
             with self._lock:
                 self._open.discard(connection)
-            connection.close()
+            connection.sock.close()
 
     def _answer(self, request: Request) -> Response:
         handler = self._routes.get((request.method, request.path))

@@ -150,12 +150,15 @@ def test_idle_connections_are_closed() -> None:
 def test_a_flood_of_idle_connections_neither_holds_threads_nor_locks_probes_out() -> None:
     limits = Limits(request_seconds=5, idle_seconds=60, connections=8)
     with serving(limits) as server:
-        flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(40)]
+        before = threading.active_count()  # other tests' threads may still be winding down
+        # Each newcomer evicts the oldest, often a connection whose thread has not reached
+        # recv yet: a descriptor closed under it and reused hung it (20 threads for 8).
+        flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(120)]
         try:
             for _ in range(20):  # probes keep coming while the flood holds its sockets
                 assert get(server.port) == 200
             assert server.open_connections <= limits.connections
-            assert threading.active_count() < 40
+            assert threading.active_count() - before <= limits.connections
         finally:
             for sock in flood:
                 sock.close()
