@@ -77,6 +77,13 @@ def handler_for(stub: ApiStub) -> type[BaseHTTPRequestHandler]:
                     self._chunk(line[10:])
                 stub.release_watches.wait(WAIT)
                 self._chunk(b"")
+            elif url.path.startswith("/api/v1/namespaces/") and url.path.count("/") == 4:
+                name = url.path.rsplit("/", 1)[1]
+                found = [n for n in stub.namespaces if n["metadata"]["name"] == name]
+                if found:
+                    self._send(200, found[0])
+                else:
+                    self._send(404, status(404, "NotFound", f'namespaces "{name}" not found'))
             else:
                 items = stub.namespaces if url.path == "/api/v1/namespaces" else []
                 self._send(

@@ -254,6 +254,18 @@ class FakeKube:
             self._lock.notify_all()
         return stream
 
+    def get(self, path: str, *, timeout: float | None = None) -> JSON:
+        """One object by its path (`/api/v1/namespaces/NAME`, `.../pods/NAME`)."""
+        self._record("get", path, {} if timeout is None else {"timeout": str(timeout)})
+        self._raise_fault("get")
+        parent, _, name = path.rstrip("/").rpartition("/")
+        resource, namespace = _parse_path(parent)
+        with self._lock:
+            obj = self._objects.get((resource, namespace or "", name))
+            if obj is None:
+                raise ApiError(404, "NotFound", f"{resource} {name!r} not found")
+            return copy.deepcopy(obj)
+
     def create(self, path: str, body: JSON) -> JSON:
         self._record("create", path, {}, body)
         self._raise_fault("create")
@@ -309,7 +321,7 @@ class FakeKube:
             ]
 
     def fail(self, verb: str, error: ApiError, times: int = 1) -> None:
-        """The next `times` calls of `verb` ("list", "watch", "create") raise `error`."""
+        """The next `times` calls of `verb` ("list", "watch", "get", "create") raise `error`."""
         with self._lock:
             self._faults.setdefault(verb, []).extend([error] * times)
 

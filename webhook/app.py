@@ -11,6 +11,7 @@ policies in force and the workloads' recommendations come from its watch caches.
 No module-level state, no work at import.
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -25,9 +26,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gpupack.kube import JSON
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, labels_of
 from gpupack.policy import PolicySet
 from gpupack.recommendation import Recommendation
+from webhook import scope
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import ErrorKind, WebhookMetrics
@@ -52,6 +55,10 @@ class ClusterPort(Protocol):
     def synced(self) -> bool: ...  # the watch caches have listed; readiness depends on it
 
     def namespace(self, name: str) -> JSON | None: ...  # from a watch cache; None if unknown
+
+    # The Namespace from the API server now, None if it does not exist; raises when it
+    # cannot be read (within a bound of a few seconds). Called off the event loop.
+    def read_namespace(self, name: str) -> JSON | None: ...
 
     @property
     def policies(self) -> PolicySet: ...  # built-ins overlaid by the GPUPolicy objects
@@ -148,7 +155,10 @@ class Admissions:
             self.metrics.error(kind)
             log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
             return json_response({"error": exc.message}, exc.status)
-        decision = self._decision(review)
+        namespace = self._cached_namespace(review)
+        if namespace is not None and _behind_the_selectors(review, namespace):
+            namespace = await self._read_namespace(review)
+        decision = self._decision(review, namespace)
         capacity = None
         if decision.demand is not None:
             capacity = self._plan_capacity(decision.demand, review.dry_run)
@@ -164,7 +174,33 @@ class Admissions:
         self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
         return response
 
-    def _decision(self, review: AdmissionRequest) -> Decision:
+    def _cached_namespace(self, review: AdmissionRequest) -> JSON | None:
+        try:
+            return None if self.cluster is None else self.cluster.namespace(review.namespace)
+        except Exception:  # the decision reports it, as before
+            return None
+
+    async def _read_namespace(self, review: AdmissionRequest) -> JSON | None:
+        """The pod's Namespace from the API server, off the event loop; None (the pod is
+        in: the API server's selectors sent it) when it cannot be read in time."""
+        assert self.cluster is not None
+        self.metrics.error(ErrorKind.NAMESPACE_CACHE)
+        try:
+            namespace = await asyncio.to_thread(self.cluster.read_namespace, review.namespace)
+        except Exception as exc:
+            log.warning(
+                "the cached namespace says the pod is not opted in, but the API server sent "
+                "it and the namespace cannot be read now; trusting the API server's selectors",
+                extra={"uid": review.uid, "namespace": review.namespace, "error": str(exc)},
+            )
+            return None
+        log.info(
+            "the cached namespace was behind the API server's selectors; read it live",
+            extra={"uid": review.uid, "namespace": review.namespace},
+        )
+        return namespace
+
+    def _decision(self, review: AdmissionRequest, namespace: JSON | None) -> Decision:
         try:
             cluster = self.cluster
             if cluster is None:
@@ -172,7 +208,7 @@ class Admissions:
                     review, MutationContext(None, self.policies, key=self.key, mps=self.mps)
                 )
             context = MutationContext(
-                cluster.namespace(review.namespace),
+                namespace,
                 cluster.policies,
                 cluster.recommendation,
                 key=self.key,
@@ -218,6 +254,19 @@ class Admissions:
         except Exception:
             log.exception("cannot write the audit line", extra={"uid": review.uid})
             self.metrics.error(ErrorKind.AUDIT)
+
+
+def _behind_the_selectors(review: AdmissionRequest, namespace: JSON) -> bool:
+    """Whether the cached `namespace` alone keeps the pod out: its labels say it is not
+    opted in, and the pod's own label does not opt it in. The chart's selectors send the
+    webhook only opted-in pods, so the cache is then behind the API server (a replica
+    whose watch is cut off, or a label added a moment ago), or the webhook is registered
+    for more pods than the chart registers it for; reading the Namespace tells which."""
+    labels = labels_of(review.pod)
+    try:
+        return scope.opt_in(labels, namespace) is not None and scope.opt_in(labels, None) is None
+    except ContractError:
+        return False  # an unusable label: the decision says so
 
 
 class TlsProblem(Protocol):

@@ -25,6 +25,7 @@ from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.policy import PolicySet
 from gpupack.recommendation import Recommendation, list_path
 from gpupack.runtime import config
+from gpupack.runtime.api import ApiError
 from gpupack.runtime.informer import WATCH_TIMEOUT_SECONDS, Informer
 from gpupack.runtime.transport import Transport
 from webhook.capacity import (
@@ -42,6 +43,9 @@ from webhook.rightsizing import PolicyCache, RecommendationCache
 
 log = logging.getLogger(__name__)
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
+# An admission waits at most this for a Namespace its cache may have stale (a replica
+# cut off from the API server waits it out, then trusts the API server's selectors).
+NAMESPACE_READ_TIMEOUT: Final = 2.0
 ALL_PODS_PATH: Final = "/api/v1/pods"
 
 
@@ -126,6 +130,16 @@ class Cluster:
     def namespace(self, name: str) -> JSON | None:
         """The Namespace object from the cache, None when unknown (or not synced yet)."""
         return self.namespaces.get(name)
+
+    def read_namespace(self, name: str) -> JSON | None:
+        """The Namespace as the API server has it now (within NAMESPACE_READ_TIMEOUT), None
+        when it does not exist; raises ApiError when it cannot be read."""
+        try:
+            return self._client.get(f"{NAMESPACES_PATH}/{name}", timeout=NAMESPACE_READ_TIMEOUT)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
 
     @property
     def policies(self) -> PolicySet:

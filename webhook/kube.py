@@ -1,7 +1,8 @@
 """The API calls the webhook makes, as a Protocol: the verbs its RBAC grants.
 
 list and watch (namespaces, capacity and fractional pods, GPUPolicies,
-GPURecommendations, for the informers) and create (capacity pods).
+GPURecommendations, for the informers), get (a Namespace the cache may have stale) and
+create (capacity pods).
 `gpupack.runtime.transport.Transport` is the real one; tests pass the in-memory fake of
 `tests/fakes.py`.
 """
@@ -19,6 +20,8 @@ class KubeClient(Protocol):
     def list(self, path: str, params: Mapping[str, str]) -> JSON: ...
 
     def watch(self, path: str, params: Mapping[str, str]) -> WatchStream: ...
+
+    def get(self, path: str, *, timeout: float | None = None) -> JSON: ...
 
     def create(self, path: str, body: JSON) -> JSON: ...
 

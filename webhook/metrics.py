@@ -58,6 +58,9 @@ class ErrorKind(StrEnum):
     INTERNAL = "internal"  # a bug in the decision: the pod was admitted unchanged
     CAPACITY = "capacity"  # the capacity plan failed or timed out: admitted, plan unknown
     AUDIT = "audit"  # the audit line could not be built or written
+    # The cached Namespace said the pod was not opted in although the API server sent it:
+    # the cache is behind; the Namespace was read live (or the selectors trusted).
+    NAMESPACE_CACHE = "namespace_cache"
 
 
 class _HotPath(Collector):

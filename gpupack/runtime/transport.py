@@ -97,6 +97,7 @@ class Transport:
         body: Body | None = None,
         content_type: str = "application/json",
         read_timeout: float | None = None,
+        total_timeout: float | None = None,
     ) -> urllib3.BaseHTTPResponse:
         url = self._configuration.host + path + ("?" + urlencode(params) if params else "")
         try:
@@ -106,7 +107,9 @@ class Transport:
                 headers=self._headers(None if body is None else content_type),
                 body=None if body is None else json.dumps(body).encode(),
                 timeout=urllib3.Timeout(
-                    connect=CONNECT_TIMEOUT, read=read_timeout or self._timeout
+                    total=total_timeout,
+                    connect=CONNECT_TIMEOUT,
+                    read=read_timeout or self._timeout,
                 ),
                 retries=False,  # retrying is the caller's choice (`api.retry`)
                 preload_content=False,
@@ -152,8 +155,9 @@ class Transport:
             self._send("GET", path, params={**params, "watch": "true"}, read_timeout=timeout)
         )
 
-    def get(self, path: str) -> JSON:
-        return self._call("GET", path)
+    def get(self, path: str, *, timeout: float | None = None) -> JSON:
+        """GET one object; `timeout` bounds the whole call (connecting included)."""
+        return self._call("GET", path, total_timeout=timeout)
 
     def create(self, path: str, body: JSON) -> JSON:
         return self._call("POST", path, body=body)

@@ -28,6 +28,7 @@ from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
+from gpupack.runtime.api import ApiError
 from gpupack.runtime.endpoints import ANY, listen_family, listening_socket
 from hack.localcluster.processes import free_port
 from webhook.app import ClusterPort, Decide, create_app
@@ -68,9 +69,20 @@ class FakeCluster:
     synced: bool = True
     calls: list[tuple[Demand, bool]] = field(default_factory=list)
     lifecycle: list[str] = field(default_factory=list)
+    live: dict[str, JSON | Exception | None] = field(default_factory=dict)
+    reads: list[str] = field(default_factory=list)
 
     def namespace(self, name: str) -> JSON | None:
         return self.namespaces.get(name)
+
+    def read_namespace(self, name: str) -> JSON | None:
+        """The API server's Namespace: `live` where a test set it, else the cache's; a
+        `live` of ApiError is raised (the API server cannot be reached)."""
+        self.reads.append(name)
+        answer = self.live.get(name, self.namespaces.get(name))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def recommendation(self, namespace: str, kind: str, name: str) -> Recommendation | None:
         return self.recommendations.get((namespace, kind, name))
@@ -232,6 +244,62 @@ def test_namespace_from_the_cluster_is_used_for_the_opt_in(start_webhook: StartW
 
     assert "patch" not in answer
     assert webhook.audit_lines()[0]["reason"] == "opted-out"
+
+
+def test_a_cached_namespace_behind_the_selectors_is_read_live(start_webhook: StartWebhook) -> None:
+    """The API server sent the pod (its namespace is opted in now) but the replica's cache
+    still has the namespace unlabelled: a replica whose watch is cut off, or a label just
+    added. The cache must not let the pod through unchanged."""
+    unlabelled = namespace(labels={})
+    enabled = namespace(labels={keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    cluster = FakeCluster(namespaces={"ml": unlabelled}, live={"ml": enabled})
+    webhook = start_webhook(cluster=cluster)
+
+    answer = webhook.admit(vllm_pod())
+
+    assert "patch" in answer
+    assert webhook.audit_lines()[0]["reason"] == "mutated"
+    assert cluster.reads == ["ml"]
+    assert webhook.metric("gpupack_webhook_errors_total", kind="namespace_cache") == 1
+
+
+def test_a_namespace_that_cannot_be_read_leaves_the_opt_in_to_the_selectors(
+    start_webhook: StartWebhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut off from the API server, the replica cannot check its stale cache; the API
+    server's selectors, which sent the pod, decide."""
+    cluster = FakeCluster(
+        namespaces={"ml": namespace(labels={})},
+        live={"ml": ApiError(0, "ConnectionError", "GET /api/v1/namespaces/ml: timed out")},
+    )
+    webhook = start_webhook(cluster=cluster)
+
+    answer = webhook.admit(vllm_pod())
+
+    assert "patch" in answer
+    assert webhook.audit_lines()[0]["reason"] == "mutated"
+    assert "trusting the API server's selectors" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("namespace_labels", "pod_labels"),
+    [
+        pytest.param({keys.OPTIMIZE: keys.OPTIMIZE_ENABLED}, {}, id="namespace-opted-in"),
+        pytest.param({}, {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED}, id="pod-opted-in"),
+        pytest.param({}, {keys.OPTIMIZE: keys.OPTIMIZE_DISABLED}, id="pod-opted-out"),
+    ],
+)
+def test_a_namespace_is_read_live_only_when_the_cache_alone_keeps_the_pod_out(
+    start_webhook: StartWebhook, namespace_labels: dict[str, str], pod_labels: dict[str, str]
+) -> None:
+    cluster = FakeCluster(namespaces={"ml": namespace(labels=namespace_labels)})
+    webhook = start_webhook(cluster=cluster)
+    pod = vllm_pod()
+    pod["metadata"].setdefault("labels", {}).update(pod_labels)
+
+    webhook.admit(pod)
+
+    assert cluster.reads == []
 
 
 def test_policies_and_recommendations_come_from_the_cluster(start_webhook: StartWebhook) -> None:

@@ -18,7 +18,7 @@ from gpupack.runtime.api import ApiError, Backoff, retry
 from tests.apistub import ApiStub, write_kubeconfig
 from tests.fakes import FakeKube, FakeWatch
 from webhook.app import ClusterPort
-from webhook.cluster import Cluster, connect, policies_path
+from webhook.cluster import NAMESPACE_READ_TIMEOUT, Cluster, connect, policies_path
 from webhook.decision import Demand
 from webhook.policies import BUILTIN_POLICIES
 
@@ -92,6 +92,9 @@ def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
         assert wait_until(lambda: cluster.synced)
         assert (cluster.namespace("ml") or {})["metadata"]["labels"] == {keys.OPTIMIZE: "enabled"}
         assert cluster.namespace("unknown") is None
+        stub.namespaces[0]["metadata"]["labels"] = {}  # changed on the server, not yet seen
+        assert (cluster.read_namespace("ml") or {})["metadata"]["labels"] == {}
+        assert cluster.read_namespace("unknown") is None
 
         outcome = cluster.plan_capacity(demand("uid-1"), dry_run=False)
     finally:
@@ -166,6 +169,9 @@ class RoutingKube:
         kube, routed = self._route(path)
         return kube.watch(routed, params)
 
+    def get(self, path: str, *, timeout: float | None = None) -> JSON:
+        return self.core.get(path, timeout=timeout)
+
     def create(self, path: str, body: JSON) -> JSON:
         return self.core.create(path, body)
 
@@ -220,6 +226,16 @@ def test_cluster_keeps_the_policies_and_recommendations_current() -> None:
         assert wait_until(lambda: recommended_compute(cluster) is None)
     finally:
         cluster.stop()
+
+
+def test_a_namespace_that_cannot_be_read_raises_within_the_bound() -> None:
+    kube = RoutingKube()
+    kube.core.fail("get", ApiError(0, "ConnectionError", "timed out"))
+    cluster = Cluster(kube)
+    with pytest.raises(ApiError):
+        cluster.read_namespace("ml")
+    (call,) = [c for c in kube.core.calls if c.verb == "get"]
+    assert call.params == {"timeout": str(NAMESPACE_READ_TIMEOUT)}
 
 
 def test_cluster_is_not_synced_while_a_gpupack_collection_cannot_be_listed() -> None:
