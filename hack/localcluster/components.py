@@ -206,14 +206,20 @@ class LocalCluster(ControlPlane):
         return [*argv, f"--kubeconfig={kubeconfig}", f"--audit-file={audit}", *extra_args], env
 
     def start_webhook_replica(
-        self, name: str, host: str, extra_args: Sequence[str] = ()
+        self,
+        name: str,
+        host: str,
+        extra_args: Sequence[str] = (),
+        *,
+        kubeconfig: Path | None = None,
     ) -> tuple[Process, int]:
         """Another `gpupack-webhook serve` (after `install_webhook`), as a second pod of
         the Deployment: the same certificate, key and identity, a port of its own (it
         listens on every address, as in a pod; readiness is checked on `host`), auditing
         to `logs/<name>.audit.log`. Returns it and its port; `route_webhook` puts it
-        behind the webhook's Service."""
-        kubeconfig = self.service_account_kubeconfig(WEBHOOK_NAME)
+        behind the webhook's Service. `kubeconfig`: its way to the API server, by default
+        the ServiceAccount's (a test routes it through a partition)."""
+        kubeconfig = kubeconfig or self.service_account_kubeconfig(WEBHOOK_NAME)
         port = free_port()
         audit = self.workdir / "logs" / f"{name}.audit.log"
         process = self._launch(

@@ -406,3 +406,45 @@ def _scraped(text: str, namespace: str) -> dict[str, Any] | None:
                 found["managed"][labels["pod"]] = s.value
     named = all(container for _, container in found["compute"])  # status seen by the watch
     return found if len(found["compute"]) == 2 and named and "host" in found else None
+
+
+def test_an_exporter_that_stops_leaves_what_it_wrote_and_catches_up_when_back(
+    exporter: Exporter, cluster: LocalCluster, kube: Kube, capacity: Callable[[str], str]
+) -> None:
+    """The node's exporter stops (its pod evicted, OOM-killed, rolled). The GPU it named
+    stays named: the capacity pod still holds it, so placement may go on using it. A
+    capacity pod that starts meanwhile is named by no one: its GPU stays one that is
+    coming, which gpupack-scheduler books no share on. Back, the exporter names it.
+    Last in this module: the exporter it restarts serves the module's teardown."""
+    first = capacity("exp-stop-a")
+    named = eventually(
+        lambda: annotations(kube, first).get("gpupack.io/gpu-uuid"), what=f"{first}'s GPU"
+    )
+    cluster.stop_exporter(NODE)
+    late = capacity("exp-stop-b")
+    eventually(
+        lambda: (
+            kube.get(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{late}")["status"].get("phase")
+            == "Running"
+        ),
+        what=f"{late} running",
+    )
+    time.sleep(3.0)  # six of the exporter's discovery intervals
+    assert "gpupack.io/gpu-uuid" not in annotations(kube, late)
+    assert annotations(kube, first).get("gpupack.io/gpu-uuid") == named
+
+    process, exporter.port = cluster.install_exporter(
+        NODE,
+        pod_resources_socket=exporter.kubelet.socket_path,
+        extra_args=["--discovery-interval=0.5"],
+    )
+    exporter.log = process.log
+    started = time.monotonic()
+    uuid = eventually(
+        lambda: annotations(kube, late).get("gpupack.io/gpu-uuid"), what=f"{late}'s GPU"
+    )
+    seconds = time.monotonic() - started
+    assert uuid != named
+    assert uuid in {SimulatedGpuAssigner.fake_uuid(NODE, i) for i in range(GPUS)}
+    assert annotations(kube, first).get("gpupack.io/gpu-uuid") == named
+    print(f"exporter back: the waiting capacity pod named {seconds:.1f} s after its start")

@@ -16,15 +16,18 @@ A cluster of its own: it registers the webhook by Service.
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from gpupack import keys
-from hack.localcluster import ApiError, Kube, LocalCluster
+from hack.localcluster import WEBHOOK_NAME, ApiError, Kube, LocalCluster
 from hack.localcluster.processes import routable_address
+from tests.integration.partition import Partition
 from tests.integration.tools import REPO, SMALL, cluster_of_its_own
 from tests.integration.workloads import gpu_pod
 
@@ -121,7 +124,7 @@ def test_a_rolling_update_during_a_burst_loses_no_admission(
     try:
         time.sleep(2)
         # The new replica is ready and becomes an endpoint beside the old one.
-        _new, new_port = cluster.start_webhook_replica("webhook-new", address, delay)
+        new, new_port = cluster.start_webhook_replica("webhook-new", address, delay)
         cluster.route_webhook([(address, old_port), (address, new_port)])
         time.sleep(1)  # (the API server picks which of the two endpoints to call)
         # The old one starts terminating: out of the endpoints and SIGTERM together.
@@ -133,8 +136,78 @@ def test_a_rolling_update_during_a_burst_loses_no_admission(
         for thread in threads:
             thread.join(timeout=30)
 
+    new.stop()  # the API server keeps its connections to a running replica: stop it
     assert burst.failed == []
     assert burst.escaped == [], f"{len(burst.escaped)} of {burst.rewritten} pods escaped"
     assert audited(cluster, "webhook-old") > 0
     assert audited(cluster, "webhook-new") > 0
     assert burst.rewritten > 50
+
+
+def test_a_replica_cut_off_from_the_api_server_lets_no_pod_escape(
+    rollout_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """One replica loses the API server (its watches hang, its caches go stale) while it
+    keeps receiving admissions. Meanwhile a team labels its namespace: the cut replica's
+    cache still says the namespace is not opted in, and took the pod for not opted in
+    (admitted unchanged, a whole GPU). Its pods, those of namespaces opted in before, and
+    those of a namespace made during the cut must all come back rewritten."""
+    cluster = rollout_cluster
+    kube = cluster.kube()
+    address = routable_address()
+    api = urlsplit(cluster.server)
+    late = kube.create_namespace("it-late")  # unlabelled: both replicas' caches list it so
+    opted = kube.create_namespace("it-opted", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    with Partition((api.hostname or "127.0.0.1", api.port or 443)) as link, ExitStack() as stop:
+        original = cluster.service_account_kubeconfig(WEBHOOK_NAME)
+        cut, cut_port = cluster.start_webhook_replica(
+            "webhook-cut", address, kubeconfig=link.kubeconfig(original, tmp_path / "cut.yaml")
+        )
+        stop.callback(cut.stop)
+        ok, ok_port = cluster.start_webhook_replica("webhook-ok", address)
+        stop.callback(ok.stop)
+        link.cut()
+        kube.merge_patch(
+            f"/api/v1/namespaces/{late}", {"metadata": {"labels": {keys.OPTIMIZE: "enabled"}}}
+        )
+        made = kube.create_namespace("it-made", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+        cluster.route_webhook([(address, cut_port)])  # the cut replica alone, first
+
+        def routed() -> bool:
+            kube.create(
+                f"/api/v1/namespaces/{opted}/pods",
+                gpu_pod(f"probe-{time.monotonic_ns()}", annotations=SHARE),
+            )
+            return audited(cluster, "webhook-cut") > 0
+
+        try:
+            kube.wait_for("the cut replica to admit pods", routed, timeout=60)
+        except Exception as error:
+            raise AssertionError(f"{error}\n{cut.tail(60)}") from error
+        seconds: dict[str, float] = {}
+        escaped = []
+        for ns in (late, opted, made):
+            for index in range(3):
+                started = time.monotonic()
+                pod = kube.create(
+                    f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"cut-{index}", annotations=SHARE)
+                )
+                seconds[ns] = max(seconds.get(ns, 0.0), time.monotonic() - started)
+                if keys.DECISION not in (pod["metadata"].get("annotations") or {}):
+                    escaped.append(f"{ns}/cut-{index}")
+        assert escaped == [], f"admitted unchanged by the cut replica: {escaped}"
+        assert cut.alive(), cut.tail(40)
+        assert "trusting the API server's selectors" in cut.tail(200)
+
+        # Both replicas serve; the cut one heals and the pods go on being rewritten.
+        cluster.route_webhook([(address, cut_port), (address, ok_port)])
+        link.heal()
+        for index in range(6):
+            pod = kube.create(
+                f"/api/v1/namespaces/{late}/pods", gpu_pod(f"healed-{index}", annotations=SHARE)
+            )
+            assert keys.DECISION in (pod["metadata"].get("annotations") or {}), pod["metadata"]
+        print(
+            "cut replica: slowest admission per namespace "
+            + ", ".join(f"{ns.split('-')[1]} {s:.2f} s" for ns, s in seconds.items())
+        )
