@@ -170,3 +170,29 @@ def test_run_stops_leading_when_renewals_fail_past_the_deadline() -> None:
 def test_inconsistent_timings_are_refused() -> None:
     with pytest.raises(ValueError, match="retry-period < renew-deadline < lease-duration"):
         Timing(lease_duration=5, renew_deadline=10, retry_period=2)
+
+
+def test_clocks_that_disagree_by_an_hour_still_give_one_leader() -> None:
+    """The leader's machine runs an hour behind, so every renewTime it writes looks an
+    hour stale to the standby's clock; the standby, an hour ahead, still waits as long
+    as the record keeps changing, and takes over only once it stops."""
+    leases, leader_clock, standby_clock = Leases(), Clock(), Clock()
+    standby_clock.now = 3600.0
+    a, b = elector(leases, "a", leader_clock), elector(leases, "b", standby_clock)
+    update = leases.update
+
+    def written_an_hour_behind(path: str, body: JSON) -> JSON:
+        spec = body["spec"]
+        spec["renewTime"] = "2020-01-01T00:00:00.000000Z"  # long past by anyone's clock
+        return update(path, body)
+
+    leases.update = written_an_hour_behind  # type: ignore[method-assign]
+    assert a.try_acquire()
+    for step in range(1, 20):
+        leader_clock.now = step * 2.0
+        standby_clock.now = 3600.0 + step * 2.0
+        assert a.try_acquire()
+        assert not b.try_acquire()
+    standby_clock.now += TIMING.lease_duration  # the leader stops renewing
+    assert b.try_acquire()
+    assert holder(leases) == "b"
