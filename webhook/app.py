@@ -140,9 +140,10 @@ class Admissions:
     mps: bool = True  # MPS pods are shared (the node agents serve the MPS CSI driver)
 
     async def mutate(self, request: Request) -> Response:
-        """Everything after the body is read runs without yielding the loop: its wall-clock
-        time minus the loop thread's CPU time over it is what the admission waited for
-        the GIL or a core (`WebhookMetrics.work`)."""
+        """Everything after the body is read runs without yielding the loop (but for the
+        rare live read of a Namespace the cache has behind): its wall-clock time minus
+        the loop thread's CPU time over it is what the admission waited for the GIL or a
+        core (`WebhookMetrics.work`)."""
         started = self.timer()
         try:
             body = await read_body(request)

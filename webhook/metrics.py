@@ -119,7 +119,8 @@ class _HotPath(Collector):
         yield CounterMetricFamily(
             "gpupack_webhook_admission_work_seconds",
             "Wall-clock time admissions took from their body read to their answer (the "
-            "admission's own work, which never yields the event loop).",
+            "admission's own work, which yields the event loop only to read a Namespace "
+            "its cache has behind).",
             value=self.work_seconds,
         )
         yield CounterMetricFamily(
