@@ -146,11 +146,9 @@ def probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def mps_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A running MPS control daemon on GPU 0, under gpupack-mps-daemon."""
-    _skip_without_mps()
-    scratch = tmp_path_factory.mktemp("mps")
+def start_daemon(scratch: Path) -> tuple[dict[str, str], "subprocess.Popen[str]"]:
+    """`gpupack-mps-daemon` on GPU 0 with its pipe and log directories in `scratch`, as
+    the CSI volume gives them in a pod; its environment (a client's too) and process."""
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "0",
@@ -164,6 +162,14 @@ def mps_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         stderr=subprocess.STDOUT,
         text=True,
     )
+    return env, daemon
+
+
+@pytest.fixture(scope="module")
+def mps_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A running MPS control daemon on GPU 0, under gpupack-mps-daemon."""
+    _skip_without_mps()
+    env, daemon = start_daemon(tmp_path_factory.mktemp("mps"))
     deadline = time.monotonic() + 30
     while True:
         check = probe(env)
@@ -328,20 +334,8 @@ def test_the_daemon_exits_1_with_its_log_when_mps_dies_under_it(
     """docs/mps.md: when the control daemon dies on its own, gpupack-mps-daemon exits 1
     with the end of control.log in its output, so the kubelet restarts the container."""
     _skip_without_mps()
-    env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": "0",
-        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "pipe"),
-        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "log"),
-    }
     before = set(mps_processes())
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    env, daemon = start_daemon(tmp_path)
     try:
         deadline = time.monotonic() + 30
         while probe(env).returncode != 0:
