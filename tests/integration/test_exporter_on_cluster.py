@@ -57,11 +57,7 @@ class SimulatedKubelet:
                 del self.assigned[key]
             answer = []
             for key, pod in sorted(live.items()):
-                wants = any(
-                    (c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")
-                    for c in pod["spec"]["containers"]
-                )
-                if not wants:
+                if not holds_a_gpu(pod):
                     continue
                 if key not in self.assigned:
                     used = set(self.assigned.values())
@@ -117,6 +113,7 @@ def exporter(
 ) -> Iterator[Exporter]:
     if cluster is None or gpu_assigner is None:
         pytest.skip("plays a node's kubelet: needs the local cluster")
+    free_the_gpus(kube, NODE)
     gpu_assigner.skip_nodes.add(NODE)
     simulated = SimulatedKubelet(kube, NODE, GPUS)
     with short_tempdir() as directory:
@@ -135,6 +132,28 @@ def exporter(
             finally:
                 cluster.stop_exporter(NODE)
                 gpu_assigner.skip_nodes.discard(NODE)
+
+
+def holds_a_gpu(pod: dict[str, Any]) -> bool:
+    return any(
+        ((c.get("resources") or {}).get("limits") or {}).get("nvidia.com/gpu")
+        for c in pod["spec"]["containers"]
+    )
+
+
+def free_the_gpus(kube: Kube, node: str) -> None:
+    """The node's GPUs free for this module's capacity pods: what earlier modules left
+    there holding nvidia.com/gpu (capacity pods whose scheduler has stopped; where
+    placement puts them is not this module's business) is deleted first."""
+
+    def held() -> list[dict[str, Any]]:
+        pods = kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
+        return [pod for pod in pods if holds_a_gpu(pod)]
+
+    for pod in held():
+        meta = pod["metadata"]
+        kube.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
+    eventually(lambda: not held(), what=f"the pods holding {node}'s GPUs to go")
 
 
 def capacity_pod(name: str) -> dict[str, Any]:
