@@ -189,13 +189,21 @@ def test_a_gpu_node_deleted_under_its_shares_frees_its_gpus_and_the_shares_come_
             assert_admitted(pod)
         by_gpu = assert_consistent(kube, pods)
         assert not gone & set(by_gpu)
-        held = {
-            c["metadata"]["annotations"].get(keys.GPU_UUID)
-            for c in capacity_pods(kube).values()
-            if c["spec"].get("nodeName") == victim
-        }
-        assert not held - {None}, "capacity pods still hold GPUs of the deleted node"
-        print(f"node deleted: shares placed again in {time.monotonic() - deleted:.1f} s")
+        placed = time.monotonic() - deleted
+
+        def released() -> bool:  # the pod garbage collector takes them in its own time
+            held = {
+                c["metadata"]["annotations"].get(keys.GPU_UUID)
+                for c in capacity_pods(kube).values()
+                if c["spec"].get("nodeName") == victim
+            }
+            return not held - {None}
+
+        eventually("the deleted node's capacity pods gone", released, CONVERGE_SECONDS)
+        print(
+            f"node deleted: shares placed again in {placed:.1f} s, "
+            f"its capacity pods gone in {time.monotonic() - deleted:.1f} s"
+        )
     finally:  # the node back as it was, for the tests that follow (kwok adopts it again)
         node["metadata"] = {
             k: v for k, v in node["metadata"].items() if k in ("name", "labels", "annotations")
