@@ -156,10 +156,12 @@ class Admissions:
             self.metrics.error(kind)
             log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
             return json_response({"error": exc.message}, exc.status)
-        namespace = self._cached_namespace(review)
-        if namespace is not None and _behind_the_selectors(review, namespace):
-            namespace = await self._read_namespace(review)
-        decision = self._decision(review, namespace)
+        try:
+            namespace = await self._namespace(review)
+        except Exception as exc:
+            decision = self._failed(review, exc)
+        else:
+            decision = self._decision(review, namespace)
         capacity = None
         if decision.demand is not None:
             capacity = self._plan_capacity(decision.demand, review.dry_run)
@@ -175,11 +177,15 @@ class Admissions:
         self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
         return response
 
-    def _cached_namespace(self, review: AdmissionRequest) -> JSON | None:
-        try:
-            return None if self.cluster is None else self.cluster.namespace(review.namespace)
-        except Exception:  # the decision reports it, as before
+    async def _namespace(self, review: AdmissionRequest) -> JSON | None:
+        """The pod's Namespace from the cache, or read live where the cache alone would
+        keep the pod out (`_behind_the_selectors`)."""
+        if self.cluster is None:
             return None
+        namespace = self.cluster.namespace(review.namespace)
+        if namespace is not None and _behind_the_selectors(review, namespace):
+            return await self._read_namespace(review)
+        return namespace
 
     async def _read_namespace(self, review: AdmissionRequest) -> JSON | None:
         """The pod's Namespace from the API server, off the event loop; None (the pod is
@@ -217,9 +223,12 @@ class Admissions:
             )
             return self.decide(review, context)
         except Exception as exc:
-            log.exception("decision failed; admitting the pod unchanged", extra={"uid": review.uid})
-            self.metrics.error(ErrorKind.INTERNAL)
-            return internal_error(exc)
+            return self._failed(review, exc)
+
+    def _failed(self, review: AdmissionRequest, exc: Exception) -> Decision:
+        log.exception("decision failed; admitting the pod unchanged", extra={"uid": review.uid})
+        self.metrics.error(ErrorKind.INTERNAL)
+        return internal_error(exc)
 
     def _respond(self, review: AdmissionRequest, decision: Decision) -> tuple[Decision, Response]:
         """The AdmissionReview response; a decision that cannot be encoded (a bug) admits

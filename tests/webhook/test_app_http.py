@@ -281,6 +281,21 @@ def test_a_namespace_that_cannot_be_read_leaves_the_opt_in_to_the_selectors(
     assert "trusting the API server's selectors" in caplog.text
 
 
+def test_a_namespace_lookup_that_fails_admits_the_pod_unchanged(
+    start_webhook: StartWebhook,
+) -> None:
+    class Broken(FakeCluster):
+        def namespace(self, name: str) -> JSON | None:
+            raise RuntimeError("the cache is broken")
+
+    webhook = start_webhook(cluster=Broken())
+
+    answer = webhook.admit(vllm_pod())
+
+    assert "patch" not in answer
+    assert webhook.audit_lines()[0]["reason"] == "internal-error"
+
+
 @pytest.mark.parametrize(
     ("namespace_labels", "pod_labels"),
     [
