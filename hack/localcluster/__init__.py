@@ -17,6 +17,7 @@ One concept a module:
   command line;
 - `realnode`: one real kubelet node (containerd, runc, CNI, kube-proxy) beside kwok's;
 - `karpenter`: Karpenter's kwok provider, the real autoscaler, started on demand;
+- `clock`: a component whose wall clock is off (libfaketime), for the clock-skew tests;
 - `components`: `LocalCluster`, the control plane plus gpupack's CRDs and components as
   local processes;
 - `gpus`: the node agent's stand-in that gives capacity pods fake GPU UUIDs;

@@ -10,7 +10,6 @@ import http.client
 import json
 import os
 import secrets
-import signal
 import socket
 import ssl
 import sys
@@ -212,19 +211,20 @@ class LocalCluster(ControlPlane):
         extra_args: Sequence[str] = (),
         *,
         kubeconfig: Path | None = None,
+        node_env: Mapping[str, str] | None = None,
     ) -> tuple[Process, int]:
         """Another `gpupack-webhook serve` (after `install_webhook`), as a second pod of
         the Deployment: the same certificate, key and identity, a port of its own (it
         listens on every address, as in a pod; readiness is checked on `host`), auditing
         to `logs/<name>.audit.log`. Returns it and its port; `route_webhook` puts it
         behind the webhook's Service. `kubeconfig`: its way to the API server, by default
-        the ServiceAccount's (a test routes it through a partition)."""
+        the ServiceAccount's (a test routes it through a partition). `node_env`: what
+        the node it runs on adds to its environment (`clock.skewed`: a node's clock)."""
         kubeconfig = kubeconfig or self.service_account_kubeconfig(WEBHOOK_NAME)
         port = free_port()
         audit = self.workdir / "logs" / f"{name}.audit.log"
-        process = self._launch(
-            name, *self._webhook_command(kubeconfig, port, free_port(), audit, extra_args)
-        )
+        argv, env = self._webhook_command(kubeconfig, port, free_port(), audit, extra_args)
+        process = self._launch(name, argv, {**env, **(node_env or {})})
         self._wait_webhook_ready(process, host, port)
         self.write_state()
         return process, port
@@ -352,17 +352,21 @@ class LocalCluster(ControlPlane):
         mounts: Mapping[str, Path] | None = None,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        node_env: Mapping[str, str] | None = None,
     ) -> Process:
         """Run the chart's `container` of `template` (rendered with `sets`) as a local
         process, with its rendered command line (`containers.Container.argv`), as
         gpupack's ServiceAccount `user` with the RBAC the chart renders for it
-        (`component_kubeconfig`; in a pod, the ServiceAccount token), then `extra_args`."""
+        (`component_kubeconfig`; in a pod, the ServiceAccount token), then `extra_args`.
+        `node_env`: what the node adds to its environment (`clock.skewed`)."""
         kubeconfig = self.component_kubeconfig(user, template, sets=sets)
         argv, environment = self.chart_command(
             template, container, sets=sets, mounts=mounts, env=env
         )
         process = self._launch(
-            process_name, [*argv, f"--kubeconfig={kubeconfig}", *extra_args], environment
+            process_name,
+            [*argv, f"--kubeconfig={kubeconfig}", *extra_args],
+            {**environment, **(node_env or {})},
         )
         self.write_state()
         return process
@@ -403,9 +407,11 @@ class LocalCluster(ControlPlane):
         name: str = chart.SCHEDULER_NAME,
         extra_args: Sequence[str] = (),
         sets: Sequence[str] = (),
+        node_env: Mapping[str, str] | None = None,
     ) -> Process:
         """Run the gpupack scheduler as the chart does (`name` tells replicas apart): the
-        extender (`python -m scheduler.cli`, with `extra_args`) and the pinned
+        extender (`python -m scheduler.cli`, with `extra_args` and the node's `node_env`,
+        e.g. `clock.skewed`) and the pinned
         kube-scheduler with exactly the KubeSchedulerConfiguration the chart renders
         (with `sets`), pointed at this extender's port, plus a local kubeconfig. Both run
         as the local user `gpupack-scheduler` with the RBAC the chart renders. Returns
@@ -428,6 +434,7 @@ class LocalCluster(ControlPlane):
             # identity starts with; the extender follows that Lease by it.
             env={"POD_NAME": socket.gethostname()},
             extra_args=extra_args,
+            node_env=node_env,
         )
         service = self.metrics_service("templates/scheduler.yaml")
         self.metrics_targets[name] = Target(service, name, metrics_port)
@@ -466,10 +473,8 @@ class LocalCluster(ControlPlane):
         names = [name] if extender_only else [name, f"{name}-kube-scheduler"]
         for process_name in names:
             process = self.processes.get(process_name)
-            if kill and process is not None and process.popen is not None:
-                os.killpg(process.popen.pid, signal.SIGKILL)
-                process.popen.wait(timeout=10)
-                process.popen = None
+            if kill and process is not None:
+                process.kill()
             if extender_only and process is not None:
                 process.stop()
             else:
@@ -533,10 +538,15 @@ class LocalCluster(ControlPlane):
         self._stop(f"{chart.EXPORTER_NAME}-{node}")
 
     def install_recommender(
-        self, *, name: str = chart.RECOMMENDER_NAME, extra_args: Sequence[str] = ()
+        self,
+        *,
+        name: str = chart.RECOMMENDER_NAME,
+        extra_args: Sequence[str] = (),
+        node_env: Mapping[str, str] | None = None,
     ) -> Process:
         """Run `gpupack-recommender` as a local process with the RBAC the chart renders
-        (rollouts granted), bound to the local user `gpupack-recommender`."""
+        (rollouts granted), bound to the local user `gpupack-recommender`; `name` is its
+        pod's name (its Lease identity), `node_env` what its node adds (`clock.skewed`)."""
         self.install_crds()
         metrics_port = free_port()
         process = self._run_component(
@@ -547,6 +557,7 @@ class LocalCluster(ControlPlane):
             sets=("recommender.rollouts=true", f"recommender.metricsPort={metrics_port}"),
             env={"POD_NAME": name},
             extra_args=extra_args,
+            node_env=node_env,
         )
         service = self.metrics_service("templates/recommender.yaml")
         self.metrics_targets[name] = Target(service, name, metrics_port)

@@ -64,6 +64,14 @@ class Process:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """SIGKILL to its process group, as when a node dies: nothing is released."""
+        if self.popen is None:
+            return
+        os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=10)
+        self.popen = None
+
     def stop(self, grace: float = 10.0) -> None:
         if self.popen is None:
             return
