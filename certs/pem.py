@@ -15,7 +15,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-BACKDATE = timedelta(minutes=5)  # tolerate clock skew between the issuer and the verifier
+# notBefore is this far before issue, so a verifier whose clock is behind the issuer's
+# (the API server, a webhook replica on another node) accepts a certificate at once: an
+# hour, as client-go's self-signed certificates. With 5 minutes, a webhook replica 30
+# minutes behind the issuer refused the API server's certificate and its own.
+BACKDATE = timedelta(hours=1)
 
 
 class KeyAlgorithm(StrEnum):
