@@ -14,7 +14,8 @@ What the seal does not prove: which pod it was made for (the name and uid do not
 yet when the webhook answers). Copying a sealed set of annotations onto another pod of
 the same namespace gives that pod what the webhook would have given it; the admission
 policy's quota charge and immutability still hold. Pure: the key and the time are
-passed in.
+passed in (the webhook passes the API server's time, so replicas on nodes whose clocks
+disagree agree on a seal's age).
 """
 
 import base64

@@ -175,7 +175,17 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         return holder[0].state() if holder else (False, 0, 0)
 
     metrics = RecommenderMetrics(registry, state)
-    recommender = Recommender(kube, pods, policies, recommendations, source, settings, metrics)
+    # Its histories' and rollouts' times are read by the next leader: the API server's clock.
+    recommender = Recommender(
+        kube,
+        pods,
+        policies,
+        recommendations,
+        source,
+        settings,
+        metrics,
+        clock=kube.server_clock.now,
+    )
     holder.append(recommender)
     process.serve_endpoints(
         args.metrics_address,

@@ -237,7 +237,9 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     )
     registry = CollectorRegistry()
     holder: list[Extender] = []
-    metrics = Metrics(registry, lambda: holder[0].usage)
+    # Times other replicas read, or compared with the API server's (a pod's age): its clock.
+    wall = kube.server_clock.now
+    metrics = Metrics(registry, lambda: holder[0].usage, wall)
     extender = Extender(
         kube,
         cache,
@@ -246,6 +248,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         metrics,
         escapes=escapes,
         policies=lambda: effective_policies(gpupolicies.items()),
+        wall=wall,
     )
     holder.append(extender)
     synced = threading.Event()

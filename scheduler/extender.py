@@ -88,8 +88,10 @@ class Extender:
         clock: Callable[[], float] = time.monotonic,
         escapes: Escapes | None = None,
         policies: Callable[[], PolicySet] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._kube = kube
+        self._wall = wall  # the times other processes read: the API server's clock
         self.escapes = escapes
         self.cache = cache
         self._scorer = scorer
@@ -106,6 +108,7 @@ class Extender:
             settings,
             self._pool.submit,
             metrics,
+            wall,
         )
         self._costs = Costs(kube, cache, self._pool.submit) if settings.deletion_cost else None
         self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
@@ -405,7 +408,7 @@ class Extender:
                 self._pool.submit(self._requeue_pod, pod)
 
     def _requeue_pod(self, pod: JSON) -> None:
-        when = rfc3339(time.time())  # wall time, not the clock
+        when = rfc3339(self._wall())  # wall time, not the clock
         try:
             writer.requeue(self._kube, pod, when)
         except ApiError as error:

@@ -5,7 +5,9 @@ server for integration tests (those run the real one): it checks the wire protoc
 
 import json
 import threading
+import time
 from collections.abc import Iterator
+from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ class ApiStub:
         self.requests: list[tuple[str, str, str | None]] = []
         self.watch_events: list[JSON] = []
         self.release_watches = threading.Event()
+        self.clock_offset = 0.0  # seconds the stub's Date headers are from this machine's
 
 
 def handler_for(stub: ApiStub) -> type[BaseHTTPRequestHandler]:
@@ -47,6 +50,9 @@ def handler_for(stub: ApiStub) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args: Any) -> None:
             pass
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            return formatdate(time.time() + stub.clock_offset, usegmt=True)
 
         def _send(self, code: int, doc: JSON) -> None:
             body = json.dumps(doc).encode()

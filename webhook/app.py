@@ -71,6 +71,10 @@ class ClusterPort(Protocol):
     # than the plan itself).
     def plan_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome: ...
 
+    # The API server's time in Unix seconds (`gpupack.runtime.serverclock`): what a seal
+    # is issued at and checked against, so replicas on nodes whose clocks disagree agree.
+    def now(self) -> float: ...
+
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
@@ -219,6 +223,7 @@ class Admissions:
                 cluster.policies,
                 cluster.recommendation,
                 key=self.key,
+                now=int(cluster.now()),
                 mps=self.mps,
             )
             return self.decide(review, context)

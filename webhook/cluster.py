@@ -65,8 +65,10 @@ class Cluster:
         system_namespace: str = keys.SYSTEM_NAMESPACE,
         reservation_ttl: float = RESERVATION_TTL,
         clock: Callable[[], float] = time.monotonic,
+        server_time: Callable[[], float] = time.time,
         watch_timeout_seconds: int = WATCH_TIMEOUT_SECONDS,
     ) -> None:
+        self.now = server_time  # the API server's time: `ClusterPort.now`
         self.namespaces = Informer(
             client,
             NAMESPACES_PATH,
@@ -189,8 +191,10 @@ def connect(
     if loaded is None:
         return None
     log.info("using %s", loaded.source)
+    transport = Transport(loaded.configuration, user_agent="gpupack-webhook")
     return Cluster(
-        Transport(loaded.configuration, user_agent="gpupack-webhook"),
+        transport,
         system_namespace=system_namespace,
         reservation_ttl=reservation_ttl,
+        server_time=transport.server_clock.now,
     )

@@ -95,11 +95,13 @@ def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision
     """The decision for a pod this admission already rewrote (reinvocation), else None.
 
     A pod whose seal verifies but was issued more than `seal.REINVOCATION` seconds from
-    this replica's clock is denied, naming both causes: its sealed annotations were copied
-    from another pod, or the replica that sealed it has a clock this far from this one's
-    (a reinvocation reaches any replica). Stripping the seal, as for any other
-    user-written gpupack annotation, would leave a pod that gpupack-scheduler never
-    places; a denial is seen at once, and the pod's controller tries again."""
+    `ctx.now` is denied: its sealed annotations were copied from another pod. Replicas
+    issue and check seals by the API server's clock (`ClusterPort.now`), so a
+    reinvocation reaching another replica is as fresh there; only a replica that has not
+    reached the API server yet keeps its node's time, which the message names too.
+    Stripping the seal, as for any other user-written gpupack annotation, would leave a
+    pod that gpupack-scheduler never places; a denial is seen at once, and the pod's
+    controller tries again."""
     pod = request.pod
     spec: PodSpec = pod.get("spec") or {}
     annotations = annotations_of(pod)
@@ -118,10 +120,11 @@ def already_mutated(request: AdmissionRequest, ctx: MutationContext) -> Decision
         return Decision(
             Outcome.DENIED,
             Reason.STALE_SEAL,
-            f"gpupack: the pod carries a gpupack seal issued {ctx.now - issued:+d} s from this "
-            f"webhook replica's clock (more than {seal.REINVOCATION} s): its gpupack.io "
-            "annotations were copied from another pod (remove them), or the webhook "
-            "replicas' clocks disagree by that much (check the nodes' time sync)",
+            f"gpupack: the pod carries a gpupack seal issued {ctx.now - issued:+d} s from now "
+            f"(more than {seal.REINVOCATION} s): its gpupack.io annotations were copied from "
+            "another pod (remove them). Seals keep the API server's time; a webhook replica "
+            "that has not reached the API server keeps its node's (check the nodes' time "
+            "sync)",
             owner_kind=owner_kind,
             owner_name=owner_name,
         )

@@ -18,6 +18,7 @@ layer never retries on its own.
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -29,6 +30,7 @@ from kubernetes.client import rest as k8s_rest
 from gpupack.kube import JSON
 from gpupack.runtime import config
 from gpupack.runtime.api import ApiError, WatchStream, status_error, watch_events
+from gpupack.runtime.serverclock import ServerClock
 
 CONNECT_TIMEOUT: Final = 5.0
 REQUEST_TIMEOUT: Final = 10.0
@@ -78,6 +80,8 @@ class Transport:
         self._pool: urllib3.PoolManager = k8s_rest.RESTClientObject(configuration).pool_manager
         self._user_agent = user_agent
         self._timeout = request_timeout
+        # The API server's time, from its answers: for the times other replicas read.
+        self.server_clock = ServerClock()
 
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": self._user_agent}
@@ -100,6 +104,7 @@ class Transport:
         total_timeout: float | None = None,
     ) -> urllib3.BaseHTTPResponse:
         url = self._configuration.host + path + ("?" + urlencode(params) if params else "")
+        sent = time.monotonic()
         try:
             response = self._pool.request(
                 method,
@@ -116,6 +121,7 @@ class Transport:
             )
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "ConnectionError", f"{method} {path}: {exc}") from exc
+        self.server_clock.observe(response.headers.get("Date"), sent, time.monotonic())
         if 200 <= response.status <= 299:
             return response
         try:

@@ -24,7 +24,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupack import keys
+from gpupack import keys, seal
 from gpupack.kube import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
@@ -35,7 +35,7 @@ from webhook.app import ClusterPort, Decide, create_app
 from webhook.audit import AUDIT_MARKER, AuditLog
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import WebhookMetrics, start_metrics_server
-from webhook.mutate import MutationContext
+from webhook.mutate import PROCESS_KEY, MutationContext
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest
 from webhook.serve import build_uvicorn_config, serve
@@ -71,6 +71,10 @@ class FakeCluster:
     lifecycle: list[str] = field(default_factory=list)
     live: dict[str, JSON | Exception | None] = field(default_factory=dict)
     reads: list[str] = field(default_factory=list)
+    server_time: float | None = None  # the API server's clock; None: this machine's
+
+    def now(self) -> float:
+        return time.time() if self.server_time is None else self.server_time
 
     def namespace(self, name: str) -> JSON | None:
         return self.namespaces.get(name)
@@ -315,6 +319,25 @@ def test_a_namespace_is_read_live_only_when_the_cache_alone_keeps_the_pod_out(
     webhook.admit(pod)
 
     assert cluster.reads == []
+
+
+def test_replicas_seal_and_check_by_the_api_servers_clock_not_their_own(
+    start_webhook: StartWebhook,
+) -> None:
+    """The API server's time is an hour from this machine's, as the nodes' clocks of two
+    replicas may be from each other: a pod one replica sealed is left alone by the other
+    on reinvocation, and its seal carries the API server's time."""
+    server_time = time.time() - 3600
+    sealing = start_webhook(cluster=FakeCluster(server_time=server_time))
+    checking = start_webhook(cluster=FakeCluster(server_time=server_time + 30))
+    pod = patched(vllm_pod(), sealing.admit(vllm_pod()))
+
+    answer = checking.admit(pod, uid="req-2")
+
+    assert seal.verify(PROCESS_KEY, "ml", pod["metadata"]["annotations"]) == int(server_time)
+    assert answer["allowed"] is True
+    assert "patch" not in answer
+    assert checking.audit_lines()[0]["reason"] == "already-mutated"
 
 
 def test_policies_and_recommendations_come_from_the_cluster(start_webhook: StartWebhook) -> None:

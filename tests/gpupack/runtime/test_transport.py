@@ -3,6 +3,7 @@ token, the watch framing, closing a blocked watch, Status errors kept whole."""
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,11 @@ def test_an_unreachable_server_is_a_connection_error(tmp_path: Path) -> None:
     assert error.value.status == 0
     assert error.value.reason == "ConnectionError"
     assert error.value.retryable
+
+
+def test_answers_set_the_api_servers_clock(client: Transport, stub: ApiStub) -> None:
+    stub.clock_offset = 3600.0  # the API server's clock, an hour from this machine's
+
+    client.list("/api/v1/namespaces", {})
+
+    assert abs(client.server_clock.now() - (time.time() + 3600)) < 2
