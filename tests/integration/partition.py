@@ -4,7 +4,9 @@
 nothing in either direction and opens nothing new: connections hang rather than being
 refused, as when a partition drops packets. Healed, what waited flows on, as TCP
 retransmits once the network is back. A component given a kubeconfig whose server is
-`Partition.url` is cut off from the API server while everything else reaches it.
+`Partition.url` is cut off from the API server while everything else reaches it. Reset,
+every connection relayed so far ends (the client's next request opens a new one), as
+when a connection is re-established between two requests of the API server to a webhook.
 """
 
 import contextlib
@@ -19,9 +21,10 @@ import yaml
 
 
 class Partition:
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], host: str = "127.0.0.1") -> None:
         self._upstream = upstream
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.host = host
+        self._listener = socket.create_server((host, 0))
         self.port = self._listener.getsockname()[1]
         self._flowing = threading.Event()
         self._flowing.set()
@@ -32,7 +35,7 @@ class Partition:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     def __enter__(self) -> Self:
         threading.Thread(target=self._accept, name="partition-accept", daemon=True).start()
@@ -54,6 +57,17 @@ class Partition:
 
     def heal(self) -> None:
         self._flowing.set()
+
+    def reset(self) -> None:
+        """End every connection relayed so far, both ways, as when a connection is
+        re-established (a load balancer's, or a node's, restart): a client opens a new one
+        for its next request. New connections are relayed as before."""
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
     def kubeconfig(self, original: Path, into: Path) -> Path:
         """`original` with its cluster's server replaced by this relay."""
