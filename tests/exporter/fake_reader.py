@@ -46,6 +46,7 @@ GiB: Final = 1 << 30
 MiB: Final = 1 << 20
 H100: Final = ("NVIDIA H100 80GB HBM3", 81_559 * MiB)
 A100: Final = ("NVIDIA A100-SXM4-80GB", 81_920 * MiB)
+L4: Final = ("NVIDIA L4", 23_034 * MiB)
 EPOCH_US: Final = 1_700_000_000_000_000  # NVML timestamps are CPU time in microseconds
 CONTEXT_OVERHEAD: Final = 512 * MiB  # what the driver holds on a GPU beyond processes
 

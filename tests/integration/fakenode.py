@@ -4,7 +4,8 @@ The exporter's own sampler, PID-to-pod mapping, collector and HTTP server run in
 process over a fake NVML (tests/exporter/fake_reader.py) whose processes belong, through
 a fake /proc, to the node's pods. kwok nodes run no containers and have no GPUs, so the
 fake processes stand in for them; GPUs are named on capacity pods by the harness's
-SimulatedGpuAssigner, not by this exporter (NoKubelet).
+SimulatedGpuAssigner (NoKubelet), or, given a lister of what kubelet gave each pod, by
+this exporter's own discovery, which also writes the GPUs' health.
 """
 
 import threading
@@ -14,9 +15,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from exporter import server
-from exporter.agent import Agent, node_pods
+from exporter.agent import Agent, Lister, node_pods
 from exporter.cgroup import ProcessTable
-from exporter.collector import ExporterCollector
+from exporter.collector import ExporterCollector, Scrape
 from exporter.health import Health
 from exporter.pods import PodMap
 from exporter.readings import Device
@@ -42,7 +43,13 @@ class FakeNode:
     belongs to no pod (a profiler on the host)."""
 
     def __init__(
-        self, cluster: LocalCluster, node: str, gpus: int, proc: Path, model: tuple[str, int] = A100
+        self,
+        cluster: LocalCluster,
+        node: str,
+        gpus: int,
+        proc: Path,
+        model: tuple[str, int] = A100,
+        kubelet: Lister | None = None,
     ) -> None:
         self._kube = cluster.kube()
         self._proc = proc
@@ -55,20 +62,15 @@ class FakeNode:
         self.usage: dict[str, tuple[float, int]] = {}  # app label -> (SM ratio, bytes)
         self._pids: dict[str, tuple[str, int]] = {}  # pod uid -> (gpu, pid)
         self._next_pid = 50_000
-        health = Health()
-        self._client = connect(str(cluster.kubeconfig), user_agent="gpupack-exporter")
+        self._kubelet = kubelet
+        # As the exporter's ServiceAccount, with the chart's RBAC: the admission policies
+        # let only it write a capacity pod's GPU annotations.
+        self._client = connect(str(cluster.exporter_kubeconfig()), user_agent="gpupack-exporter")
         self._informer = node_pods(self._client, node)
-        self._sampler = Sampler(self.reader, health, interval=0.2, min_window=0.5, max_window=60)
-        agent = Agent(
-            self._client,
-            PodMap(self._informer, SYSTEM_NAMESPACE),
-            self._sampler,
-            ProcessTable(proc),
-            NoKubelet(),
-            health,
-        )
+        self._sampler, self._agent = self._exporter()
+        self._discovery: threading.Thread | None = None
         registry = CollectorRegistry()
-        registry.register(ExporterCollector(agent.scrape))
+        registry.register(ExporterCollector(self._scrape))
         self.port = free_port()
         self._http = server.make_server("127.0.0.1", self.port, registry, lambda: (True, {}))
         self._stop = threading.Event()
@@ -82,17 +84,54 @@ class FakeNode:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/metrics"
 
+    def _scrape(self) -> Scrape:
+        return self._agent.scrape()  # the exporter running now: it may have restarted
+
+    def _exporter(self) -> tuple[Sampler, Agent]:
+        health = Health()
+        sampler = Sampler(self.reader, health, interval=0.2, min_window=0.5, max_window=60)
+        agent = Agent(
+            self._client,
+            PodMap(self._informer, SYSTEM_NAMESPACE),
+            sampler,
+            ProcessTable(self._proc),
+            self._kubelet or NoKubelet(),
+            health,
+        )
+        return sampler, agent
+
     def start(self) -> None:
         self._informer.start()
         self._sampler.start()
         self._http.start()
         self._thread.start()
+        self._start_discovery()
+
+    def _start_discovery(self) -> None:
+        if self._kubelet is not None:
+            self._discovery = threading.Thread(
+                target=self._agent.run_discovery, args=(0.5,), name="discovery", daemon=True
+            )
+            self._discovery.start()
+
+    def stop_exporter(self) -> None:
+        """The exporter stops (its pod evicted, OOM-killed): no sampling, no discovery."""
+        self._agent.stop()
+        if self._discovery is not None:
+            self._discovery.join(timeout=5)
+        self._sampler.stop()
+
+    def start_exporter(self) -> None:
+        """A new exporter process: NVML opened again, discovery from the start."""
+        self._sampler, self._agent = self._exporter()
+        self._sampler.start()
+        self._start_discovery()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.stop_exporter()
         self._http.close()
-        self._sampler.stop()
         self._informer.stop()
         self._client.close()
         self._kube.close()

@@ -21,8 +21,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.podresources import ContainerDevices, ContainerResources, PodResources
+from gpupack import keys
 from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from tests.exporter.fake_reader import L4
 from tests.exporter.podresources_server import PodResourcesServer, short_tempdir
+from tests.integration.fakenode import FakeNode
 
 pytestmark = pytest.mark.integration
 
@@ -156,8 +159,8 @@ def free_the_gpus(kube: Kube, node: str) -> None:
     eventually(lambda: not held(), what=f"the pods holding {node}'s GPUs to go")
 
 
-def capacity_pod(name: str) -> dict[str, Any]:
-    """A capacity pod already bound to the node, as kube-scheduler would leave it."""
+def capacity_pod(name: str, node: str = NODE) -> dict[str, Any]:
+    """A capacity pod already bound to `node`, as kube-scheduler would leave it."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -167,7 +170,7 @@ def capacity_pod(name: str) -> dict[str, Any]:
             "labels": {"gpupack.io/role": "capacity", "gpupack.io/pool": "exporter-test"},
         },
         "spec": {
-            "nodeName": NODE,
+            "nodeName": node,
             "containers": [
                 {
                     "name": "hold",
@@ -425,6 +428,77 @@ def _scraped(text: str, namespace: str) -> dict[str, Any] | None:
                 found["managed"][labels["pod"]] = s.value
     named = all(container for _, container in found["compute"])  # status seen by the watch
     return found if len(found["compute"]) == 2 and named and "host" in found else None
+
+
+HEALTH_NODE = "gpu-l4-2"  # another L4 node: the binary above serves NODE
+
+
+def named_gpu(kube: Kube, name: str) -> str:
+    """The UUID the exporter wrote on capacity pod `name`, once it has."""
+    uuid: str = eventually(lambda: annotations(kube, name).get(keys.GPU_UUID), what=f"{name}'s GPU")
+    return uuid
+
+
+def test_gpu_health_goes_stale_while_the_exporter_is_down_and_is_caught_up_when_back(
+    cluster: LocalCluster,
+    kube: Kube,
+    gpu_assigner: SimulatedGpuAssigner | None,
+    tmp_path: Path,
+) -> None:
+    """The exporter writes each GPU's health on the capacity pod holding it
+    (`gpupack.io/gpu-unhealthy`, which placement reads: no new share there). Its health
+    comes from NVML, which the binary here lacks, so this node's exporter runs in this
+    process over a fake NVML (`FakeNode`), with its own discovery. While it is down,
+    nobody writes health: a GPU lost meanwhile keeps taking shares, and one reset
+    meanwhile keeps refusing them. Back, it corrects both from a fresh look at NVML."""
+    assert gpu_assigner is not None
+    free_the_gpus(kube, HEALTH_NODE)
+    gpu_assigner.skip_nodes.add(HEALTH_NODE)
+    (tmp_path / "proc").mkdir()
+    kubelet = SimulatedKubelet(kube, HEALTH_NODE, GPUS)
+    node = FakeNode(cluster, HEALTH_NODE, GPUS, tmp_path / "proc", L4, kubelet=kubelet)
+    pods = ("health-a", "health-b")
+    try:
+        node.start()
+        for name in pods:
+            kube.create(
+                f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", capacity_pod(name, HEALTH_NODE)
+            )
+        uuid = {name: named_gpu(kube, name) for name in pods}
+        lost = time.monotonic()
+        node.reader.lose(uuid["health-a"])
+        eventually(
+            lambda: annotations(kube, "health-a").get(keys.GPU_UNHEALTHY),
+            what="health-a's GPU marked unhealthy",
+        )
+        marked = time.monotonic() - lost
+
+        node.stop_exporter()
+        node.reader.recover(uuid["health-a"])  # reset while nobody looks
+        node.reader.lose(uuid["health-b"])
+        time.sleep(3.0)  # six discovery intervals
+        assert annotations(kube, "health-a").get(keys.GPU_UNHEALTHY)  # stale: still refused
+        assert not annotations(kube, "health-b").get(keys.GPU_UNHEALTHY)  # stale: still used
+
+        started = time.monotonic()
+        node.start_exporter()
+        eventually(
+            lambda: (
+                not annotations(kube, "health-a").get(keys.GPU_UNHEALTHY)
+                and annotations(kube, "health-b").get(keys.GPU_UNHEALTHY)
+            ),
+            what="both GPUs' health corrected",
+        )
+        caught_up = time.monotonic() - started
+    finally:
+        node.stop()
+        for name in pods:
+            kube.delete(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{name}")
+        gpu_assigner.skip_nodes.discard(HEALTH_NODE)
+    print(
+        f"health: a lost GPU marked {marked:.1f} s after NVML said so; "
+        f"the exporter back, both GPUs corrected {caught_up:.1f} s after it started"
+    )
 
 
 def test_an_exporter_that_stops_leaves_what_it_wrote_and_catches_up_when_back(
