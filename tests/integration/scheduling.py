@@ -104,14 +104,25 @@ def events(kube: Kube, ns: str, reason: str) -> list[JSON]:
     return [e for e in items if e.get("reason") == reason]
 
 
+def component_metric(cluster: LocalCluster, process: str, sample: str) -> float | None:
+    """One sample (`name{labels}`) of a running component's metrics, by its process
+    name; None when absent or not served yet."""
+    target = cluster.metrics_targets[process]
+    url = f"http://127.0.0.1:{target.port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            lines = reply.read().decode().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return None
+
+
 def scheduler_metric(cluster: LocalCluster, sample: str) -> float | None:
     """One sample of the gpupack-scheduler's metrics (`name{labels}`), None when absent."""
-    target = cluster.metrics_targets["gpupack-scheduler"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{target.port}/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(sample + " "):
-                return float(line.split()[-1])
-    return None
+    return component_metric(cluster, "gpupack-scheduler", sample)
 
 
 def consolidating_policy(

@@ -17,7 +17,6 @@ and kube-scheduler keep the machine's. What is at stake, and where:
 
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,11 +34,12 @@ from tests.integration.scheduling import (
     FAST,
     FAST_LEASE,
     assert_consistent,
+    component_metric,
     create,
     scheduler_metric,
     wait_bound,
 )
-from tests.integration.tools import SMALL, cluster_of_its_own
+from tests.integration.tools import webhook_cluster_of_its_own
 from tests.integration.workloads import deployment, gpu_pod
 
 pytestmark = pytest.mark.integration
@@ -55,29 +55,11 @@ def audit(cluster: LocalCluster, replica: str) -> list[JSON]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def metric(cluster: LocalCluster, process: str, sample: str) -> float | None:
-    """One sample (`name{labels}`) of a running component's metrics; None when absent
-    or not served yet."""
-    target = cluster.metrics_targets[process]
-    url = f"http://127.0.0.1:{target.port}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            lines = reply.read().decode().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith(sample + " "):
-            return float(line.split()[-1])
-    return None
-
-
 @pytest.fixture(scope="module")
 def clock_cluster(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[LocalCluster]:
-    with cluster_of_its_own(tmp_path_factory, cluster, "clocks", node_pools=SMALL) as local:
-        local.install_webhook()
-        yield local
+    yield from webhook_cluster_of_its_own(tmp_path_factory, cluster, "clocks")
 
 
 class Replicas:
@@ -239,7 +221,7 @@ def test_a_standby_an_hour_ahead_of_the_leader_waits_while_it_renews_and_takes_o
         stack.callback(cluster.stop_recommender, ahead)
         kube.wait_for(
             "the standby serving its metrics",
-            lambda: metric(cluster, ahead, "gpupack_recommender_leader") is not None,
+            lambda: component_metric(cluster, ahead, "gpupack_recommender_leader") is not None,
             timeout=60,
         )
         lease = kube.get(RECOMMENDER_LEASE)["spec"]
@@ -250,9 +232,9 @@ def test_a_standby_an_hour_ahead_of_the_leader_waits_while_it_renews_and_takes_o
             spec = kube.get(RECOMMENDER_LEASE)["spec"]
             assert spec["holderIdentity"] == behind, spec
             renewals.add(spec["renewTime"])
-            assert metric(cluster, ahead, "gpupack_recommender_leader") == 0.0
+            assert component_metric(cluster, ahead, "gpupack_recommender_leader") == 0.0
             time.sleep(1)
-        assert metric(cluster, behind, "gpupack_recommender_leader") == 1.0
+        assert component_metric(cluster, behind, "gpupack_recommender_leader") == 1.0
         assert len(renewals) > 3, renewals  # the leader did renew meanwhile
 
         cluster.processes[behind].kill()  # no release: the Lease must expire
@@ -265,7 +247,7 @@ def test_a_standby_an_hour_ahead_of_the_leader_waits_while_it_renews_and_takes_o
         took = time.monotonic() - stopped
         kube.wait_for(
             "the standby reporting that it leads",
-            lambda: metric(cluster, ahead, "gpupack_recommender_leader") == 1.0,
+            lambda: component_metric(cluster, ahead, "gpupack_recommender_leader") == 1.0,
             timeout=30,
         )
     assert took >= duration - 2, f"took over {took:.1f} s after the leader stopped"

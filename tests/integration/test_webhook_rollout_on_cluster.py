@@ -28,7 +28,7 @@ from gpupack import keys
 from hack.localcluster import WEBHOOK_NAME, ApiError, Kube, LocalCluster
 from hack.localcluster.processes import routable_address
 from tests.integration.partition import Partition
-from tests.integration.tools import REPO, SMALL, cluster_of_its_own
+from tests.integration.tools import REPO, webhook_cluster_of_its_own
 from tests.integration.workloads import gpu_pod
 
 pytestmark = pytest.mark.integration
@@ -91,9 +91,7 @@ def audited(cluster: LocalCluster, name: str) -> int:
 def rollout_cluster(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[LocalCluster]:
-    with cluster_of_its_own(tmp_path_factory, cluster, "rollout", node_pools=SMALL) as local:
-        local.install_webhook()
-        yield local
+    yield from webhook_cluster_of_its_own(tmp_path_factory, cluster, "rollout")
 
 
 def test_a_rolling_update_during_a_burst_loses_no_admission(

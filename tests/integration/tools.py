@@ -33,6 +33,16 @@ def cluster_of_its_own(
         yield local
 
 
+def webhook_cluster_of_its_own(
+    tmp_path_factory: pytest.TempPathFactory, session: LocalCluster | None, name: str
+) -> Iterator[LocalCluster]:
+    """A control plane of its own with one CPU node and the webhook installed, for tests
+    that register the webhook by Service and run replicas of their own."""
+    with cluster_of_its_own(tmp_path_factory, session, name, node_pools=SMALL) as local:
+        local.install_webhook()
+        yield local
+
+
 def gpupack_certs(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`gpupack-certs --kubeconfig=KUBECONFIG ARGS...` in a process of its own."""
     return run_module("certs.cli", kubeconfig, *args)
