@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.podresources import ContainerDevices, ContainerResources, PodResources
 from gpupack import keys
-from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster import (
+    SCHEDULER_NAME,
+    SYSTEM_NAMESPACE,
+    Kube,
+    LocalCluster,
+    SimulatedGpuAssigner,
+)
 from tests.exporter.fake_reader import L4
 from tests.exporter.podresources_server import PodResourcesServer, short_tempdir
 from tests.integration.fakenode import FakeNode
@@ -116,10 +123,9 @@ def exporter(
 ) -> Iterator[Exporter]:
     if cluster is None or gpu_assigner is None:
         pytest.skip("plays a node's kubelet: needs the local cluster")
-    free_the_gpus(kube, NODE)
     gpu_assigner.skip_nodes.add(NODE)
     simulated = SimulatedKubelet(kube, NODE, GPUS)
-    with short_tempdir() as directory:
+    with gpus_of_our_own(cluster, kube, NODE), short_tempdir() as directory:
         socket = directory / "kubelet.sock"
         with PodResourcesServer(socket, pods=simulated.list) as kubelet:
             process, port = cluster.install_exporter(
@@ -144,19 +150,45 @@ def holds_a_gpu(pod: dict[str, Any]) -> bool:
     )
 
 
-def free_the_gpus(kube: Kube, node: str) -> None:
-    """The node's GPUs free for this module's capacity pods: what earlier modules left
-    there holding nvidia.com/gpu (capacity pods whose scheduler has stopped; where
-    placement puts them is not this module's business) is deleted first."""
+@contextmanager
+def gpus_of_our_own(cluster: LocalCluster, kube: Kube, node: str) -> Iterator[None]:
+    """The node's GPUs free for this module's capacity pods, which are bound to it by
+    name. Earlier modules may have left pods there (where placement puts them is not
+    this module's business): the node is cordoned, so that their controllers do not put
+    them back, and every pod on it is deleted. A capacity pod still labelled hosting
+    cannot be deleted (the admission policies refuse it); once its shares are gone, the
+    label is taken off as gpupack-scheduler's ServiceAccount, as the scheduler does when a
+    GPU empties (none runs in this module). Uncordoned after."""
+    scheduler = Kube.from_kubeconfig(
+        cluster.component_kubeconfig(SCHEDULER_NAME, "templates/scheduler.yaml")
+    )
 
-    def held() -> list[dict[str, Any]]:
-        pods = kube.get("/api/v1/pods", fieldSelector=f"spec.nodeName={node}")["items"]
-        return [pod for pod in pods if holds_a_gpu(pod)]
+    def on_node() -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = kube.get(
+            "/api/v1/pods", fieldSelector=f"spec.nodeName={node}"
+        )["items"]
+        return pods
 
-    for pod in held():
-        meta = pod["metadata"]
-        kube.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}")
-    eventually(lambda: not held(), what=f"the pods holding {node}'s GPUs to go")
+    def path(pod: dict[str, Any]) -> str:
+        return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
+
+    kube.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": True}})
+    try:
+        for pod in on_node():
+            if not holds_a_gpu(pod):  # the shares first: then their GPUs are empty
+                kube.delete(path(pod))
+        eventually(
+            lambda: all(holds_a_gpu(pod) for pod in on_node()), what=f"{node}'s shares to go"
+        )
+        for pod in on_node():
+            if (pod["metadata"].get("labels") or {}).get(keys.HOSTING):
+                scheduler.merge_patch(path(pod), {"metadata": {"labels": {keys.HOSTING: None}}})
+            kube.delete(path(pod))
+        eventually(lambda: not on_node(), what=f"the pods on {node} to go")
+        yield
+    finally:
+        kube.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"unschedulable": None}})
+        scheduler.close()
 
 
 def capacity_pod(name: str, node: str = NODE) -> dict[str, Any]:
@@ -452,15 +484,18 @@ def test_gpu_health_goes_stale_while_the_exporter_is_down_and_is_caught_up_when_
     nobody writes health: a GPU lost meanwhile keeps taking shares, and one reset
     meanwhile keeps refusing them. Back, it corrects both from a fresh look at NVML."""
     assert gpu_assigner is not None
-    free_the_gpus(kube, HEALTH_NODE)
-    gpu_assigner.skip_nodes.add(HEALTH_NODE)
     (tmp_path / "proc").mkdir()
     kubelet = SimulatedKubelet(kube, HEALTH_NODE, GPUS)
     node = FakeNode(cluster, HEALTH_NODE, GPUS, tmp_path / "proc", L4, kubelet=kubelet)
     pods = ("health-a", "health-b")
-    try:
+    with ExitStack() as stack:
+        stack.enter_context(gpus_of_our_own(cluster, kube, HEALTH_NODE))
+        gpu_assigner.skip_nodes.add(HEALTH_NODE)
+        stack.callback(gpu_assigner.skip_nodes.discard, HEALTH_NODE)
         node.start()
+        stack.callback(node.stop)
         for name in pods:
+            stack.callback(kube.delete, f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{name}")
             kube.create(
                 f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", capacity_pod(name, HEALTH_NODE)
             )
@@ -490,11 +525,6 @@ def test_gpu_health_goes_stale_while_the_exporter_is_down_and_is_caught_up_when_
             what="both GPUs' health corrected",
         )
         caught_up = time.monotonic() - started
-    finally:
-        node.stop()
-        for name in pods:
-            kube.delete(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{name}")
-        gpu_assigner.skip_nodes.discard(HEALTH_NODE)
     print(
         f"health: a lost GPU marked {marked:.1f} s after NVML said so; "
         f"the exporter back, both GPUs corrected {caught_up:.1f} s after it started"
