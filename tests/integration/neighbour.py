@@ -24,52 +24,54 @@ from typing import Any, Self
 
 from certs import pem
 from hack.localcluster import Kube
+from webhook.patch import pointer
 
 TOUCHED = "neighbour.example/touched"
 CONFIGURATION = "zz-neighbour"  # after gpupack's: mutating webhooks are called by name
 PATH = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION}"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        between = getattr(self.server, "between", None)
-        if between is not None:
-            between()
-        length = int(self.headers.get("Content-Length") or 0)
-        review = json.loads(self.rfile.read(length))
-        request = review["request"]
-        annotations = (request["object"].get("metadata") or {}).get("annotations")
-        patch: list[dict[str, Any]] = (
-            [{"op": "add", "path": "/metadata/annotations", "value": {TOUCHED: "true"}}]
-            if annotations is None
-            else [
-                {"op": "add", "path": "/metadata/annotations/" + _escape(TOUCHED), "value": "true"}
-            ]
-        )
-        body = json.dumps(
-            {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "response": {
-                    "uid": request["uid"],
-                    "allowed": True,
-                    "patchType": "JSONPatch",
-                    "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
-                },
-            }
-        ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+def _handler(between: Callable[[], None] | None) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if between is not None:
+                between()
+            length = int(self.headers.get("Content-Length") or 0)
+            request = json.loads(self.rfile.read(length))["request"]
+            annotations = (request["object"].get("metadata") or {}).get("annotations")
+            patch: list[dict[str, Any]] = (
+                [{"op": "add", "path": "/metadata/annotations", "value": {TOUCHED: "true"}}]
+                if annotations is None
+                else [
+                    {
+                        "op": "add",
+                        "path": pointer("metadata", "annotations", TOUCHED),
+                        "value": "true",
+                    }
+                ]
+            )
+            body = json.dumps(
+                {
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": {
+                        "uid": request["uid"],
+                        "allowed": True,
+                        "patchType": "JSONPatch",
+                        "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+                    },
+                }
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
 
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
+    return Handler
 
 
 class Neighbour:
@@ -92,9 +94,8 @@ class Neighbour:
         (folder / "tls.key").write_bytes(serving.key_pem)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(folder / "tls.crt", folder / "tls.key")
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(between))
         self._server.daemon_threads = True
-        self._server.between = between  # type: ignore[attr-defined]
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self._kube = kube
         self._configuration = {

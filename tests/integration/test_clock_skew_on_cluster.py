@@ -4,9 +4,9 @@ Each skewed component runs with its wall clock moved by libfaketime
 (`hack.localcluster.clock`), as on a node whose time sync failed; the API server, etcd
 and kube-scheduler keep the machine's. What is at stake, and where:
 
-- seals: a webhook replica seals each pod it rewrites with its own clock, and a
-  reinvocation (another team's webhook changed the pod after ours) may reach another
-  replica, which checks the seal's age against its clock;
+- seals: a webhook replica seals each pod it rewrites with a time, and a reinvocation
+  (another team's webhook changed the pod after ours) may reach another replica, which
+  checks the seal's age: both must keep the API server's time, not their nodes';
 - certificates: a replica whose clock is behind the one that issued its certificate
   must still find it valid, and the API server's;
 - leases: a leader writes renewTime with its clock; a standby whose clock is far ahead
@@ -15,7 +15,6 @@ and kube-scheduler keep the machine's. What is at stake, and where:
   kube-scheduler's, whose Lease it follows.
 """
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpupack import keys
+from gpupack import keys, seal
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
 from hack.localcluster.clock import skewed
 from hack.localcluster.processes import routable_address
@@ -41,6 +40,7 @@ from tests.integration.scheduling import (
 )
 from tests.integration.tools import webhook_cluster_of_its_own
 from tests.integration.workloads import deployment, gpu_pod
+from webhook.audit_reader import parse_lines
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
@@ -50,9 +50,7 @@ MINUTE = 60
 
 def audit(cluster: LocalCluster, replica: str) -> list[JSON]:
     path = cluster.workdir / "logs" / f"{replica}.audit.log"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return list(parse_lines(path.read_text().splitlines())) if path.exists() else []
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +126,12 @@ def crossed(history: list[str]) -> bool:
     return len({call.split(":")[0] for call in history}) > 1
 
 
-def issued(pod: JSON) -> int:
-    """When the pod's seal says it was issued (Unix seconds): `v1.<issued>.<digest>`."""
-    return int(pod["metadata"]["annotations"][keys.SEAL].split(".")[1])
+def issued(cluster: LocalCluster, pod: JSON) -> int:
+    """When the pod's seal was issued (Unix seconds), once it verifies with the decision
+    key the replicas share."""
+    key = seal.load_key(cluster.decision_key_file.read_bytes(), "the decision key")
+    meta = pod["metadata"]
+    return seal.verify(key, meta["namespace"], meta.get("annotations") or {})
 
 
 def test_webhook_replicas_twenty_minutes_apart_seal_by_the_api_servers_clock(
@@ -162,8 +163,9 @@ def test_webhook_replicas_twenty_minutes_apart_seal_by_the_api_servers_clock(
             annotations = pod["metadata"].get("annotations") or {}
             assert keys.DECISION in annotations, pod["metadata"]
             assert TOUCHED in annotations, pod["metadata"]
-            if abs(issued(pod) - time.time()) > 5:  # the API server's clock is this machine's
-                late.append(f"{name}: {issued(pod) - time.time():+.0f} s")
+            off = issued(cluster, pod) - time.time()  # the API server's clock is this machine's
+            if abs(off) > 5:
+                late.append(f"{name}: {off:+.0f} s")
 
         history = calls(cluster, ["webhook-ahead", "webhook-behind"], names)
     assert denied == {}, history
