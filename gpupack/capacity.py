@@ -25,7 +25,7 @@ import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -481,13 +481,39 @@ def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
         node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(preferred)
 
 
-def _require(spec: JSON, avoid: Sequence[str], near: Sequence[JSON]) -> None:
-    """Add the requirements of `Where` to a capacity pod's spec: `avoid` as a hostname
-    NotIn in every required node-selector term (terms are ORed, so each needs it), `near`
-    as required pod affinity. More than `MAX_NODES` names to avoid is left to the
-    preferences (and to scale-down, which releases a GPU no waiting pod can use)."""
-    if avoid and len(avoid) <= MAX_NODES:
-        expression = {"key": HOSTNAME, "operator": "NotIn", "values": sorted(avoid)}
+def node_label_value(name: str) -> str:
+    """The `gpupack.io/node` label gpupack-scheduler writes on node `name` where none is:
+    the name itself when it is a valid label value (at most 63 characters), else its
+    first 40 characters, `_` and 16 hex digits of its SHA-256. A node name never holds
+    `_`, so a shortened value is never another node's name. Once written it is the
+    node's for good: the label's value, whoever wrote it (Karpenter writes a random
+    number on the nodes it buys for such a requirement), is what capacity pods name."""
+    if len(name) <= 63 and _LABEL_VALUE.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "-", name[:40]).lstrip("-_.")
+    return f"{prefix}_{digest}" if prefix else digest
+
+
+_LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+
+
+def _require(
+    spec: JSON, avoid: Sequence[str], near: Sequence[JSON], labels: Mapping[str, str] | None
+) -> None:
+    """Add the requirements of `Where` to a capacity pod's spec: `avoid` as a NotIn in
+    every required node-selector term (terms are ORed, so each needs it), `near` as
+    required pod affinity. The nodes are named by `kubernetes.io/hostname` when `labels`
+    is None, else by their `gpupack.io/node` label, whose value `labels` gives for each
+    (Karpenter ignores every pod that names the hostname in a required term). More
+    than `MAX_NODES` names to avoid is left to the preferences (and to scale-down, which
+    releases a GPU no waiting pod can use)."""
+    if labels is None:
+        key, values = HOSTNAME, sorted(avoid)
+    else:  # a node with no label is gone: it takes no pod
+        key, values = keys.NODE, sorted({labels[name] for name in avoid if name in labels})
+    if values and len(avoid) <= MAX_NODES:
+        expression = {"key": key, "operator": "NotIn", "values": values}
         node = spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
         required = node.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
         terms = required.setdefault("nodeSelectorTerms", [])
@@ -512,6 +538,7 @@ def capacity_pod(
     mps_image: str | None = None,
     namespace: str = keys.SYSTEM_NAMESPACE,
     where: Where = ANYWHERE,
+    node_labels: Mapping[str, str] | None = None,
 ) -> JSON:
     """The manifest of capacity pod `index` of `pool`: holds one GPU, does nothing else,
     or, for an MPS pool (`gpupack.pool.is_mps`), runs the GPU's MPS control daemon
@@ -564,7 +591,7 @@ def capacity_pod(
         spec["containers"] = [mps_daemon_container(container, str(mps_image))]
         spec["volumes"] = [mps.volume()]
         labels[SHARING] = mps.SHARING_MPS
-    _require(spec, where.avoid, where.near)
+    _require(spec, where.avoid, where.near, node_labels)
     _prefer(spec, where.steer, where.packed)
     return {
         "apiVersion": "v1",

@@ -81,6 +81,12 @@ RESOURCE_MEMORY: Final = f"{DOMAIN}/gpu-memory"
 NVIDIA_PREFIX: Final = "nvidia.com/"
 OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
 
+# On a GPU node, by gpupack-scheduler: a name for the node that capacity pods can exclude
+# in required node affinity (`gpupack.io/node NotIn [...]`) where Karpenter refuses
+# `kubernetes.io/hostname`. Written once, when absent; never changed after
+# (`gpupack.capacity.node_label_value`).
+NODE: Final = f"{DOMAIN}/node"
+
 # GPU Feature Discovery node labels.
 GFD_PRODUCT: Final = "nvidia.com/gpu.product"
 GFD_MEMORY_MIB: Final = "nvidia.com/gpu.memory"  # per-GPU memory in MiB

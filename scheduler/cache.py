@@ -117,6 +117,8 @@ class Cache:
         # could land, and their per-GPU memory (GPU Feature Discovery's label; 0: unknown).
         # Kept with the node events, read on every refused filter.
         self.gpu_nodes: dict[str, int] = {}
+        # Their `gpupack.io/node` labels, where they have one (`scheduler.exclusion`).
+        self.node_labels: dict[str, str] = {}
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
 
     # Folding events in.
@@ -142,6 +144,7 @@ class Cache:
         self.capacity.clear()
         self.leaving.clear()
         self.gpu_nodes.clear()
+        self.node_labels.clear()
         self._on_node.clear()
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
@@ -161,6 +164,7 @@ class Cache:
         if obj is None:
             self.snapshot.remove_node(name)
             self.gpu_nodes.pop(name, None)
+            self.node_labels.pop(name, None)
             return
         returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
@@ -175,10 +179,19 @@ class Cache:
     def _note_gpus(self, node: JSON) -> None:
         name = str(node["metadata"]["name"])
         allocatable = (node.get("status") or {}).get("allocatable") or {}
+        labels = labels_of(node)
         if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
-            self.gpu_nodes[name] = node_gpu_memory(labels_of(node))
+            self.gpu_nodes[name] = node_gpu_memory(labels)
         else:
             self.gpu_nodes.pop(name, None)
+        if labels.get(keys.NODE) and name in self.gpu_nodes:
+            self.node_labels[name] = labels[keys.NODE]
+        else:
+            self.node_labels.pop(name, None)
+
+    def node(self, name: str) -> JSON | None:
+        """The Node object as the informer has it."""
+        return self._nodes.get(name)
 
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)

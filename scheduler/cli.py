@@ -28,6 +28,7 @@ from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds, version
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
+from scheduler.exclusion import Autoscaler
 from scheduler.extender import Extender
 from scheduler.leadership import Follower
 from scheduler.metrics import Metrics
@@ -120,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the pod-deletion-cost of ReplicaSet pods equal to their GPU's booked "
         "compute, so a shrinking ReplicaSet deletes pods on the emptiest GPUs first and "
         "GPUs empty (needs the chart's pods patch permission; default: on)",
+    )
+    add(
+        "--autoscaler",
+        choices=[a.value for a in Autoscaler],
+        default=Autoscaler.AUTO.value,
+        help="what buys GPU nodes, which decides how a capacity pod names the existing "
+        "nodes it must avoid: karpenter, by the gpupack.io/node label this process writes "
+        "once on each GPU node (Karpenter ignores pods that name kubernetes.io/hostname); "
+        "cluster-autoscaler or none, by hostname, writing no node; auto, karpenter when "
+        "the API server serves karpenter.sh/v1 (default: %(default)s; see "
+        "docs/scheduler.md)",
     )
     add("--capacity-image", default=DEFAULT_IMAGE, help="image of capacity pods")
     add(
@@ -234,6 +246,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         consolidation_interval=args.consolidation_interval,
         drain_timeout=args.drain_timeout,
         deletion_cost=args.deletion_cost,
+        autoscaler=args.autoscaler,
     )
     registry = CollectorRegistry()
     holder: list[Extender] = []

@@ -9,7 +9,10 @@ the extender's thread pool through `submit`.
   retry or a racing webhook collides). Each may land only where the pod it is made for
   could then run: never on an existing node kube-scheduler found infeasible for it, and
   next to what its required pod affinity names; among those it prefers the feasible
-  nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`).
+  nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`). The nodes it
+  avoids are named so that the cluster's autoscaler acts on the pod: by their
+  `gpupack.io/node` label where Karpenter runs, which housekeeping writes on every GPU
+  node, else by hostname (`scheduler.exclusion`).
 - **Released for another pool:** an empty capacity pod on a node where a waiting pod of
   another pool may go, whose own capacity pod kube-scheduler cannot place, is deleted at
   once rather than after the grace period: its GPU is the one that pod needs.
@@ -43,6 +46,7 @@ from typing import Any
 
 from gpupack import keys
 from gpupack.capacity import (
+    MAX_NODES,
     Allocation,
     Where,
     affinity_to_others,
@@ -57,6 +61,7 @@ from gpupack.runtime.capacity import CapacityCreator
 from gpupack.shares import scheduling_of, workload
 from scheduler import writer
 from scheduler.cache import Cache
+from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -91,6 +96,7 @@ class Lifecycle:
         self._settings = settings
         self._submit = submit
         self._metrics = metrics
+        self.node_labels = NodeLabels(kube, Autoscaler(settings.autoscaler), written=self._written)
         self._creator = CapacityCreator(
             kube,
             namespace=settings.namespace,
@@ -107,16 +113,23 @@ class Lifecycle:
         self._fresh: set[str] | None = None
         self._known: set[str] = set()  # capacity pods seen at the last round
 
+    def _written(self, result: str) -> None:
+        if self._metrics is not None:
+            self._metrics.node_labels.labels(result=result).inc()
+
     def requirements(self, example: JSON, feasible: Collection[str], memory: int = 0) -> Where:
         """Where a new GPU for `example`, which asks `memory` bytes of it, may land
         (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible for
         it (`feasible` are the nodes it let the pod go to; a node that does not exist yet
         is fine), nor on one whose GPUs are known to be smaller than that, and next to
-        the pods its required pod affinity names."""
+        the pods its required pod affinity names. Nodes the capacity pod's inherited
+        constraints keep it off already are not named (`scheduler.exclusion`)."""
+        scheduling = scheduling_of(example)
         avoid = [
             name
             for name, size in self.cache.gpu_nodes.items()
-            if name not in feasible or 0 < size < memory
+            if (name not in feasible or 0 < size < memory)
+            and not already_excluded(scheduling, self.cache.node(name))
         ]
         return Where(avoid=tuple(sorted(avoid)), near=affinity_to_others(example))
 
@@ -157,13 +170,37 @@ class Lifecycle:
         )
         spec = scheduling_of(example)
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
+        labels = {n: self.cache.node_labels[n] for n in where.avoid if n in self.cache.node_labels}
         for name in names:
-            self._submit(self._create_capacity, pool, name, spec, owner, example, where)
+            self._submit(self._create_capacity, pool, name, spec, owner, example, where, labels)
 
     def _create_capacity(
-        self, pool: str, name: str, spec: JSON, owner: str, example: JSON, where: Where
+        self,
+        pool: str,
+        name: str,
+        spec: JSON,
+        owner: str,
+        example: JSON,
+        where: Where,
+        known: Mapping[str, str],
     ) -> None:
-        made = self._creator.create(pool, (name,), spec, owner, where=where)
+        node_labels = None
+        if where.avoid and len(where.avoid) <= MAX_NODES and self.node_labels.by_label():
+            try:
+                node_labels = self.node_labels.ensure(where.avoid, known)
+            except ApiError as error:
+                self._creator.release(pool, (name,))
+                log.warning(
+                    "not creating capacity pod %s: the nodes it must avoid cannot all be "
+                    "labelled %s: %s",
+                    name,
+                    keys.NODE,
+                    error,
+                )
+                return
+        made = self._creator.create(
+            pool, (name,), spec, owner, where=where, node_labels=node_labels
+        )
         if made.failure is not None:
             log.warning("could not create capacity pod %s: %s", name, made.failure)
             return
@@ -189,6 +226,7 @@ class Lifecycle:
         for entry in waiting.values():
             by_pool.setdefault(entry.pool, []).append(entry)
         released = self._release_for_other_pools(by_pool)
+        self._label_nodes()
         fresh = self._fresh_capacity()
         for name, capacity in list(self.cache.capacity.items()):
             if name in released:
@@ -214,6 +252,16 @@ class Lifecycle:
             del self._empty_since[name]
         self._evict_orphans(now)
         self._report_overcommitted()
+
+    def _label_nodes(self) -> None:
+        """Have the GPU nodes without a `gpupack.io/node` label labelled, a few a round,
+        long before a capacity pod needs to name them (`scheduler.exclusion`)."""
+        if self.node_labels.autoscaler in (Autoscaler.CLUSTER_AUTOSCALER, Autoscaler.NONE):
+            return
+        unlabelled = [n for n in self.cache.gpu_nodes if n not in self.cache.node_labels]
+        claimed = self.node_labels.label_missing(unlabelled)
+        if claimed:
+            self._submit(self.node_labels.write, claimed)
 
     def _fresh_capacity(self) -> set[str]:
         """The capacity pods that never hosted a share since this extender first saw them,

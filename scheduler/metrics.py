@@ -176,6 +176,13 @@ class Metrics:
             ["result"],
             registry=registry,
         )
+        self.node_labels = Counter(
+            "gpupack_scheduler_node_labels_written",
+            "gpupack.io/node labels written on GPU nodes, by result (labelled, failed): the "
+            "name capacity pods exclude a node by where Karpenter runs",
+            ["result"],
+            registry=registry,
+        )
         # Every label value known in advance starts at 0, so a rate or an increase over
         # them answers 0 rather than nothing before the first event.
         for result in ("placed", "unschedulable", "refused"):
@@ -188,4 +195,6 @@ class Metrics:
             self.drains.labels(result=result)
         for result in ("evicted", "refused", "failed"):
             self.consolidation_evictions.labels(result=result)
+        for result in ("labelled", "failed"):
+            self.node_labels.labels(result=result)
         registry.register(_UsageCollector(usage, wall))

@@ -22,3 +22,4 @@ class Settings:
     consolidation_interval: float = 30.0  # seconds between consolidation rounds; 0: never
     drain_timeout: float = 300.0  # seconds a GPU may stay draining before it is given back
     deletion_cost: bool = True  # keep ReplicaSet pods' pod-deletion-cost = their GPU's fill
+    autoscaler: str = "auto"  # scheduler.exclusion.Autoscaler: how avoided nodes are named

@@ -17,6 +17,12 @@ gpupack scheduler as the chart runs it, kwok GPU nodes, simulated GPU discovery)
 3. **karpenter**: the same burst in a cluster that starts with no GPU node at all, where
    Karpenter's kwok provider buys 8-GPU A100 nodes (tainted `nvidia.com/gpu`, which the
    burst tolerates) for capacity pods that fit nowhere.
+3b. **karpenter-full**: the same burst where the cluster's own GPU nodes (two 8-GPU A100,
+   two 2-GPU L4) are full of another team's whole-GPU pods and Karpenter may buy A100
+   and L4 nodes. The L4 nodes are infeasible for the A100-pinned pods, so their
+   capacity pods have nodes to avoid; it also reports the capacity pods Karpenter
+   ignored unsimulated (its `FailedScheduling` "... is not allowed"), and stops waiting
+   after `--timeout` seconds (pods never bound: `seconds_to_all_bound` null).
 
 4. **churn**: four Deployments of 8 pods of 300m (one pool) on nodes Karpenter buys, then
    scaled down to 2 replicas each, under a GPUPolicy whose consolidation is `Off`;
@@ -26,7 +32,7 @@ gpupack scheduler as the chart runs it, kwok GPU nodes, simulated GPU discovery)
    `scheduler.gracePeriodSeconds=30` and `scheduler.consolidation.intervalSeconds=5`,
    so capacity emptied by the scale-down itself is released within the settle time.
 
-Each of the first three reports: capacity pods created (every name seen), GPUs held
+Each of the first four reports: capacity pods created (every name seen), GPUs held
 (capacity pods on a node) at peak, at the moment every placeable pod is bound and
 `--settle` seconds later (default 60), capacity pods still pending then (GPUs asked
 for, which an autoscaler would buy if it could), GPUs in use (holding at least one
@@ -36,7 +42,7 @@ gpupack's own packing (`gpupack.capacity.plan`, one pool) and the nodes those GP
 (and, for rules, the 3 nodes its anti-affinity needs). Ratios are held / lower bound.
 
 Usage: .venv/bin/python -m benchmarks.capacity.run [--burst 40] [--settle 60]
-       [--only rules,burst,karpenter,churn]
+       [--only rules,burst,karpenter,karpenter-full,churn] [--timeout 300]
 (needs the binaries: run hack/test or hack/demo once). Progress goes to stderr; the last
 stdout line is one JSON object.
 """
@@ -58,7 +64,7 @@ from gpupack import keys
 from gpupack.capacity import Allocation, plan
 from gpupack.policy import BUILTIN, policy_spec
 from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
-from hack.localcluster.karpenter import Karpenter
+from hack.localcluster.karpenter import A100_X8, L4_X2, Karpenter
 
 JSON = dict[str, Any]
 A100: Final = "NVIDIA-A100-SXM4-80GB"
@@ -295,17 +301,29 @@ def with_bounds(result: JSON, gpus: int, nodes: int) -> JSON:
 
 
 @contextmanager
-def cluster(workdir: Path, node_pools: tuple[NodePool, ...]) -> Iterator[LocalCluster]:
+def cluster(
+    workdir: Path,
+    node_pools: tuple[NodePool, ...],
+    autoscaler: Callable[[LocalCluster], Karpenter] | None = None,
+) -> Iterator[tuple[LocalCluster, Karpenter | None]]:
+    """The webhook, then `autoscaler` started (before gpupack-scheduler, whose chart
+    default `--autoscaler=auto` then finds Karpenter, as in a cluster that runs it), then
+    the scheduler."""
     with LocalCluster(workdir, node_pools=node_pools) as local:
         local.install_webhook()
-        local.install_scheduler(extra_args=SCHEDULER_ARGS)
-        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-        with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
-            yield local
+        bought = autoscaler(local).start() if autoscaler is not None else None
+        try:
+            local.install_scheduler(extra_args=SCHEDULER_ARGS)
+            writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
+            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+                yield local, bought
+        finally:
+            if bought is not None:
+                bought.stop()
 
 
 def rules(workdir: Path, settle: float) -> JSON:
-    with cluster(workdir, NODES) as local:
+    with cluster(workdir, NODES) as (local, _):
         kube = local.kube()
         for index in range(NODES[0].count):
             name = f"gpu-a100-{index}"
@@ -320,14 +338,14 @@ def rules(workdir: Path, settle: float) -> JSON:
     return with_bounds(result, gpus, max(3, math.ceil(gpus / GPUS_PER_NODE)))
 
 
-def whole_gpu_pod(name: str) -> JSON:
-    """Another team's pod on node 0, holding one whole GPU (not opted in)."""
+def whole_gpu_pod(name: str, node: str = "gpu-a100-0") -> JSON:
+    """Another team's pod on `node`, holding one whole GPU (not opted in)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
-            "nodeName": "gpu-a100-0",
+            "nodeName": node,
             "containers": [
                 {
                     "name": "main",
@@ -357,22 +375,61 @@ def burst_workloads(replicas: int) -> Callable[[str], list[JSON]]:
 
 
 def burst(workdir: Path, replicas: int, settle: float) -> JSON:
-    with cluster(workdir, NODES) as local:
+    with cluster(workdir, NODES) as (local, _):
         result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=360)
     gpus = lower_bound([250] * replicas)
     return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
 
 
 def karpenter(workdir: Path, replicas: int, settle: float) -> JSON:
-    with cluster(workdir, ()) as local:
-        autoscaler = Karpenter(local).start()
-        try:
-            result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=480)
-            result["nodes_bought"] = len(autoscaler.nodes())
-        finally:
-            autoscaler.stop()
+    with cluster(workdir, (), autoscaler=Karpenter) as (local, autoscaler):
+        assert autoscaler is not None
+        result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=480)
+        result |= karpenter_verdicts(local, autoscaler)
     gpus = lower_bound([250] * replicas)
     return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
+
+
+# Existing GPU nodes of two models, every GPU held by another team's whole-GPU pods.
+FULL_NODES: Final = (
+    NodePool("gpu-a100", 2, GPUS_PER_NODE, A100, 81920, "96", "1024Gi"),
+    NodePool("gpu-l4", 2, 2, "NVIDIA-L4", 23034, "16", "64Gi"),
+)
+
+
+def karpenter_full(workdir: Path, replicas: int, settle: float, timeout: float) -> JSON:
+    """The burst (pinned to A100 GPUs) where the cluster's own GPU nodes, A100 and L4,
+    are full and Karpenter may buy A100 and L4 nodes: the L4 nodes are infeasible for
+    the pods, so their capacity pods have nodes to avoid."""
+    with cluster(
+        workdir, FULL_NODES, autoscaler=lambda c: Karpenter(c, instance_types=(L4_X2, A100_X8))
+    ) as (local, autoscaler):
+        assert autoscaler is not None
+        kube = local.kube()
+        other = kube.create_namespace("bench-other-team")  # not opted in: whole GPUs
+        for pool in FULL_NODES:
+            for index in range(pool.count):
+                node = f"{pool.prefix}-{index}"
+                for gpu in range(pool.gpus):
+                    kube.create(
+                        f"/api/v1/namespaces/{other}/pods",
+                        whole_gpu_pod(f"hold-{node}-{gpu}", node),
+                    )
+        result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=timeout)
+        result |= karpenter_verdicts(local, autoscaler)
+    gpus = lower_bound([250] * replicas)
+    return with_bounds(result, gpus, math.ceil(gpus / GPUS_PER_NODE))
+
+
+def karpenter_verdicts(cluster: LocalCluster, autoscaler: Karpenter) -> JSON:
+    """What Karpenter decided: nodes bought (NodeClaims), and the capacity pods it
+    ignored unsimulated (its `FailedScheduling` "... is not allowed")."""
+    verdicts = autoscaler.refusals(cluster.namespace)
+    ignored = {e["involvedObject"]["name"] for e in verdicts if "is not allowed" in e["message"]}
+    return {
+        "nodes_bought": len(autoscaler.claims()),
+        "capacity_pods_ignored_by_karpenter": len(ignored),
+    }
 
 
 CHURN_POLICY: Final = "bench-churn"
@@ -459,6 +516,9 @@ def churn(workdir: Path, settle: float) -> JSON:
     }
 
 
+SCENARIOS: Final = ("rules", "burst", "karpenter", "karpenter-full", "churn")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--burst", type=int, default=40, help="replicas of the burst (default 40)")
@@ -467,14 +527,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="rules,burst,karpenter,churn",
-        help="scenarios, comma-separated (default: all four)",
+        default=",".join(SCENARIOS),
+        help=f"scenarios, comma-separated (default: all: {', '.join(SCENARIOS)})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds karpenter-full waits for every pod to be bound (300)",
     )
     args = parser.parse_args(argv)
     if args.burst < 1:
         parser.error("--burst must be at least 1")
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
-    unknown = set(chosen) - {"rules", "burst", "karpenter", "churn"}
+    unknown = set(chosen) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     results: JSON = {}
@@ -489,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = burst(workdir, args.burst, args.settle)
             elif name == "churn":
                 results[name] = churn(workdir, args.settle)
+            elif name == "karpenter-full":
+                results[name] = karpenter_full(workdir, args.burst, args.settle, args.timeout)
             else:
                 results[name] = karpenter(workdir, args.burst, args.settle)
             log(json.dumps(results[name]))

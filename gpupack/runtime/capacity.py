@@ -21,7 +21,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -132,10 +132,12 @@ class CapacityCreator:
         created_for: str,
         *,
         where: Where = ANYWHERE,
+        node_labels: Mapping[str, str] | None = None,
     ) -> Created:
         """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
         scheduling metadata, `created_for` the workload for the pod's annotation, `where`
-        where they may and should go (`gpupack.capacity.Where`)."""
+        where they may and should go (`gpupack.capacity.Where`), `node_labels` how the
+        nodes it avoids are named (`gpupack.capacity.capacity_pod`)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         todo = list(names)
         created: list[str] = []
@@ -154,6 +156,7 @@ class CapacityCreator:
                 mps_image=self.mps_image,
                 namespace=self.namespace,
                 where=where,
+                node_labels=node_labels,
             )
             try:
                 retry(

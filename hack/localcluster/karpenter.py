@@ -15,7 +15,7 @@ the `karpenter.sh/termination` finalizer, which only the running controller remo
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -77,18 +77,28 @@ class GpuInstanceType:
 A100_X8: Final = GpuInstanceType(
     "gpu-a100x8", 8, "NVIDIA-A100-SXM4-80GB", 81920, "96", "1024Gi", 32.0
 )
+L4_X2: Final = GpuInstanceType("gpu-l4x2", 2, "NVIDIA-L4", 23034, "16", "64Gi", 1.5)
+H100_X8: Final = GpuInstanceType(
+    "gpu-h100x8", 8, "NVIDIA-H100-80GB-HBM3", 81559, "192", "2048Gi", 98.0
+)
 
 
 @dataclass
 class Karpenter:
-    """Karpenter for `cluster`: one NodePool `gpu` of `instance_types`, tainted as GPU
-    nodes are, at most `gpu_limit` GPUs, consolidating after `consolidate_after`."""
+    """Karpenter for `cluster`: one NodePool `gpu` of `instance_types` (and one more per
+    entry of `more_pools`, name -> its types), tainted as GPU nodes are, at most
+    `gpu_limit` GPUs each, consolidating after `consolidate_after`."""
 
     cluster: "ControlPlane"
     instance_types: Sequence[GpuInstanceType] = (A100_X8,)
     gpu_limit: int = 64
     consolidate_after: str = "10s"
+    more_pools: Mapping[str, Sequence[GpuInstanceType]] = field(default_factory=dict)
     process: Process | None = field(default=None, repr=False)
+
+    @property
+    def pools(self) -> dict[str, Sequence[GpuInstanceType]]:
+        return {NODEPOOL: self.instance_types, **self.more_pools}
 
     @property
     def folder(self) -> Path:
@@ -112,10 +122,12 @@ class Karpenter:
                 "metadata": {"name": NODECLASS},
             }
         )
-        admin.apply(self._nodepool())
+        for name, instance_types in self.pools.items():
+            admin.apply(self._nodepool(name, instance_types))
         self.folder.mkdir(parents=True, exist_ok=True)
         types = self.folder / "instance-types.json"
-        types.write_text(json.dumps([t.as_json() for t in self.instance_types], indent=1))
+        every = {t.name: t for pool in self.pools.values() for t in pool}
+        types.write_text(json.dumps([t.as_json() for t in every.values()], indent=1))
         kubeconfig = self.cluster.user_kubeconfig("karpenter", ["system:masters"])
         env = {
             "KUBECONFIG": str(kubeconfig),
@@ -141,11 +153,11 @@ class Karpenter:
                 return False
         return True
 
-    def _nodepool(self) -> dict[str, Any]:
+    def _nodepool(self, name: str, instance_types: Sequence[GpuInstanceType]) -> dict[str, Any]:
         return {
             "apiVersion": "karpenter.sh/v1",
             "kind": "NodePool",
-            "metadata": {"name": NODEPOOL},
+            "metadata": {"name": name},
             "spec": {
                 "template": {
                     "spec": {
@@ -158,7 +170,7 @@ class Karpenter:
                             {
                                 "key": "node.kubernetes.io/instance-type",
                                 "operator": "In",
-                                "values": [t.name for t in self.instance_types],
+                                "values": [t.name for t in instance_types],
                             }
                         ],
                         "taints": [GPU_TAINT],
@@ -174,11 +186,27 @@ class Karpenter:
         }
 
     def nodes(self) -> list[dict[str, Any]]:
-        """The nodes Karpenter made."""
+        """The nodes Karpenter made, in any of its NodePools."""
         found: list[dict[str, Any]] = self.cluster.kube().get(
-            "/api/v1/nodes", labelSelector=f"karpenter.sh/nodepool={NODEPOOL}"
+            "/api/v1/nodes", labelSelector=f"karpenter.sh/nodepool in ({','.join(self.pools)})"
         )["items"]
         return found
+
+    def claims(self) -> list[dict[str, Any]]:
+        """Every NodeClaim Karpenter made (each a node it decided to buy), launched or not."""
+        found: list[dict[str, Any]] = self.cluster.kube().get("/apis/karpenter.sh/v1/nodeclaims")[
+            "items"
+        ]
+        return found
+
+    def refusals(self, namespace: str) -> list[dict[str, Any]]:
+        """Karpenter's own verdicts on pending pods of `namespace` it could not help: its
+        `FailedScheduling` Events ("Failed to schedule pod, <why>"), kube-scheduler's
+        left out. A pod it ignores for a restricted label is here too, with that why."""
+        found: list[dict[str, Any]] = self.cluster.kube().get(
+            f"/api/v1/namespaces/{namespace}/events", fieldSelector="reason=FailedScheduling"
+        )["items"]
+        return [e for e in found if str(e.get("message", "")).startswith("Failed to schedule pod")]
 
     def stop(self) -> None:
         """Delete what Karpenter bought while it still runs (its finalizers), then stop it."""

@@ -402,6 +402,56 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)
 
 
+@pytest.mark.parametrize(
+    ("autoscaler", "writes_nodes"),
+    [
+        pytest.param("auto", True, id="auto"),
+        pytest.param("karpenter", True, id="karpenter"),
+        pytest.param("cluster-autoscaler", False, id="cluster-autoscaler"),
+        pytest.param("none", False, id="none"),
+    ],
+)
+def test_the_scheduler_may_label_nodes_only_where_karpenter_may_run_and_only_so(
+    autoscaler: str, writes_nodes: bool
+) -> None:
+    """Where Karpenter may run, the extender adds gpupack.io/node to GPU nodes (capacity
+    pods name avoided nodes by it): patch on nodes, fenced by an admission policy to
+    that one label. Elsewhere it writes no node and has no such permission."""
+    from scheduler.cli import build_parser
+
+    docs = render(f"--set=scheduler.autoscaler={autoscaler}")
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert build_parser().parse_args(containers["extender"]["args"]).autoscaler == autoscaler
+    (role,) = [
+        d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
+    ]
+    expected = {"get", "list", "watch", "patch"} if writes_nodes else {"get", "list", "watch"}
+    assert rule_verbs(role)[("", "nodes")] == expected
+    fences = [
+        p
+        for p in of_kind(docs, "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"] == "gpupack-scheduler-node-writes"
+    ]
+    assert len(fences) == (1 if writes_nodes else 0)
+    bindings = [
+        b
+        for b in of_kind(docs, "ValidatingAdmissionPolicyBinding")
+        if b["spec"]["policyName"] == "gpupack-scheduler-node-writes"
+    ]
+    assert [b["spec"]["validationActions"] for b in bindings] == (
+        [["Deny"]] if writes_nodes else []
+    )
+
+
+def test_an_autoscaler_the_chart_does_not_know_is_refused_by_its_schema() -> None:
+    with pytest.raises(subprocess.CalledProcessError) as error:
+        render("--set=scheduler.autoscaler=keda")
+    assert "autoscaler" in error.value.stderr
+
+
 def test_the_gpupack_kube_scheduler_runs_its_profiles_with_the_extender_that_cannot_be_skipped() -> (
     None
 ):

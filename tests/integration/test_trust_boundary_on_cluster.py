@@ -256,3 +256,53 @@ def test_the_schedulers_pod_patch_reaches_nothing_but_the_deletion_cost(
         as_scheduler.merge_patch(path, {"metadata": {"annotations": cost}})
     finally:
         as_scheduler.close()
+
+
+@pytest.fixture
+def bare_node(kube: Kube) -> Iterator[str]:
+    """A Node object no kubelet serves: only its metadata and spec matter here."""
+    name = "trust-node-labels"
+    kube.create(
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"team": "a"}}},
+    )
+    try:
+        yield name
+    finally:
+        kube.delete(f"/api/v1/nodes/{name}")
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        pytest.param({"metadata": {"labels": {"team": "b"}}}, "team", id="other-label"),
+        pytest.param({"metadata": {"annotations": {"note": "x"}}}, "annotations", id="annotation"),
+        pytest.param({"spec": {"unschedulable": True}}, "spec", id="cordon"),
+    ],
+)
+def test_the_schedulers_node_patch_reaches_nothing_but_adding_gpupacks_node_label(
+    kube: Kube, scheduler: LocalCluster, bare_node: str, edit: JSON, named: str
+) -> None:
+    """Where Karpenter may run, the scheduler labels GPU nodes with gpupack.io/node, and
+    that is all the API server lets it do to a node: it cannot relabel, annotate, cordon
+    or taint one, nor change or remove the label once written."""
+    as_scheduler = Kube.from_kubeconfig(
+        scheduler.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
+    )
+    path = f"/api/v1/nodes/{bare_node}"
+    try:
+        with pytest.raises(ApiError) as error:
+            as_scheduler.merge_patch(path, edit)
+        assert error.value.status == 403, error.value.body
+        assert "gpupack: the scheduler may" in error.value.body
+        assert named in error.value.body
+
+        as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: bare_node}}})
+        assert kube.get(path)["metadata"]["labels"][keys.NODE] == bare_node
+        for value in ("another", None):
+            with pytest.raises(ApiError) as error:
+                as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: value}}})
+            assert error.value.status == 403, error.value.body
+            assert "never changed or removed" in error.value.body
+    finally:
+        as_scheduler.close()

@@ -17,6 +17,7 @@ from gpupack.shares import pool_of
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
+from scheduler.exclusion import KARPENTER_API
 from scheduler.extender import Extender
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
@@ -30,6 +31,9 @@ class Api:
 
     def __init__(self, pods: Store) -> None:
         self.pods = pods
+        self.nodes = Store()  # `setup` shares its node store
+        self.karpenter = False  # whether karpenter.sh/v1 is served
+        self.node_patch_error: ApiError | None = None
         self.created: list[tuple[str, JSON]] = []
         self.patched: list[tuple[str, JSON]] = []
         self.calls: list[str] = []  # every write, in order
@@ -42,6 +46,15 @@ class Api:
         return f"{parts[4]}/{parts[6]}"
 
     def get(self, path: str) -> JSON:
+        if path == KARPENTER_API:
+            if self.karpenter:
+                return {"kind": "APIResourceList", "groupVersion": "karpenter.sh/v1"}
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if path.startswith("/api/v1/nodes/"):
+            found = self.nodes.get(path.rsplit("/", 1)[1])
+            if found is None:
+                raise ApiError(404, "NotFound", "gone")
+            return found
         pod = self.pods.get(self._key(path))
         if pod is None:
             raise ApiError(404, "NotFound", "gone")
@@ -53,6 +66,15 @@ class Api:
         time.sleep(self.patch_seconds)
         self.patched.append((path, body))
         self.calls.append(f"patch {path}")
+        if path.startswith("/api/v1/nodes/"):
+            if self.node_patch_error is not None:
+                raise self.node_patch_error
+            node_meta = self.get(path)["metadata"]
+            if body["metadata"].get("resourceVersion") != node_meta.get("resourceVersion"):
+                raise ApiError(409, "Conflict", "the object has been modified")
+            node_meta.setdefault("labels", {}).update(body["metadata"]["labels"])
+            node_meta["resourceVersion"] = str(int(node_meta.get("resourceVersion", "1")) + 1)
+            return body
         if self.lagging or path.endswith("/status"):
             return body
         meta = self.get(path)["metadata"]
@@ -164,6 +186,7 @@ def setup(
     for index in gpus:
         pods.objects[f"{keys.SYSTEM_NAMESPACE}/cap-{index}"] = capacity(index)
     writer, clock = api(pods), Clock()
+    writer.nodes = node_store
     settings.setdefault("reservation_timeout", timeout)
     return extender_over(node_store, pods, writer, clock, **settings), pods, writer, clock
 
@@ -490,6 +513,103 @@ def test_capacity_for_a_pod_lands_only_where_that_pod_could_then_run() -> None:
     assert affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == [
         {**near_db, "namespaces": ["ml"]}
     ]
+
+
+def _capacity_requirements(api: Api) -> list[JSON]:
+    [body] = [b for path, b in api.created if path.endswith("/pods")]
+    required = body["spec"]["affinity"]["nodeAffinity"]
+    terms: list[JSON] = required["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return [e for term in terms for e in term["matchExpressions"]]
+
+
+def test_where_karpenter_runs_capacity_names_the_nodes_it_avoids_by_gpupacks_node_label() -> None:
+    """Karpenter ignores a pod whose required node affinity names the hostname; the
+    nodes the capacity pod must avoid get gpupack's own label first, and it names them
+    by that. n2 already carries one (Karpenter's random value, say): it is kept."""
+    extender, pods, api, _ = setup(0, nodes={"n1": 8, "n2": 8, "n3": 8})
+    api.karpenter = True
+    api.nodes.objects["n2"]["metadata"]["labels"][keys.NODE] = "4821"
+    extender.cache.dirty.node("n2")
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
+
+    filter_(extender, pending(pods, "web", "900m"), nodes=("n1",))
+
+    assert len(created_capacity(extender, api)) == 1
+    assert _capacity_requirements(api) == [
+        {"key": keys.NODE, "operator": "NotIn", "values": ["4821", "n3"]}
+    ]
+    assert api.nodes.objects["n3"]["metadata"]["labels"][keys.NODE] == "n3"
+    assert api.nodes.objects["n2"]["metadata"]["labels"][keys.NODE] == "4821"
+
+
+def test_nodes_the_capacity_pods_own_node_selector_excludes_are_not_named() -> None:
+    """Pinned to L4 GPUs, the pod finds the A100 node infeasible; so does its capacity
+    pod, by the node selector it inherits: nothing needs naming, and the pod is one every
+    autoscaler reads without gpupack's label."""
+    l4 = {keys.GFD_PRODUCT: "NVIDIA-L4"}
+    a100 = {keys.GFD_PRODUCT: "NVIDIA-A100-SXM4-80GB"}
+    extender, pods, api, _ = setup(0, nodes={"n1": 8, "a100": 8}, labels={"n1": l4, "a100": a100})
+    api.karpenter = True
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))
+    pod = pending(pods, "web", "900m")
+    pod["spec"]["nodeSelector"] = dict(l4)
+
+    filter_(extender, pod, nodes=("n1",))
+
+    assert len(created_capacity(extender, api)) == 1
+    [body] = [b for path, b in api.created if path.endswith("/pods")]
+    assert body["spec"]["nodeSelector"] == l4
+    assert (
+        "requiredDuringSchedulingIgnoredDuringExecution"
+        not in (body["spec"]["affinity"]["nodeAffinity"])
+    )
+    assert not [path for path, _ in api.patched if path.startswith("/api/v1/nodes/")]
+
+
+def test_a_node_that_cannot_be_labelled_gets_no_capacity_pod_that_could_land_on_it() -> None:
+    extender, pods, api, _ = setup(0, nodes={"n1": 8, "n2": 8})
+    api.karpenter = True
+    api.node_patch_error = ApiError(403, "Forbidden", "denied by the admission policy")
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))
+
+    filter_(extender, pending(pods, "web", "900m"), nodes=("n1",))
+    extender.flush()
+
+    assert not [path for path, _ in api.created if path.endswith("/pods")]
+    api.node_patch_error = None
+    filter_(extender, pods.objects["ml/web"], nodes=("n1",))  # claimed names were released
+    assert len(created_capacity(extender, api)) == 1
+    assert _capacity_requirements(api) == [
+        {"key": keys.NODE, "operator": "NotIn", "values": ["n2"]}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("autoscaler", "karpenter", "labelled"),
+    [
+        pytest.param("auto", True, ["n1", "n2"], id="auto-with-karpenter"),
+        pytest.param("auto", False, [], id="auto-without-karpenter"),
+        pytest.param("karpenter", False, ["n1", "n2"], id="karpenter"),
+        pytest.param("cluster-autoscaler", True, [], id="cluster-autoscaler"),
+        pytest.param("none", True, [], id="none"),
+    ],
+)
+def test_housekeeping_labels_every_gpu_node_only_where_karpenter_runs(
+    autoscaler: str, karpenter: bool, labelled: list[str]
+) -> None:
+    extender, _, api, _ = setup(0, nodes={"n1": 8, "n2": 4, "cpu": 0}, autoscaler=autoscaler)
+    api.karpenter = karpenter
+    extender.leading = True
+
+    extender.tick()
+    extender.flush()
+
+    found = sorted(
+        n for n, obj in api.nodes.objects.items() if keys.NODE in obj["metadata"]["labels"]
+    )
+    assert found == labelled
 
 
 def test_a_pod_larger_than_every_gpu_of_its_pool_gets_no_capacity() -> None:
