@@ -119,6 +119,8 @@ class Cache:
         self.gpu_nodes: dict[str, int] = {}
         # Their `gpupack.io/node` labels, where they have one (`scheduler.exclusion`).
         self.node_labels: dict[str, str] = {}
+        # Counts changes to the set of GPU nodes: where a new GPU may have to stay off.
+        self.gpu_nodes_changed = 0
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
 
     # Folding events in.
@@ -144,6 +146,7 @@ class Cache:
         self.capacity.clear()
         self.leaving.clear()
         self.gpu_nodes.clear()
+        self.gpu_nodes_changed += 1
         self.node_labels.clear()
         self._on_node.clear()
         for obj in self._nodes.items():
@@ -163,7 +166,8 @@ class Cache:
         obj = self._nodes.get(name)
         if obj is None:
             self.snapshot.remove_node(name)
-            self.gpu_nodes.pop(name, None)
+            if self.gpu_nodes.pop(name, None) is not None:
+                self.gpu_nodes_changed += 1
             self.node_labels.pop(name, None)
             return
         returned = name not in self.snapshot.nodes
@@ -181,9 +185,11 @@ class Cache:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         labels = labels_of(node)
         if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
+            if name not in self.gpu_nodes:
+                self.gpu_nodes_changed += 1
             self.gpu_nodes[name] = node_gpu_memory(labels)
-        else:
-            self.gpu_nodes.pop(name, None)
+        elif self.gpu_nodes.pop(name, None) is not None:
+            self.gpu_nodes_changed += 1
         if labels.get(keys.NODE) and name in self.gpu_nodes:
             self.node_labels[name] = labels[keys.NODE]
         else:

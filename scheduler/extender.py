@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpupack.capacity import Allocation, Where
 from gpupack.codec import rfc3339
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 WAITING_FORGET: float = 60.0  # seconds a waiting pod the informer never showed is kept
 REQUEUE_EVERY: float = 2.0  # seconds between two requeues of one pod, at least
+# Seconds after its last filter by which kube-scheduler has written its verdict on a pod:
+# a verdict that does not name gpupack then is one it reached without the extender.
+VERDICT_WRITTEN: float = 5.0
 
 
 @dataclass(slots=True)
@@ -353,7 +356,15 @@ class Extender:
         )
         rejected = frozenset(n for n in self.cache.snapshot.nodes if n not in feasible)
         required = self._lifecycle.requirements(pod, feasible, request.gpu_memory)
-        self.waiting[key] = Waiting(request.pool, allocation, feasible, now, rejected, required.key)
+        self.waiting[key] = Waiting(
+            request.pool,
+            allocation,
+            feasible,
+            now,
+            rejected,
+            required.key,
+            self.cache.gpu_nodes_changed,
+        )
         return required
 
     def _ask_capacity(
@@ -368,15 +379,32 @@ class Extender:
         selector no node matches yet). Their GPU may only land on a node that does not
         exist yet, and where their required pod affinity allows: an autoscaler adds one
         if it can. A pod whose last refusal names gpupack was seen by the extender and
-        is left to its next filter."""
+        is left to its next filter.
+
+        Such a pod is judged again when the GPU nodes change: a node an autoscaler added
+        for it may be one it cannot use either (replicas with required anti-affinity, two
+        of them asking at once, one capacity pod for both), and kube-scheduler will not
+        ask the extender about it. So is a pod filtered before whose feasible nodes have
+        all gone since (kube-scheduler's verdict, written after the filter, names no
+        gpupack reason): what it was waiting for, a GPU on those nodes, can no longer
+        help it, and would otherwise be kept for it."""
+        generation = self.cache.gpu_nodes_changed
         for key, entry in self.cache.pending.items():
-            if key in self.waiting or key in self.cache.assumed:
+            if key in self.cache.assumed:
+                continue
+            known = self.waiting.get(key)
+            if known is not None and known.nodes and now - known.since < VERDICT_WRITTEN:
+                continue  # kube-scheduler may not have written its verdict on the filter
+            if known is not None and not known.nodes and known.gpu_nodes == generation:
                 continue
             request = entry.request
             why = unschedulable(entry.pod)
             if not isinstance(request, Request) or why is None or "gpupack:" in why:
                 continue
             required = self._wait(key, entry.pod, request, frozenset(), now)
+            if known is not None and not known.nodes and known.placement == required.key:
+                self.waiting[key] = replace(self.waiting[key], since=known.since)
+                continue  # asked for already, with the same requirements
             self._ask_capacity(entry.pod, request, required, (), now)
 
     # Requeueing what was refused.

@@ -80,6 +80,7 @@ class Waiting:
     since: float
     rejected: frozenset[str] = frozenset()  # the nodes it would not (others are new)
     placement: str = ""  # the key of where a GPU for it may land (`Lifecycle.requirements`)
+    gpu_nodes: int = 0  # `Cache.gpu_nodes_changed` when `placement` was judged
 
 
 class Lifecycle:

@@ -18,7 +18,7 @@ from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API
-from scheduler.extender import Extender
+from scheduler.extender import VERDICT_WRITTEN, Extender
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
@@ -946,6 +946,76 @@ def test_a_pod_no_node_can_take_gets_a_gpu_only_on_a_node_not_there_yet() -> Non
         "operator": "NotIn",
         "values": ["n1"],
     }
+
+
+def test_a_pod_no_node_can_take_is_judged_again_when_a_gpu_node_arrives() -> None:
+    """Two replicas that each need a node of their own wait at once, off n1: one capacity
+    pod is planned for both, and an autoscaler's node n2 comes for it. One replica runs
+    there; the other is still refused by kube-scheduler (its anti-affinity), which never
+    asks the extender. When the GPU nodes change, the leader judges it again: its GPU
+    must now stay off n2 too, a requirement no coming GPU meets, so it asks for one."""
+    message = "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+    extender, pods, api, _ = setup(nodes={"n1": 8})
+    extender.leading = True
+    for name in ("r1", "r2"):
+        pending(pods, name, "500m")["status"] = unschedulable(message)
+        extender.cache.dirty.pod(f"ml/{name}")
+    extender.tick()
+    extender.flush()
+    [first] = [b for p, b in api.created if p.endswith("/pods")]
+    assert _avoided(first) == ["n1"]
+
+    extender.tick()  # nothing changed: asked for already
+    extender.flush()
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 1
+
+    api.nodes.objects["n2"] = node("n2")
+    api.nodes.objects["n2"]["status"]["allocatable"][keys.NVIDIA_GPU] = "2"
+    extender.cache.dirty.node("n2")
+    extender.tick()
+
+    assert len(created_capacity(extender, api)) == 2
+    second = [b for p, b in api.created if p.endswith("/pods")][1]
+    assert _avoided(second) == ["n1", "n2"]
+
+
+def test_a_pod_whose_feasible_nodes_all_went_since_its_filter_is_judged_again() -> None:
+    """`web` was filtered with n1 feasible and full: its capacity pod may go to n1 or a
+    new node. Then a replica of its own lands on n1 (say), and kube-scheduler finds no
+    node for it without asking the extender. Once kube-scheduler has had time to write
+    that verdict, the leader judges it as a pod no node can take: its GPU must stay off
+    n1 and n2, and the GPU asked for it before, which may land on n1, no longer counts."""
+    extender, pods, api, clock = setup(0, nodes={"n1": 8, "n2": 8})
+    extender.leading = True
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
+    web = pending(pods, "web", "900m")
+    filter_(extender, web, nodes=("n1",))
+    extender.flush()
+    [first] = [b for p, b in api.created if p.endswith("/pods")]
+    assert _avoided(first) == ["n2"]
+
+    web["status"] = unschedulable(
+        "0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules."
+    )
+    extender.cache.dirty.pod("ml/web")
+    extender.tick()  # within VERDICT_WRITTEN of the filter: not judged yet
+    extender.flush()
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 1
+
+    clock.now += VERDICT_WRITTEN
+    extender.tick()
+
+    assert len(created_capacity(extender, api)) == 2
+    second = [b for p, b in api.created if p.endswith("/pods")][1]
+    assert _avoided(second) == ["n1", "n2"]
+
+
+def _avoided(body: JSON) -> list[str]:
+    required = body["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    values: list[str] = required["nodeSelectorTerms"][0]["matchExpressions"][-1]["values"]
+    return values
 
 
 def test_capacity_no_pod_ever_used_is_released_after_the_short_grace_period() -> None:
