@@ -190,7 +190,10 @@ class NodeLabels:
         except ApiError as error:
             if error.status != 404:
                 log.warning("could not tell whether Karpenter runs: %s", error)
-                return known[1] if known is not None else True
+                served = known[1] if known is not None else True
+                with self._lock:  # asked again after `recheck`, not at every call
+                    self._karpenter = (now, served)
+                return served
             served = False
         with self._lock:
             if known is None or known[1] != served:

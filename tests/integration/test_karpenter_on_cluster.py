@@ -44,10 +44,10 @@ def autoscaled(
     with cluster_of_its_own(tmp_path_factory, cluster, "karpenter", node_pools=()) as local:
         local.install_webhook()
         delete_policy = consolidating_policy(local.kube(), CONSOLIDATING, 10, evictions=3)
+        karpenter = Karpenter(local).start()  # before gpupack: its --autoscaler=auto finds it
         local.install_scheduler(
             extra_args=FAST, sets=[*FAST_LEASE, "scheduler.consolidation.intervalSeconds=1"]
         )
-        karpenter = Karpenter(local).start()
         writer = Kube.from_kubeconfig(local.exporter_kubeconfig())  # with the chart's RBAC
         try:
             with SimulatedGpuAssigner(local.kube(), writer=writer):
@@ -175,12 +175,24 @@ def test_a_pod_that_must_sit_next_to_a_pod_on_a_full_node_makes_karpenter_buy_no
             return None
 
         kube.wait_for("near-db refused by gpupack", refused, timeout=60)
-        time.sleep(30)  # Karpenter batches pending pods for at most 10 s, then decides
-
-        assert [n["metadata"]["name"] for n in karpenter.nodes()] == [name]
-        assert not _bound(kube, ns, "near-db")
         waiting = [c for c in capacity_pods(kube).values() if not c["spec"].get("nodeName")]
         assert len(waiting) == 1, sorted(c["metadata"]["name"] for c in waiting)  # bounded
+
+        def weighed() -> list[JSON] | None:
+            return [
+                e
+                for e in karpenter.refusals(cluster.namespace)
+                if e["involvedObject"]["name"] == waiting[0]["metadata"]["name"]
+            ] or None
+
+        # Karpenter simulated the capacity pod and found nothing to buy for it (not a pod
+        # it dropped unread, which would buy nothing too).
+        verdicts = kube.wait_for("Karpenter's verdict on the capacity pod", weighed, timeout=60)
+        assert all("is not allowed" not in e["message"] for e in verdicts), verdicts
+        time.sleep(10)  # Karpenter batches pending pods for at most 10 s, then decides
+        assert [n["metadata"]["name"] for n in karpenter.nodes()] == [name]
+        assert len(karpenter.claims()) == 1  # the db node's: none bought for near-db
+        assert not _bound(kube, ns, "near-db")
         affinity = waiting[0]["spec"]["affinity"]["podAffinity"]
         assert affinity["requiredDuringSchedulingIgnoredDuringExecution"] == [
             {**term, "namespaces": [ns]}

@@ -237,25 +237,37 @@ def test_a_gpu_quota_admits_pods_up_to_it_and_refuses_the_next(
     ],
 )
 def test_the_schedulers_pod_patch_reaches_nothing_but_the_deletion_cost(
-    admitted: JSON, scheduler: LocalCluster, edit: JSON, named: str
+    admitted: JSON, as_scheduler: Kube, edit: JSON, named: str
 ) -> None:
     """The scheduler may patch pods cluster-wide for pod-deletion-cost alone: the API
     server refuses any other change it makes to a user's pod."""
-    as_scheduler = Kube.from_kubeconfig(
-        scheduler.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
-    )
     meta = admitted["metadata"]
     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+    refused_to_scheduler(as_scheduler, path, edit, named)
+    cost = {keys.POD_DELETION_COST: "100", keys.DELETION_COST: "100"}
+    as_scheduler.merge_patch(path, {"metadata": {"annotations": cost}})
+
+
+@pytest.fixture
+def as_scheduler(scheduler: LocalCluster) -> Iterator[Kube]:
+    """A client with gpupack-scheduler's ServiceAccount and the chart's RBAC for it."""
+    client = Kube.from_kubeconfig(
+        scheduler.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
+    )
     try:
-        with pytest.raises(ApiError) as error:
-            as_scheduler.merge_patch(path, edit)
-        assert error.value.status == 403, error.value.body
-        assert "gpupack: the scheduler may" in error.value.body
-        assert named in error.value.body
-        cost = {keys.POD_DELETION_COST: "100", keys.DELETION_COST: "100"}
-        as_scheduler.merge_patch(path, {"metadata": {"annotations": cost}})
+        yield client
     finally:
-        as_scheduler.close()
+        client.close()
+
+
+def refused_to_scheduler(as_scheduler: Kube, path: str, edit: JSON, named: str) -> None:
+    """The merge patch `edit` of `path`, refused by the chart's admission policy, naming
+    `named`."""
+    with pytest.raises(ApiError) as error:
+        as_scheduler.merge_patch(path, edit)
+    assert error.value.status == 403, error.value.body
+    assert "gpupack: the scheduler may" in error.value.body
+    assert named in error.value.body
 
 
 @pytest.fixture
@@ -281,28 +293,18 @@ def bare_node(kube: Kube) -> Iterator[str]:
     ],
 )
 def test_the_schedulers_node_patch_reaches_nothing_but_adding_gpupacks_node_label(
-    kube: Kube, scheduler: LocalCluster, bare_node: str, edit: JSON, named: str
+    kube: Kube, as_scheduler: Kube, bare_node: str, edit: JSON, named: str
 ) -> None:
     """Where Karpenter may run, the scheduler labels GPU nodes with gpupack.io/node, and
     that is all the API server lets it do to a node: it cannot relabel, annotate, cordon
     or taint one, nor change or remove the label once written."""
-    as_scheduler = Kube.from_kubeconfig(
-        scheduler.component_kubeconfig("gpupack-scheduler", "templates/scheduler.yaml")
-    )
     path = f"/api/v1/nodes/{bare_node}"
-    try:
-        with pytest.raises(ApiError) as error:
-            as_scheduler.merge_patch(path, edit)
-        assert error.value.status == 403, error.value.body
-        assert "gpupack: the scheduler may" in error.value.body
-        assert named in error.value.body
+    refused_to_scheduler(as_scheduler, path, edit, named)
 
-        as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: bare_node}}})
-        assert kube.get(path)["metadata"]["labels"][keys.NODE] == bare_node
-        for value in ("another", None):
-            with pytest.raises(ApiError) as error:
-                as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: value}}})
-            assert error.value.status == 403, error.value.body
-            assert "never changed or removed" in error.value.body
-    finally:
-        as_scheduler.close()
+    as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: bare_node}}})
+    assert kube.get(path)["metadata"]["labels"][keys.NODE] == bare_node
+    for value in ("another", None):
+        with pytest.raises(ApiError) as error:
+            as_scheduler.merge_patch(path, {"metadata": {"labels": {keys.NODE: value}}})
+        assert error.value.status == 403, error.value.body
+        assert "never changed or removed" in error.value.body
