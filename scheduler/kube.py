@@ -3,8 +3,8 @@
 list and watch (nodes and pods, for the informers), get (a pod again after a Conflict,
 kube-scheduler's Lease), create (Bindings carrying the assignment, Events, evictions,
 capacity pods), patch (the autoscalers' annotations on capacity pods, the
-`gpupack.io/node` label on GPU nodes where Karpenter runs) and delete (capacity pods). `gpupack.runtime.transport.Transport` is the real one; tests pass
-in-memory fakes.
+`gpupack.io/node` label on GPU nodes where Karpenter runs) and delete (capacity pods).
+`gpupack.runtime.transport.Transport` is the real one; tests pass in-memory fakes.
 """
 
 from collections.abc import Mapping

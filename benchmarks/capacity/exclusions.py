@@ -40,21 +40,22 @@ from benchmarks.capacity.run import (
     bound_all,
     deployment,
     log,
-    whole_gpu_pod,
 )
 from gpupack import keys
-from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
-from hack.localcluster.karpenter import A100_X8, H100_X8, L4_X2, Karpenter
+from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster.karpenter import (
+    A100_X8,
+    FULL_NODE_POOLS,
+    H100_X8,
+    L4_X2,
+    Karpenter,
+    hold_gpus,
+)
 
 JSON = dict[str, Any]
 HOSTNAME: Final = "kubernetes.io/hostname"
 L4: Final = {keys.GFD_PRODUCT: "NVIDIA-L4"}
 H100: Final = {keys.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"}
-EXISTING: Final = (
-    NodePool("gpu-a100", 2, 8, "NVIDIA-A100-SXM4-80GB", 81920, "96", "1024Gi"),
-    NodePool("gpu-l4", 1, 2, "NVIDIA-L4", 23034, "16", "64Gi"),
-)
-HELD: Final = [*((f"gpu-a100-{n}", 8) for n in range(2)), ("gpu-l4-0", 1)]
 
 
 def _affinity(kind: str, app: str) -> JSON:
@@ -162,16 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     results: JSON = {}
     with (
         tempfile.TemporaryDirectory(prefix="gpupack-bench-exclusions-") as tmp,
-        LocalCluster(Path(tmp), node_pools=EXISTING) as local,
+        LocalCluster(Path(tmp), node_pools=FULL_NODE_POOLS) as local,
     ):
-        kube = local.kube()
-        other = kube.create_namespace("bench-other-team")  # not opted in: whole GPUs
-        for node, count in HELD:
-            for gpu in range(count):
-                kube.create(
-                    f"/api/v1/namespaces/{other}/pods",
-                    whole_gpu_pod(f"hold-{node}-{gpu}", node),
-                )
+        hold_gpus(local.kube())
         local.install_webhook()
         karpenter = Karpenter(
             local, instance_types=(L4_X2, A100_X8), more_pools={"h100": (H100_X8,)}

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from hack.localcluster.client import ApiError
-from hack.localcluster.nodes import GPU_TAINT
+from hack.localcluster.nodes import GPU_TAINT, NodePool
 from hack.localcluster.processes import Process, free_port
 
 if TYPE_CHECKING:
+    from hack.localcluster.client import Kube
     from hack.localcluster.controlplane import ControlPlane
 
 NODEPOOL: Final = "gpu"
@@ -81,6 +82,42 @@ L4_X2: Final = GpuInstanceType("gpu-l4x2", 2, "NVIDIA-L4", 23034, "16", "64Gi", 
 H100_X8: Final = GpuInstanceType(
     "gpu-h100x8", 8, "NVIDIA-H100-80GB-HBM3", 81559, "192", "2048Gi", 98.0
 )
+
+
+# A cluster whose own GPU nodes are full, beside Karpenter (the exclusion tests and
+# benchmark): two 8-GPU A100 nodes and one 2-GPU L4 node, and how many GPUs of each
+# another team's whole-GPU pods hold (`hold_gpus`): all but one of the L4 node's.
+FULL_NODE_POOLS: Final = (
+    NodePool("gpu-a100", 2, 8, "NVIDIA-A100-SXM4-80GB", 81920, "96", "1024Gi"),
+    NodePool("gpu-l4", 1, 2, "NVIDIA-L4", 23034, "16", "64Gi"),
+)
+HELD_GPUS: Final = (("gpu-a100-0", 8), ("gpu-a100-1", 8), ("gpu-l4-0", 1))
+
+
+def hold_gpus(kube: "Kube", held: Sequence[tuple[str, int]] = HELD_GPUS) -> str:
+    """Another team's bare pods (a namespace not opted in), each holding one whole GPU of
+    a node: `held` is node -> how many. Returns the namespace."""
+    namespace: str = kube.create_namespace("other-team")
+    for node, count in held:
+        for gpu in range(count):
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"hold-{node}-{gpu}"},
+                "spec": {
+                    "nodeName": node,
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                        }
+                    ],
+                    "terminationGracePeriodSeconds": 0,
+                },
+            }
+            kube.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+    return namespace
 
 
 @dataclass

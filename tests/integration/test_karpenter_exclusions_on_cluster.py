@@ -20,11 +20,18 @@ from typing import Any, Final
 import pytest
 
 from gpupack import keys
-from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
-from hack.localcluster.karpenter import A100_X8, H100_X8, L4_X2, Karpenter
+from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster.karpenter import (
+    A100_X8,
+    FULL_NODE_POOLS,
+    H100_X8,
+    L4_X2,
+    Karpenter,
+    hold_gpus,
+)
 from tests.integration.scheduling import FAST, FAST_LEASE, capacity_pods, create, wait_bound
 from tests.integration.tools import cluster_of_its_own
-from tests.integration.workloads import TOLERATE_GPUS, deployment, gpu_pod
+from tests.integration.workloads import TOLERATE_GPUS, deployment
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
@@ -32,10 +39,6 @@ HOSTNAME: Final = "kubernetes.io/hostname"
 INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
 L4: Final = {keys.GFD_PRODUCT: "NVIDIA-L4"}
 H100: Final = {keys.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"}
-EXISTING: Final = (
-    NodePool("gpu-a100", 2, 8, "NVIDIA-A100-SXM4-80GB", 81920, "96", "1024Gi"),
-    NodePool("gpu-l4", 1, 2, "NVIDIA-L4", 23034, "16", "64Gi"),
-)
 IGNORED: Final = "is not allowed"  # Karpenter's word for a pod it drops unsimulated
 
 
@@ -44,15 +47,9 @@ def autoscaled(
     tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster | None
 ) -> Iterator[tuple[LocalCluster, Karpenter]]:
     with cluster_of_its_own(
-        tmp_path_factory, cluster, "karpenter-exclusions", node_pools=EXISTING
+        tmp_path_factory, cluster, "karpenter-exclusions", node_pools=FULL_NODE_POOLS
     ) as local:
-        kube = local.kube()
-        other = kube.create_namespace("other-team")  # not opted in: whole GPUs
-        holders = [(f"a100-{n}-{g}", f"gpu-a100-{n}") for n in range(2) for g in range(8)]
-        for name, node in [*holders, ("l4-0-0", "gpu-l4-0")]:
-            pod = gpu_pod(name)
-            pod["spec"]["nodeName"] = node
-            kube.create(f"/api/v1/namespaces/{other}/pods", pod)
+        hold_gpus(local.kube())
         local.install_webhook()
         karpenter = Karpenter(
             local, instance_types=(L4_X2, A100_X8), more_pools={"h100": (H100_X8,)}
