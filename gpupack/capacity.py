@@ -486,8 +486,8 @@ def node_label_value(name: str) -> str:
     the name itself when it is a valid label value (at most 63 characters), else its
     first 40 characters, `_` and 16 hex digits of its SHA-256. A node name never holds
     `_`, so a shortened value is never another node's name. Once written it is the
-    node's for good: the label's value, whoever wrote it (Karpenter writes a random
-    number on the nodes it buys for such a requirement), is what capacity pods name."""
+    node's for good: a value already there, whoever wrote it, is what capacity pods
+    name."""
     if len(name) <= 63 and _LABEL_VALUE.fullmatch(name):
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
