@@ -1,0 +1,584 @@
+"""The memory shim on a real GPU: `python3 -m hack.gpu_proof_shim OUTDIR` (hack/gpu-proof).
+
+Builds libgpupack-cuda.so and the C probe with the machine's compiler, gives a pretend
+pod an 8 GiB share (a budget directory), and runs each case in fresh processes under
+LD_PRELOAD, as /etc/ld.so.preload loads the shim in a pod: PyTorch (default allocator
+and expandable segments), CUDA graphs, JAX's preallocation, CuPy's pool, vLLM-style
+sizing, two processes of one budget and a SIGKILL, nvidia-smi, an MPS client, the
+context's cost, and the overhead (a small transformer's training step, and allocation
+calls a second). Needs PyTorch, JAX and CuPy; a case whose framework is missing says so.
+Prints one line a case and writes OUTDIR/shim.json. Exit status 1 if a case failed.
+"""
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+
+
+def command(args: list[str], **options: Any) -> "subprocess.CompletedProcess[str]":
+    """A program this proof chose, with arguments it made (never a user's input)."""
+    options.setdefault("capture_output", "input" not in options)
+    return subprocess.run(args, check=False, text=True, **options)  # noqa: S603
+
+
+def start(args: list[str], env: dict[str, str]) -> "subprocess.Popen[str]":
+    return subprocess.Popen(  # noqa: S603 (our interpreter and case)
+        args,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+LIMIT = 8 * GIB
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(out: Path) -> tuple[Path, Path | None]:
+    """The shim and the probe, from this checkout, with the machine's C compiler."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    shim, probe = out / "libgpupack-cuda.so", out / "probe"
+    flags = ["-O2", "-g", "-Wall", "-Wextra"]
+    shim_built = command(
+        [
+            cc,
+            *flags,
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            "-o",
+            str(shim),
+            str(ROOT / "cuda-shim/gpupack_cuda.c"),
+            "-ldl",
+            "-lpthread",
+        ],
+    )
+    if shim_built.returncode != 0:
+        raise SystemExit(f"the shim did not build:\n{shim_built.stderr}")
+    libdirs = ["/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"]
+    found = [d for d in libdirs if (Path(d) / "libcuda.so.1").exists()]
+    built = command(
+        [
+            cc,
+            *flags,
+            "-o",
+            str(probe),
+            str(ROOT / "tests/cuda_shim/probe.c"),
+            *[f"-L{d}" for d in found],
+            "-l:libcuda.so.1",
+            "-ldl",
+            "-lpthread",
+        ],
+    )
+    if built.returncode != 0:
+        print(f"the probe did not build (no allocation-call benchmark): {built.stderr[-500:]}")
+        return shim, None
+    return shim, probe
+
+
+def budget_used(pod: Path) -> int:
+    """What the budget file says the pod's processes hold (every slot with bytes)."""
+    data = (pod / "budget").read_bytes() if (pod / "budget").exists() else b""
+    return sum(
+        struct.unpack_from("<Q", data, 64 + 64 * i)[0] for i in range((len(data) - 64) // 64)
+    )
+
+
+CASES: dict[str, str] = {}
+
+
+def case(name: str, source: str) -> None:
+    CASES[name] = source
+
+
+# Each case is a program run under the shim; it prints one JSON object on its last line.
+TORCH_FILL = """
+import json, os, torch
+free, total = torch.cuda.mem_get_info()
+chunks, held, error = [], 0, ""
+try:
+    while True:
+        chunks.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+        held += 256 << 20
+except torch.OutOfMemoryError as e:
+    error = str(e).splitlines()[0][:300]
+reserved = torch.cuda.memory_reserved()
+del chunks
+torch.cuda.empty_cache()
+again = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+print(json.dumps({"free": free, "total": total, "allocated_to_oom": held,
+                  "reserved_at_oom": reserved, "oom_error": error,
+                  "after_free_1gib_ok": again.numel() == 1 << 30}))
+"""
+case("torch-default", TORCH_FILL)
+case("torch-expandable", TORCH_FILL)
+
+case(
+    "cuda-graph",
+    """
+import json, torch
+x = torch.randn(1024, 1024, device="cuda")
+w = torch.randn(1024, 1024, device="cuda")
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(3):
+        y = torch.relu(x @ w)
+torch.cuda.current_stream().wait_stream(s)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y = torch.relu(x @ w)
+ok = True
+for i in range(10):
+    x.copy_(torch.randn(1024, 1024, device="cuda"))
+    g.replay()
+    torch.cuda.synchronize()
+    ok = ok and torch.allclose(y, torch.relu(x @ w), atol=1e-2, rtol=1e-2)
+print(json.dumps({"replays": 10, "results_match": bool(ok)}))
+""",
+)
+
+case(
+    "jax-preallocate",
+    """
+import json, jax, jax.numpy as jnp
+x = jnp.ones((1024, 1024)) @ jnp.ones((1024, 1024))
+x.block_until_ready()
+stats = jax.devices()[0].memory_stats() or {}
+print(json.dumps({"bytes_limit": stats.get("bytes_limit"), "pool_bytes": stats.get("pool_bytes"),
+                  "bytes_reserved": stats.get("bytes_reserved")}))
+""",
+)
+
+case(
+    "cupy-pool",
+    """
+import json, cupy
+free, total = cupy.cuda.runtime.memGetInfo()
+pool, held, blocks, error = cupy.get_default_memory_pool(), 0, [], ""
+try:
+    while True:
+        blocks.append(cupy.empty(256 << 20, dtype=cupy.uint8))
+        held += 256 << 20
+except cupy.cuda.memory.OutOfMemoryError as e:
+    error = str(e)[:300]
+print(json.dumps({"free": free, "total": total, "allocated_to_oom": held,
+                  "pool_total": pool.total_bytes(), "oom_error": error}))
+""",
+)
+
+case(
+    "vllm-sizing",
+    """
+import json, torch
+torch.cuda.init()
+torch.empty(1, device="cuda")
+free, total = torch.cuda.mem_get_info()
+want = int(0.9 * total)
+in_use = total - free
+kv = torch.empty(want - in_use, dtype=torch.uint8, device="cuda")
+free_after, _ = torch.cuda.mem_get_info()
+print(json.dumps({"total": total, "free_at_start": free, "target_0.9_total": want,
+                  "kv_cache_bytes": kv.numel(), "free_after": free_after}))
+""",
+)
+
+case(
+    "hold",
+    """
+import json, sys, torch
+x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print(json.dumps({"holding": x.numel()}), flush=True)
+sys.stdin.read()
+""",
+)
+
+case(
+    "try-alloc",
+    """
+import json, sys, torch
+free, total = torch.cuda.mem_get_info()
+try:
+    x = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
+    ok, error = True, ""
+except torch.OutOfMemoryError as e:
+    ok, error = False, str(e).splitlines()[0][:200]
+print(json.dumps({"free": free, "total": total, "asked": int(sys.argv[1]), "granted": ok,
+                  "error": error}))
+""",
+)
+
+case(
+    "context",
+    """
+import ctypes, json
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+free, total = ctypes.c_size_t(), ctypes.c_size_t()
+assert cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+print(json.dumps({"free": free.value, "total": total.value}), flush=True)
+import sys; sys.stdin.read()
+""",
+)
+
+case(
+    "train-step",
+    """
+import json, sys, time, torch
+torch.manual_seed(0)
+layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
+model = torch.nn.TransformerEncoder(layer, 6).cuda()
+opt = torch.optim.AdamW(model.parameters(), 1e-4)
+x = torch.randn(32, 256, 512, device="cuda")
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x).float().pow(2).mean()
+    loss.backward()
+    opt.step()
+for _ in range(10):
+    step()
+torch.cuda.synchronize()
+times = []
+for _ in range(int(sys.argv[1])):
+    t = time.perf_counter(); step(); torch.cuda.synchronize(); times.append(time.perf_counter() - t)
+times.sort()
+print(json.dumps({"median_step_s": times[len(times) // 2]}))
+""",
+)
+
+
+class Proof:
+    def __init__(self, out: Path, shim: Path, probe: Path | None) -> None:
+        self.out, self.shim, self.probe = out, shim, probe
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpupack-shim-"))
+        self.results: dict[str, Any] = {}
+        self.failed: list[str] = []
+
+    def pod(self, name: str, limit: int = LIMIT) -> Path:
+        pod = self.scratch / name
+        pod.mkdir(parents=True, exist_ok=True)
+        (pod / "limit").write_text(f"{limit}\n")
+        return pod
+
+    def env(self, pod: Path | None, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
+        if pod is not None:
+            env.update(LD_PRELOAD=str(self.shim), GPUPACK_CUDA_DIR=str(pod))
+        env.update(extra)
+        return env
+
+    def program(self, name: str, pod: Path | None, *args: str, **extra: str) -> dict[str, Any]:
+        done = command(
+            [sys.executable, "-c", CASES[name], *args],
+            env=self.env(pod, **extra),
+            text=True,
+            timeout=180,
+        )
+        lines = done.stdout.strip().splitlines()
+        shim_lines = [line for line in done.stderr.splitlines() if line.startswith("gpupack-cuda")]
+        if done.returncode != 0 or not lines:
+            return {
+                "error": f"exit {done.returncode}: {done.stderr.strip()[-800:]}",
+                "shim": shim_lines[:6],
+            }
+        result: dict[str, Any] = json.loads(lines[-1])
+        result["shim"] = shim_lines[:4]
+        return result
+
+    def check(self, name: str, result: dict[str, Any], ok: bool, why: str) -> None:
+        result["passed"], result["expect"] = bool(ok), why
+        self.results[name] = result
+        if not ok:
+            self.failed.append(name)
+        shown = {k: v for k, v in result.items() if k not in ("shim", "expect", "passed")}
+        print(f"{'PASS' if ok else 'FAIL'} {name}: {why}\n     {json.dumps(shown)}", flush=True)
+        for line in result.get("shim", [])[:3]:
+            print(f"     | {line}", flush=True)
+
+    def lookups(self) -> None:
+        """How PyTorch's runtime reached the driver: every cuGetProcAddress of a wrapped name."""
+        done = command(
+            [
+                sys.executable,
+                "-c",
+                "import torch; torch.empty(1, device='cuda'); torch.cuda.mem_get_info()",
+            ],
+            env=self.env(self.pod("lookups"), GPUPACK_CUDA_DEBUG="1"),
+            text=True,
+            timeout=120,
+        )
+        lines = [line for line in done.stderr.splitlines() if "cuGetProcAddress(" in line]
+        (self.out / "getprocaddress.log").write_text("\n".join(lines) + "\n")
+        alone = [line for line in lines if "left alone" in line]
+        result = {
+            "lookups": len(lines),
+            "by_address": sum("by address" in x for x in lines),
+            "by_version": sum("by version" in x for x in lines),
+            "left_alone": alone[:10],
+        }
+        self.check(
+            "lookups",
+            result,
+            done.returncode == 0 and len(lines) > 0 and not alone,
+            "the runtime's cuGetProcAddress lookups of wrapped names all reach the shim",
+        )
+
+    def run_all(self) -> None:
+        self.lookups()
+        for alloc_conf, name in (
+            ("", "torch-default"),
+            ("expandable_segments:True", "torch-expandable"),
+        ):
+            r = self.program(name, self.pod(name), PYTORCH_CUDA_ALLOC_CONF=alloc_conf)
+            self.check(
+                name,
+                r,
+                r.get("total") == LIMIT
+                and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
+                and "out of memory" in r.get("oom_error", "").lower()
+                and r.get("after_free_1gib_ok") is True,
+                "total = 8 GiB, allocates to within 2 GiB of it, then an out-of-memory error",
+            )
+        r = self.program("cuda-graph", self.pod("graph"))
+        self.check(
+            "cuda-graph",
+            r,
+            r.get("results_match") is True,
+            "capture and 10 replays give the eager result",
+        )
+        r = self.program("jax-preallocate", self.pod("jax"))
+        self.check(
+            "jax-preallocate",
+            r,
+            abs((r.get("bytes_limit") or 0) - 0.75 * LIMIT) <= 0.05 * LIMIT,
+            "JAX's pool is 75 % of the 8 GiB share (not of the GPU)",
+        )
+        r = self.program("cupy-pool", self.pod("cupy"))
+        self.check(
+            "cupy-pool",
+            r,
+            r.get("total") == LIMIT and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT,
+            "CuPy sees 8 GiB and its pool stops there",
+        )
+        r = self.program("vllm-sizing", self.pod("vllm"))
+        self.check(
+            "vllm-sizing",
+            r,
+            r.get("total") == LIMIT and r.get("kv_cache_bytes", 0) > 0,
+            "0.9 x the reported total (8 GiB) allocates",
+        )
+        self.two_processes()
+        self.nvidia_smi()
+        self.context_cost()
+        self.mps_client()
+        self.overhead()
+
+    def two_processes(self) -> None:
+        pod = self.pod("two")
+        holder = start([sys.executable, "-c", CASES["hold"], str(5 * GIB)], self.env(pod))
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        first = self.program("try-alloc", pod, str(4 * GIB))
+        second = self.program("try-alloc", pod, str(1 * GIB))
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        time.sleep(1)
+        after = self.program("try-alloc", pod, str(6 * GIB))
+        result = {
+            "holder": line.strip(),
+            "4GiB_beside_5GiB": first,
+            "1GiB_beside_5GiB": second,
+            "6GiB_after_SIGKILL": after,
+            "budget_after": budget_used(pod),
+        }
+        self.check(
+            "two-processes",
+            result,
+            first.get("granted") is False
+            and second.get("granted") is True
+            and after.get("granted") is True,
+            "one budget: 4 GiB refused beside 5 GiB (and two contexts), 1 GiB granted; "
+            "6 GiB granted once the holder is SIGKILLed",
+        )
+
+    def nvidia_smi(self) -> None:
+        query = [
+            "nvidia-smi",
+            "--query-gpu=memory.total,memory.used,memory.free",
+            "--format=csv,noheader,nounits",
+        ]
+        plain = command(query, env=self.env(None))
+        shimmed = command(query, env=self.env(self.pod("smi")))
+        table = command(["nvidia-smi"], env=self.env(self.pod("smi")))
+        total = shimmed.stdout.split(",")[0].strip() if shimmed.returncode == 0 else None
+        mib_line = next((line for line in table.stdout.splitlines() if "MiB /" in line), "")
+        result = {
+            "without_shim": plain.stdout.strip(),
+            "with_shim": shimmed.stdout.strip(),
+            "table_line": mib_line.strip(),
+            "stderr": shimmed.stderr.strip()[-300:],
+        }
+        self.check(
+            "nvidia-smi",
+            result,
+            total == str(LIMIT >> 20),
+            "memory.total under the shim = 8192 MiB",
+        )
+
+    def context_cost(self) -> None:
+        pod = self.pod("context")
+        before = self.nvml_used()
+        proc = start([sys.executable, "-c", CASES["context"]], self.env(pod))
+        assert proc.stdout is not None
+        seen = json.loads(proc.stdout.readline() or "{}")
+        after = self.nvml_used()
+        charged = budget_used(pod)
+        proc.kill()
+        proc.wait()
+        result = {
+            "nvml_used_delta": after - before if before is not None and after is not None else None,
+            "budget_charged": charged,
+            "free_seen": seen.get("free"),
+            "total_seen": seen.get("total"),
+        }
+        self.check(
+            "context",
+            result,
+            charged > 0 and seen.get("free", LIMIT) <= LIMIT - charged,
+            "a process's context is charged to the budget (NVML's used before and after)",
+        )
+
+    def nvml_used(self) -> int | None:
+        done = command(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            text=True,
+            env=self.env(None),
+        )
+        return (
+            int(done.stdout.split()[0]) << 20
+            if done.returncode == 0 and done.stdout.strip()
+            else None
+        )
+
+    def mps_client(self) -> None:
+        if not shutil.which("nvidia-cuda-mps-control"):
+            self.check(
+                "mps-client",
+                {"error": "no nvidia-cuda-mps-control"},
+                False,
+                "an MPS client under the shim",
+            )
+            return
+        mps = self.scratch / "mps"
+        (mps / "pipe").mkdir(parents=True)
+        (mps / "log").mkdir()
+        env = self.env(
+            None, CUDA_MPS_PIPE_DIRECTORY=str(mps / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(mps / "log")
+        )
+        started = command(["nvidia-cuda-mps-control", "-d"], env=env)
+        try:
+            pod = self.pod("mps")
+            extra = {
+                "CUDA_MPS_PIPE_DIRECTORY": str(mps / "pipe"),
+                "CUDA_MPS_LOG_DIRECTORY": str(mps / "log"),
+            }
+            r = self.program("torch-default", pod, **extra)
+            r["daemon_started"] = started.returncode == 0
+            servers = command(["pgrep", "-f", "nvidia-cuda-mps-server"])
+            r["mps_server_running"] = bool(servers.stdout.strip())
+            self.check(
+                "mps-client",
+                r,
+                r.get("total") == LIMIT
+                and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
+                and r["mps_server_running"],
+                "a client of an MPS daemon sees 8 GiB and is stopped there",
+            )
+        finally:
+            command(["nvidia-cuda-mps-control"], input="quit\n", env=env, timeout=30)
+
+    def overhead(self) -> None:
+        steps = {"without": [], "with": []}  # type: dict[str, list[float]]
+        for _ in range(3):
+            for which, pod in (("without", None), ("with", self.pod("train", 64 * GIB))):
+                r = self.program("train-step", pod, "30", GPUPACK_CUDA_QUIET="1")
+                if "median_step_s" in r:
+                    steps[which].append(r["median_step_s"])
+        calls: dict[str, float] = {}
+        for which, pod in (("without", None), ("with", self.pod("calls", 64 * GIB))):
+            rates: list[float] = []
+            if self.probe is None:
+                break
+            for _ in range(3):
+                done = command(
+                    [str(self.probe), "linked", "ctx", "bench:20000:1048576"],
+                    env=self.env(pod, GPUPACK_CUDA_QUIET="1"),
+                    text=True,
+                    timeout=120,
+                )
+                for line in done.stdout.splitlines():
+                    if line.startswith("bench rc=0"):
+                        rates.append(float(line.rsplit("=", 1)[1]))
+            calls[which] = statistics.median(rates) if rates else 0.0
+        ratio = (
+            statistics.median(steps["with"]) / statistics.median(steps["without"])
+            if steps["with"] and steps["without"]
+            else None
+        )
+        result = {
+            "train_step_s": steps,
+            "train_step_ratio": ratio,
+            "alloc_free_pairs_per_s": calls,
+            "alloc_call_ratio": calls["with"] / calls["without"] if calls.get("without") else None,
+        }
+        self.check(
+            "overhead",
+            result,
+            ratio is not None and ratio <= 1.02,
+            "training step with/without <= 1.02",
+        )
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "gpu-proof-out").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    shim, probe = build(out)
+    proof = Proof(out, shim, probe)
+    only = (
+        os.environ.get("GPU_PROOF_CASES", "").split(",")
+        if os.environ.get("GPU_PROOF_CASES")
+        else None
+    )
+    if only:
+        for name in only:
+            getattr(proof, name.replace("-", "_"))()
+    else:
+        proof.run_all()
+    (out / "shim.json").write_text(json.dumps(proof.results, indent=2))
+    passed = len(proof.results) - len(proof.failed)
+    print(
+        f"memory shim on a real GPU: {passed} of {len(proof.results)} passed"
+        + (f"; failed: {', '.join(proof.failed)}" if proof.failed else "")
+    )
+    return 1 if proof.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""Builds the memory shim and its test doubles with the machine's C compiler.
+
+`Build(root, sanitize)` compiles, into `root`: libgpupack-cuda.so (the shim, with the
+chart image's flags plus `sanitize`), the fake driver `libcuda.so.1` and fake NVML
+`libnvidia-ml.so.1` (never sanitized: they stand for NVIDIA's binaries), and `probe`,
+linked against the fake driver as an application is against the real one.
+"""
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIM_SOURCE = ROOT / "cuda-shim" / "gpupack_cuda.c"
+HERE = Path(__file__).resolve().parent
+# What the image's builder stage uses (Dockerfile); the tests add warnings as errors.
+SHIM_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
+SANITIZERS = {
+    "": (),
+    "address": (
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=all",
+        "-fno-omit-frame-pointer",
+    ),
+    "thread": ("-fsanitize=thread",),
+}
+
+
+def compiler() -> str:
+    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not found:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH: the shim's tests build it")
+    return found
+
+
+def compile_c(*args: str) -> None:
+    done = subprocess.run([compiler(), *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}\n{done.stderr}")
+
+
+@dataclass(frozen=True)
+class Build:
+    root: Path
+    sanitize: str = ""
+
+    @property
+    def shim(self) -> Path:
+        return self.root / "libgpupack-cuda.so"
+
+    @property
+    def probe(self) -> Path:
+        return self.root / "probe"
+
+    def make(self) -> "Build":
+        self.root.mkdir(parents=True, exist_ok=True)
+        extra = SANITIZERS[self.sanitize]
+        warnings = ("-g", "-Wall", "-Wextra", "-Werror")
+        compile_c(
+            *SHIM_FLAGS,
+            *warnings,
+            *extra,
+            "-I",
+            str(SHIM_SOURCE.parent),
+            "-o",
+            str(self.shim),
+            str(SHIM_SOURCE),
+            "-ldl",
+            "-lpthread",
+        )
+        device = str(HERE / "fake_device.c")
+        compile_c(
+            "-O1",
+            "-g",
+            "-fPIC",
+            "-shared",
+            "-Wl,-soname,libcuda.so.1",
+            "-o",
+            str(self.root / "libcuda.so.1"),
+            str(HERE / "fake_cuda.c"),
+            device,
+            "-lpthread",
+        )
+        compile_c(
+            "-O1",
+            "-g",
+            "-fPIC",
+            "-shared",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            str(self.root / "libnvidia-ml.so.1"),
+            str(HERE / "fake_nvml.c"),
+            device,
+        )
+        link = self.root / "libcuda.so"
+        link.unlink(missing_ok=True)
+        link.symlink_to("libcuda.so.1")
+        compile_c(
+            "-O1",
+            *warnings,
+            *extra,
+            "-o",
+            str(self.probe),
+            str(HERE / "probe.c"),
+            f"-L{self.root}",
+            "-lcuda",
+            "-ldl",
+            "-lpthread",
+            "-Wl,-rpath,$ORIGIN",
+        )
+        return self
