@@ -36,7 +36,7 @@ from typing import Final
 import grpc
 
 from exporter.csi import PublishRequest, Refused, UnpublishRequest
-from gpupack import keys, mps
+from gpupack import cuda, keys, mps
 from gpupack.capacity import SHARING, runs_mps_daemon
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, annotations_of, labels_of
@@ -95,10 +95,10 @@ def decide(pod: JSON, uid: str, *, node: str, namespace: str, get_pod: PodGetter
         if not runs_mps_daemon(pod):
             return Refusal(f"capacity pod {name} is not of an MPS pool ({SHARING} is not mps)")
         return Daemon(uid)
-    if annotations.get(keys.ENFORCEMENT) != mps.SHARING_MPS:
+    if cuda.MPS not in cuda.enforced(annotations.get(keys.ENFORCEMENT)):
         return Refusal(
             f"pod {name} is not a real-time-mps pod admitted by gpupack "
-            f"({keys.ENFORCEMENT} is not mps): only those share a GPU's MPS daemon"
+            f"({keys.ENFORCEMENT} does not name mps): only those share a GPU's MPS daemon"
         )
     holder = annotations.get(keys.CAPACITY_POD)
     if not holder:

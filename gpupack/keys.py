@@ -24,7 +24,12 @@ DECISION: Final = f"{DOMAIN}/decision"
 # The webhook's seal over its decision (`gpupack.seal`): proof that gpupack admitted the
 # pod, checked by the webhook at reinvocation and by the scheduler before placing it.
 SEAL: Final = f"{DOMAIN}/seal"
-ENFORCEMENT: Final = f"{DOMAIN}/enforcement"  # how the shares are enforced: accounting|mps
+# How the shares are enforced: accounting, or what applies of mps and memory
+# (`gpupack.cuda.enforcement_value`).
+ENFORCEMENT: Final = f"{DOMAIN}/enforcement"
+# Written by the user (optional): `off` takes one workload out of memory enforcement,
+# `on` asks for it where its policy says Off.
+MEMORY_ENFORCEMENT: Final = f"{DOMAIN}/memory-enforcement"
 
 # Annotations only the scheduler (on fractional pods) or the exporter (on capacity pods)
 # may write. The webhook strips user-supplied values at CREATE.

@@ -42,6 +42,14 @@ class Sharing(StrEnum):
     MPS = "mps"  # CUDA MPS limits; a GPU only hosts pods of one workload
 
 
+class MemoryEnforcement(StrEnum):
+    """Whether a policy's pods are held to their memory share on the GPU (the memory shim,
+    and the driver's own limit where a node has it; docs/isolation.md)."""
+
+    ON = "On"
+    OFF = "Off"  # the share is the scheduler's accounting only
+
+
 class ConsolidationMode(StrEnum):
     """Whether the scheduler may evict a policy's pods to empty part-used GPUs (the
     trade-off of Karpenter's `consolidationPolicy`: GPUs saved against restarts)."""
@@ -93,6 +101,8 @@ class Policy:
     sharing: Sharing = Sharing.SHARED
     update_mode: UpdateMode = UpdateMode.INITIAL
     consolidation: Consolidation = Consolidation()
+    # None: the install's default (the chart's memoryEnforcement.enabled).
+    memory_enforcement: MemoryEnforcement | None = None
 
     def __post_init__(self) -> None:
         key = f"policy {self.name}"
@@ -271,6 +281,9 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     if mode not in set(UpdateMode):
         raise ContractError(f"{where}.updateMode", mode, ", ".join(UpdateMode))
     description = _field(spec, "description", where, required=False)
+    memory = _field(spec, "memoryEnforcement", where, required=False)
+    if memory is not None and memory not in set(MemoryEnforcement):
+        raise ContractError(f"{where}.memoryEnforcement", memory, " or ".join(MemoryEnforcement))
     consolidation = _consolidation(_field(spec, "consolidation", where, required=False), where)
     return Policy(
         name=name,
@@ -290,6 +303,7 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
         sharing=Sharing(sharing),
         update_mode=UpdateMode(mode),
         consolidation=consolidation,
+        memory_enforcement=MemoryEnforcement(memory) if memory is not None else None,
     )
 
 

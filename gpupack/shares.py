@@ -10,7 +10,7 @@ with these same functions, so they never disagree about who holds what.
 import logging
 from typing import Final, cast
 
-from gpupack import codec, keys
+from gpupack import codec, cuda, keys
 from gpupack.capacity import Allocation
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, Pod, PodSpec, annotations_of, workload_of
@@ -39,7 +39,7 @@ def is_exclusive(annotations: dict[str, str]) -> bool:
     """A pod whose GPU must not be shared with other workloads (CUDA MPS)."""
     enforcement = annotations.get(keys.ENFORCEMENT)
     if enforcement is not None:
-        return enforcement == Sharing.MPS.value
+        return cuda.MPS in cuda.enforced(enforcement)
     policy = BUILTIN.get(annotations.get(keys.POLICY, ""))
     return policy is not None and policy.sharing is Sharing.MPS
 

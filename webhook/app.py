@@ -142,6 +142,7 @@ class Admissions:
     cpu_timer: Callable[[], float]  # CPU time of the calling thread (the event loop's)
     key: bytes  # the decision key pods are sealed with
     mps: bool = True  # MPS pods are shared (the node agents serve the MPS CSI driver)
+    memory_enforcement: bool = False  # the node agents serve the memory shim's CSI driver
 
     async def mutate(self, request: Request) -> Response:
         """Everything after the body is read runs without yielding the loop (but for the
@@ -216,7 +217,14 @@ class Admissions:
             cluster = self.cluster
             if cluster is None:
                 return self.decide(
-                    review, MutationContext(None, self.policies, key=self.key, mps=self.mps)
+                    review,
+                    MutationContext(
+                        None,
+                        self.policies,
+                        key=self.key,
+                        mps=self.mps,
+                        memory_enforcement=self.memory_enforcement,
+                    ),
                 )
             context = MutationContext(
                 namespace,
@@ -225,6 +233,7 @@ class Admissions:
                 key=self.key,
                 now=int(cluster.now()),
                 mps=self.mps,
+                memory_enforcement=self.memory_enforcement,
             )
             return self.decide(review, context)
         except Exception as exc:
@@ -307,6 +316,7 @@ def create_app(
     tls_problem: TlsProblem | None = None,
     key: bytes = PROCESS_KEY,
     mps: bool = True,
+    memory_enforcement: bool = False,
 ) -> Starlette:
     """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
     recommendations, and `policies` are the policies in force. `key`: the decision key
@@ -325,6 +335,7 @@ def create_app(
         timer=timer,
         cpu_timer=cpu_timer,
         mps=mps,
+        memory_enforcement=memory_enforcement,
         key=key,
     )
 

@@ -12,6 +12,7 @@ from typing import TextIO
 
 import orjson
 
+from gpupack import keys
 from gpupack.kube import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import Recommendation
@@ -71,6 +72,8 @@ def audit_line(
         line["recommendation"] = recommendation_fields(decision.recommendation)
     if decision.demand is not None:
         line["pool"] = decision.demand.pool
+    if keys.ENFORCEMENT in decision.annotations:
+        line["enforcement"] = decision.annotations[keys.ENFORCEMENT]
     if decision.stripped:
         line["stripped"] = list(decision.stripped)
     if decision.warnings:

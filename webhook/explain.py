@@ -17,8 +17,9 @@ from typing import Any, TextIO, cast
 import jsonpatch
 import yaml
 
-from gpupack import keys, mps
+from gpupack import cuda, keys, mps
 from gpupack.kube import JSON, Pod
+from gpupack.quantity import format_memory
 from webhook.decision import Decision, Outcome
 from webhook.mutate import MutationContext, decide, mps_limits
 from webhook.review import AdmissionRequest
@@ -63,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="an annotation of the pod's namespace, e.g. gpupack.io/policy=batch (repeatable)",
+    )
+    parser.add_argument(
+        "--memory-enforcement",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as the install's memoryEnforcement.enabled (default: on, the chart's default)",
     )
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     parser.set_defaults(run=run)
@@ -154,13 +161,30 @@ def summary(decision: Decision, kind: str, name: str) -> JSON:
             "pool": decision.demand.pool if decision.demand else None,
         }
         out["enforcement"] = decision.annotations.get(keys.ENFORCEMENT)
-        if out["enforcement"] == mps.SHARING_MPS and decision.compute is not None:
+        applies = cuda.enforced(out["enforcement"])
+        if cuda.MPS in applies and decision.compute is not None:
             out["mps"] = mps_wiring(decision.compute, decision.memory or 0)
+        if cuda.MEMORY in applies and decision.memory is not None:
+            out["memory"] = memory_wiring(decision.memory)
     if decision.stripped:
         out["stripped"] = list(decision.stripped)
     if decision.warnings:
         out["warnings"] = list(decision.warnings)
     return out
+
+
+def memory_wiring(memory: int) -> JSON:
+    """How a memory-enforced pod is held to its share, and what that does not cover."""
+    return {
+        "limit": format_memory(memory),
+        "shim": f"{cuda.LIBRARY} from the CSI volume {cuda.VOLUME} ({cuda.DRIVER}) at "
+        f"{cuda.MOUNT_PATH}, loaded through {cuda.PRELOAD_PATH}: CUDA allocations past "
+        "the limit fail with out-of-memory, and cuMemGetInfo, cuDeviceTotalMem and NVML "
+        "report the limit as the GPU's memory",
+        "driver": {e["name"]: e["value"] for e in cuda.memory_environment(memory)},
+        "notEnforced": "memory bandwidth, compute, faults; a static binary or a process "
+        "that bypasses the dynamic loader (docs/isolation.md)",
+    }
 
 
 def mps_wiring(compute: int, memory: int) -> JSON:
@@ -179,7 +203,9 @@ def mps_wiring(compute: int, memory: int) -> JSON:
     }
 
 
-def explain(doc: Any, namespace: JSON, as_patch: bool) -> tuple[JSON, Any]:
+def explain(
+    doc: Any, namespace: JSON, as_patch: bool, *, memory_enforcement: bool = True
+) -> tuple[JSON, Any]:
     pod, kind = pod_from_manifest(doc)
     meta = pod.get("metadata") or {}
     namespace = copy.deepcopy(namespace)
@@ -192,7 +218,8 @@ def explain(doc: Any, namespace: JSON, as_patch: bool) -> tuple[JSON, Any]:
         dry_run=True,
         pod=pod,
     )
-    decision = decide(request, MutationContext(namespace=namespace))
+    context = MutationContext(namespace=namespace, memory_enforcement=memory_enforcement)
+    decision = decide(request, context)
     name = str((doc.get("metadata") or {}).get("name", meta.get("generateName", "")))
     result = list(decision.patch) if as_patch else jsonpatch.apply_patch(pod, list(decision.patch))
     return summary(decision, kind, name), result
@@ -213,7 +240,10 @@ def run(args: argparse.Namespace) -> int:
             docs = list(_documents(stream))
         if not docs:
             raise ManifestError(f"{args.filename}: no Kubernetes object found")
-        outputs = [explain(doc, namespace, args.patch) for doc in docs]
+        outputs = [
+            explain(doc, namespace, args.patch, memory_enforcement=args.memory_enforcement)
+            for doc in docs
+        ]
     except OSError as exc:
         print(
             f"gpupack-webhook explain: cannot read {args.filename}: {exc.strerror}", file=sys.stderr

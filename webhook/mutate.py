@@ -23,19 +23,20 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
-from gpupack import keys, seal
+from gpupack import cuda, keys, seal
 from gpupack import mps as gpupack_mps
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
 from gpupack.gpu_request import GpuScan, GpuSlot, scan_gpus
 from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
-from gpupack.policy import Policy, PolicySet, Sharing, UpdateMode
+from gpupack.policy import MemoryEnforcement, Policy, PolicySet, Sharing, UpdateMode
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
 from webhook import mps, patch, scope
+from webhook.cuda import wiring as shim_wiring
 from webhook.decision import Decision, Demand, Outcome, Reason, stamped
 from webhook.policies import BUILTIN_POLICIES, PolicyChoice, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
@@ -68,6 +69,9 @@ class MutationContext:
     key: bytes = PROCESS_KEY
     now: int = field(default_factory=lambda: int(time.time()))
     mps: bool = True  # the install runs the MPS CSI driver (the chart's mps.enabled)
+    # The install runs the memory shim's CSI driver (the chart's memoryEnforcement.enabled):
+    # the default for policies that do not say.
+    memory_enforcement: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +165,35 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
             demand.exclusive,
         )
     ops, warnings = _with_identity(decision.patch, uid, sealed[keys.SEAL]), decision.warnings
-    if sealed[keys.ENFORCEMENT] == gpupack_mps.SHARING_MPS:
+    applies = cuda.enforced(sealed[keys.ENFORCEMENT])
+    if applies:
         spec: PodSpec = request.pod.get("spec") or {}
-        wired = mps.wiring(spec, scan_gpus(spec).slots)
-        ops, warnings = ops + wired.ops, warnings + wired.warnings
+        slots = scan_gpus(spec).slots
+        if cuda.MPS in applies:
+            wired = mps.wiring(spec, slots)
+            ops, warnings = ops + wired.ops, warnings + wired.warnings
+            spec = with_lists(spec, wired.ops)
+        if cuda.MEMORY in applies:
+            shim = shim_wiring(spec, slots)
+            ops, warnings = ops + shim.ops, warnings + shim.warnings
     return stamped(decision, ops, sealed, demand, warnings)
+
+
+def with_lists(spec: PodSpec, ops: tuple[JSON, ...]) -> PodSpec:
+    """`spec` as `ops` leave it, for ops that set whole lists (`/spec/volumes`,
+    `/spec/<containers>/<i>/volumeMounts`, as `webhook.mps` writes them). A copy: the
+    request's pod is never changed."""
+    out: dict[str, Any] = dict(spec)
+    for op in ops:
+        tokens = op["path"].split("/")[2:]
+        if len(tokens) == 1:
+            out[tokens[0]] = op["value"]
+        elif len(tokens) == 3:
+            field_name, index, key = tokens
+            containers = list(out[field_name])
+            containers[int(index)] = {**containers[int(index)], key: op["value"]}
+            out[field_name] = containers
+    return cast(PodSpec, out)
 
 
 def _with_identity(ops: tuple[JSON, ...], decision: str, sealed: str) -> tuple[JSON, ...]:
@@ -268,10 +296,13 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     recommendation = ctx.recommendation(request.namespace, owner_kind, owner_name)
     try:
         allocation = allocate(annotations, spec, choice.policy, recommendation)
+        memory, memory_notes = memory_enforced(annotations, choice.policy, ctx)
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
 
-    written, ops = build_patch(request, spec, annotations, gpus, choice, allocation, stripped)
+    written, ops = build_patch(
+        request, spec, annotations, gpus, choice, allocation, stripped, memory=memory
+    )
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
     scheduling = scheduling_metadata(spec, mps=choice.policy.sharing is Sharing.MPS)
@@ -279,7 +310,8 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         Outcome.MUTATED,
         Reason.MUTATED,
         f"shares a GPU: {format_compute(allocation.compute)} compute, "
-        f"{format_memory(allocation.memory)} memory ({choice.policy.name})",
+        f"{format_memory(allocation.memory)} memory ({choice.policy.name}); "
+        f"enforcement {written[keys.ENFORCEMENT]}",
         patch=ops,
         annotations=written,
         policy=choice.policy.name,
@@ -293,7 +325,7 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         owner_kind=owner_kind,
         owner_name=owner_name,
         stripped=stripped,
-        warnings=choice.warnings,
+        warnings=choice.warnings + memory_notes,
         demand=Demand(
             decision_id="",  # the admission's, stamped
             pool=metadata_key(scheduling),
@@ -419,8 +451,10 @@ def _env_var(name: str, value: str) -> JSON:
     return {"name": name, "value": value}
 
 
-def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
-    """Environment for the GPU container, in the order it is written."""
+def gpu_env(policy: Policy, allocation: Allocation, *, memory: bool = False) -> list[JSON]:
+    """Environment for the GPU container, in the order it is written: its GPU, and where
+    `memory` holds it to its share, the driver's own memory limit (nodes with driver
+    r615 or newer and the container toolkit's memory-limit hook enforce it)."""
     env: list[JSON] = [
         {
             "name": keys.ENV_VISIBLE_DEVICES,
@@ -432,13 +466,45 @@ def gpu_env(policy: Policy, allocation: Allocation) -> list[JSON]:
         for name, value in mps_limits(allocation.compute, allocation.memory).items():
             env.append(_env_var(name, value))
         env.extend(gpupack_mps.environment())
+    if memory:
+        env.extend(cuda.memory_environment(allocation.memory))
     return env
 
 
-def enforcement(policy: Policy) -> str:
-    """The `gpupack.io/enforcement` of a pod of `policy`: `mps`, or `accounting` where
-    nothing but the scheduler's books holds a pod to its share."""
-    return gpupack_mps.SHARING_MPS if policy.sharing is Sharing.MPS else "accounting"
+def enforcement(policy: Policy, *, memory: bool = False) -> str:
+    """The `gpupack.io/enforcement` of a pod of `policy`: what holds it to its share
+    (`mps`, `memory`, both), or `accounting` where only the scheduler's books do."""
+    return cuda.enforcement_value(mps=policy.sharing is Sharing.MPS, memory=memory)
+
+
+MEMORY_ENFORCEMENT_FORM: Final = f"{cuda.OPT_OUT_VALUE} or on"
+
+
+def memory_enforced(
+    annotations: dict[str, str], policy: Policy, ctx: MutationContext
+) -> tuple[bool, tuple[str, ...]]:
+    """Whether a pod of `policy` is held to its memory share on the GPU, and notes for its
+    audit line. The pod's `gpupack.io/memory-enforcement` (off, on) wins over the
+    policy's memoryEnforcement, which wins over the install's default; nothing is
+    enforced where the install does not run the shim's CSI driver. Raises
+    ContractError for another annotation value."""
+    asked = annotations.get(keys.MEMORY_ENFORCEMENT)
+    if asked is not None and asked.strip().lower() not in ("on", cuda.OPT_OUT_VALUE):
+        raise ContractError(keys.MEMORY_ENFORCEMENT, asked, MEMORY_ENFORCEMENT_FORM)
+    wanted = ctx.memory_enforcement
+    if policy.memory_enforcement is not None:
+        wanted = policy.memory_enforcement is MemoryEnforcement.ON
+    if asked is not None:
+        wanted = asked.strip().lower() == "on"
+    if wanted and not ctx.memory_enforcement:
+        return False, (
+            f"memory enforcement asked for ({keys.MEMORY_ENFORCEMENT}, or policy "
+            f"{policy.name}), but this install does not run it (the chart's "
+            "memoryEnforcement.enabled): the share is accounting only",
+        )
+    if asked is not None and not wanted:
+        return False, (f"memory enforcement off ({keys.MEMORY_ENFORCEMENT}: {asked})",)
+    return wanted, ()
 
 
 def mps_limits(compute: int, memory: int) -> dict[str, str]:
@@ -491,8 +557,11 @@ def build_patch(
     choice: PolicyChoice,
     allocation: Allocation,
     stripped: tuple[str, ...],
+    *,
+    memory: bool = False,
 ) -> tuple[dict[str, str], tuple[JSON, ...]]:
-    """The annotations a rewrite writes (but `IDENTITY`) and its patch."""
+    """The annotations a rewrite writes (but `IDENTITY`) and its patch; `memory`: the pod
+    is held to its memory share (`memory_enforced`)."""
     ops: list[JSON] = []
     original = OriginalResources(scheduler_name=spec.get("schedulerName"))
     for slot in gpus.slots:
@@ -519,7 +588,7 @@ def build_patch(
     else:
         ops.append(patch.add(scheduler_path, keys.SCHEDULER_NAME))
     wanted = {  # in sorted key order, so the ops come out sorted
-        keys.ENFORCEMENT: enforcement(choice.policy),
+        keys.ENFORCEMENT: enforcement(choice.policy, memory=memory),
         keys.GPU_COMPUTE: format_compute(allocation.compute),
         keys.GPU_MEMORY: format_memory(allocation.memory),
         keys.ORIGINAL_RESOURCES: write_original_resources(original),
@@ -530,7 +599,7 @@ def build_patch(
     kept = {k: v for k, v in annotations.items() if k not in stripped}
     ops.extend(strip_ops(k for k in stripped if k not in wanted and k not in IDENTITY))
     ops.extend(_set_annotations(request.pod, kept, wanted))
-    env = gpu_env(choice.policy, allocation)
+    env = gpu_env(choice.policy, allocation, memory=memory)
     for slot in gpus.slots:
         if slot.count > 0:
             container = spec[slot.field][slot.index]  # type: ignore[literal-required]

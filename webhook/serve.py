@@ -118,6 +118,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "do not serve the MPS CSI driver: such pods then keep their whole GPU "
         "(default: on)",
     )
+    parser.add_argument(
+        "--memory-enforcement",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold shared pods to their GPU memory share with the memory shim (and the "
+        "driver's own limit where nodes have it) unless their policy or pod says otherwise; "
+        "off where the node agents do not serve the CSI driver cuda.gpupack.io "
+        "(default: on)",
+    )
     limits = DEFAULT_LIMITS
     parser.add_argument(
         "--max-connections",
@@ -308,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
             tls_problem=tls.problem,
             key=key,
             mps=args.mps,
+            memory_enforcement=args.memory_enforcement,
         )
         limits = Limits(
             request_seconds=args.request_timeout,

@@ -53,25 +53,46 @@ def test_explain_shows_an_mps_pods_wiring_and_what_mps_isolates(
     assert main(["explain", "-f", str(path), "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     decision = doc["decision"]
-    assert decision["enforcement"] == "mps"
+    assert decision["enforcement"] == "mps,memory"  # the shim closes MPS's memory escape
     assert decision["mps"]["limits"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert "mps.gpupack.io" in decision["mps"]["volume"]
     assert "faults" in decision["mps"]["doesNotIsolate"]
     (container,) = doc["pod"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"  # what it says is what it writes
-    assert {"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}} in doc["pod"]["spec"][
-        "volumes"
-    ]
+    volumes = doc["pod"]["spec"]["volumes"]
+    assert {"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}} in volumes
+    assert {"name": "gpupack-cuda", "csi": {"driver": "cuda.gpupack.io"}} in volumes
+    paths = [m["mountPath"] for m in container["volumeMounts"]]
+    assert paths == ["/run/gpupack/mps", "/dev/shm", "/run/gpupack/cuda", "/etc/ld.so.preload"]
 
 
-def test_explain_says_a_shared_pods_shares_are_accounting(
+def test_explain_says_a_shared_pods_memory_is_held_by_the_shim(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["explain", "-f", str(EXAMPLE), "-o", "json"]) == 0
-    decision = json.loads(capsys.readouterr().out)["decision"]
-    assert decision["enforcement"] == "accounting"
+    doc = json.loads(capsys.readouterr().out)
+    decision = doc["decision"]
+    assert decision["enforcement"] == "memory"
     assert "mps" not in decision
+    memory = decision["memory"]
+    assert memory["limit"] == doc["pod"]["metadata"]["annotations"][keys.GPU_MEMORY]
+    assert "bandwidth" in memory["notEnforced"]
+    (container,) = doc["pod"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_GPU_MEMORY_LIMIT"] == memory["driver"]["NVIDIA_GPU_MEMORY_LIMIT"]
+    assert {"name": "gpupack-cuda", "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
+            "readOnly": True} in container["volumeMounts"]  # fmt: skip
+
+
+def test_explain_says_a_shared_pods_shares_are_accounting_without_the_shim(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["explain", "-f", str(EXAMPLE), "-o", "json", "--no-memory-enforcement"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["decision"]["enforcement"] == "accounting"
+    assert "memory" not in doc["decision"]
+    assert "volumes" not in doc["pod"]["spec"]
 
 
 @pytest.mark.parametrize(

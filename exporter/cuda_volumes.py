@@ -1,0 +1,146 @@
+"""What the memory shim's CSI driver (`cuda.gpupack.io`) gives a pod, and to whom.
+
+Every memory-enforced pod mounts one inline `cuda.gpupack.io` volume (`gpupack.cuda`).
+At `NodePublishVolume` the kubelet names the pod; the driver reads it from the API
+server and `decide`s: a pod bound to this node, with the UID the kubelet gave, whose
+sealed `gpupack.io/enforcement` names `memory` and whose `gpupack.io/gpu-memory` parses,
+gets its directory; any other is refused, with a reason the kubelet puts in its
+FailedMount event. A pod cannot choose its limit: the webhook wrote and sealed it, the
+trust-boundary policies keep it from changing, and the driver reads it from the API
+server, never from the volume's attributes.
+
+The directory is the kubelet's target path itself, filled with plain files, so the
+driver mounts nothing (root to write under the kubelet's pod directories, no
+CAP_SYS_ADMIN). The library (a copy of the node agent's), `ld.so.preload` naming it and
+`limit` (the share in bytes) are root's and read-only to the pod; `budget` is the one
+file the pod's processes write (0666: every container of the pod, whatever its user).
+The kubelet bind-mounts the directory into each container, so they share one budget.
+Unpublish empties and removes it.
+"""
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import grpc
+
+from exporter.csi import PublishRequest, Refused, UnpublishRequest
+from exporter.mps_volumes import PodGetter
+from gpupack import codec, cuda, keys
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, annotations_of
+
+log = logging.getLogger(__name__)
+
+READ_ONLY: Final = 0o644
+SHARED: Final = 0o666
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """A pod the shim holds: its share in bytes."""
+
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+
+
+def decide(pod: JSON, uid: str, *, node: str) -> Limit | Refusal:
+    """Whether `pod` (the kubelet says its UID is `uid`) gets a shim directory on `node`."""
+    meta = pod.get("metadata") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("uid") != uid:
+        return Refusal(f"pod {name} is not the one the kubelet mounts for (UID {uid})")
+    if (pod.get("spec") or {}).get("nodeName") != node:
+        return Refusal(f"pod {name} is not bound to node {node}")
+    annotations = annotations_of(pod)
+    if cuda.MEMORY not in cuda.enforced(annotations.get(keys.ENFORCEMENT)):
+        return Refusal(
+            f"pod {name} is not held to a GPU memory share by gpupack ({keys.ENFORCEMENT} "
+            "does not name memory): only such pods get the memory shim"
+        )
+    try:
+        memory = codec.read_memory(annotations)
+    except ContractError as error:
+        return Refusal(f"pod {name}: {error}")
+    if memory is None:
+        return Refusal(f"pod {name} has no {keys.GPU_MEMORY}: no share to hold it to")
+    return Limit(memory)
+
+
+def _check_volume_id(volume_id: str) -> None:
+    if not volume_id or "/" in volume_id or volume_id.startswith(".") or "\0" in volume_id:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unusable volume id {volume_id!r}")
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Atomically: a container never reads half a file."""
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+class CudaVolumes:
+    """The driver's node side: publish and unpublish, idempotent as CSI asks."""
+
+    def __init__(self, library: Path, *, node: str, get_pod: PodGetter) -> None:
+        self._library = library
+        self._node = node
+        self._get_pod = get_pod
+
+    def check(self) -> None:
+        """Refuses to start without the library to hand out."""
+        if not self._library.is_file():
+            raise FileNotFoundError(f"the memory shim {self._library} is not in this image")
+
+    def publish(self, request: PublishRequest) -> None:
+        _check_volume_id(request.volume_id)
+        namespace, name, uid = request.pod
+        if not (namespace and name and uid):
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"no pod named in the volume context: is the CSIDriver {cuda.DRIVER} "
+                "installed with podInfoOnMount: true?",
+            )
+        pod = self._get_pod(namespace, name)
+        if pod is None:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"pod {namespace}/{name} not found")
+        decision = decide(pod, uid, node=self._node)
+        if isinstance(decision, Refusal):
+            log.warning("refused %s for %s/%s: %s", cuda.DRIVER, namespace, name, decision.reason)
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
+        target = Path(request.target_path)
+        target.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.chmod(target, 0o755)  # noqa: S103 (every container of the pod reads it)
+        _write(target / cuda.LIBRARY, self._library.read_bytes(), READ_ONLY)
+        _write(target / cuda.PRELOAD, f"{cuda.LIBRARY_PATH}\n".encode(), READ_ONLY)
+        _write(target / cuda.LIMIT, f"{decision.bytes}\n".encode(), READ_ONLY)
+        budget = target / cuda.BUDGET
+        if not budget.exists():  # a second publish keeps what the pod's processes hold
+            _write(budget, bytes(cuda.BUDGET_BYTES), SHARED)
+        log.info(
+            "published the memory shim for %s/%s",
+            namespace,
+            name,
+            extra={"target": str(target), "limit": decision.bytes},
+        )
+
+    def unpublish(self, request: UnpublishRequest) -> None:
+        _check_volume_id(request.volume_id)
+        target = Path(request.target_path)
+        shutil.rmtree(target, ignore_errors=True)

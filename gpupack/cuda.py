@@ -1,0 +1,92 @@
+"""GPU memory enforcement: where a shared pod meets the memory shim, and what it is told.
+
+A shared pod's memory share is held two ways (docs/isolation.md):
+
+- **the shim** (`libgpupack-cuda.so`, cuda-shim/): the node agent's CSI driver
+  `cuda.gpupack.io` gives each such pod one directory, mounted at `MOUNT_PATH` in every
+  GPU container: the library, an `ld.so.preload` naming it (mounted over the container's
+  `/etc/ld.so.preload`, so every process loads it), `limit` (the share in bytes, written
+  from the pod's sealed `gpupack.io/gpu-memory`, read-only to the pod) and `budget`
+  (what the pod's processes hold, shared by all its containers);
+- **the driver's own limit** on nodes that have it (driver >= r615, the NVIDIA container
+  toolkit's memory-limit hook, cgroup v2): `NVIDIA_GPU_MEMORY_LIMIT` and
+  `NVIDIA_GPU_MEMORY_REQUEST` (MiB) on each GPU container.
+
+`gpupack.io/enforcement` names what applies, as a comma-separated list in a fixed order:
+`mps` (CUDA MPS limits) and `memory` (the shim and the driver's limit), or `accounting`
+when neither does (only the scheduler's books hold the share). Pure and standard
+library only: the webhook, the node agent and the scheduler agree on these.
+"""
+
+from typing import Final
+
+from gpupack import keys
+from gpupack.kube import JSON
+
+DRIVER: Final = f"cuda.{keys.DOMAIN}"  # the CSI driver that serves the shim
+VOLUME: Final = "gpupack-cuda"  # the volume's name in a pod
+MOUNT_PATH: Final = "/run/gpupack/cuda"  # the pod's directory in each GPU container
+LIBRARY: Final = "libgpupack-cuda.so"
+PRELOAD: Final = "ld.so.preload"  # in the directory: the one line naming the library
+PRELOAD_PATH: Final = "/etc/ld.so.preload"  # where the dynamic loader reads it
+LIMIT: Final = "limit"
+BUDGET: Final = "budget"
+LIBRARY_PATH: Final = f"{MOUNT_PATH}/{LIBRARY}"
+# The budget's size: a 64-byte header and 1,024 slots of 64 bytes (cuda-shim/).
+BUDGET_BYTES: Final = 64 + 1024 * 64
+# Where the node agent's image keeps the library it hands out.
+IMAGE_LIBRARY: Final = f"/opt/gpupack/lib/{LIBRARY}"
+ENV_PRELOAD: Final = "LD_PRELOAD"  # where the shim goes when a container brings its own file
+
+# NVIDIA's per-container memory limit (container toolkit >= 1.20.1, driver >= r615).
+ENV_MEMORY_LIMIT: Final = "NVIDIA_GPU_MEMORY_LIMIT"
+ENV_MEMORY_REQUEST: Final = "NVIDIA_GPU_MEMORY_REQUEST"
+ENV_VARIABLES: Final = (ENV_MEMORY_LIMIT, ENV_MEMORY_REQUEST)
+
+# `gpupack.io/enforcement`'s words.
+ACCOUNTING: Final = "accounting"
+MPS: Final = "mps"
+MEMORY: Final = "memory"
+
+# The pod annotation that opts one workload out of memory enforcement.
+OPT_OUT_VALUE: Final = "off"
+
+
+def enforcement_value(*, mps: bool, memory: bool) -> str:
+    """The annotation's value for what applies to a pod."""
+    words = [word for word, on in ((MPS, mps), (MEMORY, memory)) if on]
+    return ",".join(words) or ACCOUNTING
+
+
+def enforced(value: str | None) -> frozenset[str]:
+    """The mechanisms an `gpupack.io/enforcement` value names (none for accounting)."""
+    if not value:
+        return frozenset()
+    return frozenset(word.strip() for word in value.split(",") if word.strip() != ACCOUNTING)
+
+
+def volume() -> JSON:
+    """The inline CSI volume of a pod the shim holds (the driver decides what it holds)."""
+    return {"name": VOLUME, "csi": {"driver": DRIVER}}
+
+
+def volume_mounts(*, preload: bool = True) -> list[JSON]:
+    """The pod's directory, and its `ld.so.preload` over the container's (read-only)."""
+    mounts: list[JSON] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
+    if preload:
+        mounts.append(
+            {"name": VOLUME, "mountPath": PRELOAD_PATH, "subPath": PRELOAD, "readOnly": True}
+        )
+    return mounts
+
+
+def memory_environment(memory: int) -> list[JSON]:
+    """The driver's own limit: the share in MiB, as both limit and request (rounded down,
+    at least 1)."""
+    mib = str(max(1, memory >> 20))
+    return [{"name": name, "value": mib} for name in ENV_VARIABLES]
+
+
+def is_cuda_wiring(volume_or_mount: JSON) -> bool:
+    """A volume or mount gpupack added for the shim (by name)."""
+    return volume_or_mount.get("name") == VOLUME

@@ -1,0 +1,155 @@
+"""The memory shim's CSI driver on the node: what it gives a pod, and whom it refuses.
+
+The published directory is then used by the real shim (built from cuda-shim/) under the
+fake driver, as a container would: the limit it reads is the one the driver wrote from
+the pod's sealed annotation."""
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from exporter import cuda_csi
+from exporter.csi import PublishRequest, Refused, UnpublishRequest
+from exporter.cuda_volumes import CudaVolumes
+from gpupack import keys
+from tests.cuda_shim.build import Build
+
+NODE = "gpu-1"
+UID = "5b1c0d3e-0000-4000-8000-000000000001"
+
+
+def pod(**annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "infer-0",
+            "namespace": "ml",
+            "uid": UID,
+            "annotations": {keys.ENFORCEMENT: "memory", keys.GPU_MEMORY: "1Gi", **annotations},
+        },
+        "spec": {"nodeName": NODE},
+    }
+
+
+def publish_request(target: Path, uid: str = UID, volume_id: str = "csi-abc") -> PublishRequest:
+    return PublishRequest(
+        volume_id,
+        str(target),
+        volume_context={
+            "csi.storage.k8s.io/pod.namespace": "ml",
+            "csi.storage.k8s.io/pod.name": "infer-0",
+            "csi.storage.k8s.io/pod.uid": uid,
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    return Build(tmp_path_factory.mktemp("shim")).make()
+
+
+def volumes(built: Build, the_pod: dict[str, Any] | None) -> CudaVolumes:
+    return CudaVolumes(built.shim, node=NODE, get_pod=lambda namespace, name: the_pod)
+
+
+def test_a_memory_enforced_pod_gets_the_shim_its_limit_and_a_budget(
+    built: Build, tmp_path: Path
+) -> None:
+    target = tmp_path / "mount"
+    volumes(built, pod()).publish(publish_request(target))
+    files = {p.name: p for p in target.iterdir()}
+    assert sorted(files) == ["budget", "ld.so.preload", "libgpupack-cuda.so", "limit"]
+    assert files["limit"].read_text() == f"{1 << 30}\n"
+    assert files["ld.so.preload"].read_text() == "/run/gpupack/cuda/libgpupack-cuda.so\n"
+    assert files["libgpupack-cuda.so"].read_bytes() == built.shim.read_bytes()
+    for name in ("limit", "ld.so.preload", "libgpupack-cuda.so"):
+        assert stat.S_IMODE(files[name].stat().st_mode) == 0o644, name  # the pod cannot edit
+    assert stat.S_IMODE(files["budget"].stat().st_mode) == 0o666  # every container writes
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+
+    # The shim reads what the driver wrote: a container's processes are held to 1 GiB.
+    env = {
+        "PATH": os.environ["PATH"],
+        "LD_LIBRARY_PATH": str(built.root),
+        "LD_PRELOAD": str(files["libgpupack-cuda.so"]),
+        "GPUPACK_CUDA_DIR": str(target),
+        "FAKE_CUDA_STATE": str(tmp_path / "device"),
+        "FAKE_CUDA_CONTEXT": "0",
+    }
+    done = subprocess.run(
+        [str(built.probe), "linked", "ctx", "info", f"alloc:{2 << 30}"],
+        env=env, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert f"info rc=0 free={1 << 30} total={1 << 30}" in done.stdout
+    assert f"alloc:{2 << 30} rc=2" in done.stdout
+
+
+def test_a_second_publish_keeps_what_the_pods_processes_hold(built: Build, tmp_path: Path) -> None:
+    target = tmp_path / "mount"
+    driver = volumes(built, pod())
+    driver.publish(publish_request(target))
+    (target / "budget").write_bytes(b"GPUPACK1" + bytes(65592))
+    driver.publish(publish_request(target))
+    assert (target / "budget").read_bytes().startswith(b"GPUPACK1")
+
+
+def test_unpublish_removes_the_directory(built: Build, tmp_path: Path) -> None:
+    target = tmp_path / "mount"
+    driver = volumes(built, pod())
+    driver.publish(publish_request(target))
+    driver.unpublish(UnpublishRequest("csi-abc", str(target)))
+    assert not target.exists()
+    driver.unpublish(UnpublishRequest("csi-abc", str(target)))  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "uid", "said"),
+    [
+        (pod(), "another-uid", "is not the one the kubelet mounts for"),
+        ({**pod(), "spec": {"nodeName": "elsewhere"}}, UID, "is not bound to node gpu-1"),
+        (pod(**{keys.ENFORCEMENT: "accounting"}), UID, "does not name memory"),
+        (pod(**{keys.ENFORCEMENT: "mps"}), UID, "does not name memory"),
+        (pod(**{keys.GPU_MEMORY: "lots"}), UID, "gpupack.io/gpu-memory"),
+    ],
+)
+def test_any_other_pod_is_refused_with_a_reason_for_its_event(
+    built: Build, tmp_path: Path, the_pod: dict[str, Any], uid: str, said: str
+) -> None:
+    target = tmp_path / "mount"
+    with pytest.raises(Refused) as refused:
+        volumes(built, the_pod).publish(publish_request(target, uid))
+    assert refused.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert said in str(refused.value)
+    assert not target.exists()
+
+
+def test_a_pod_without_a_share_is_refused(built: Build, tmp_path: Path) -> None:
+    the_pod = pod()
+    del the_pod["metadata"]["annotations"][keys.GPU_MEMORY]
+    with pytest.raises(Refused, match="has no gpupack.io/gpu-memory"):
+        volumes(built, the_pod).publish(publish_request(tmp_path / "mount"))
+
+
+def test_a_pod_that_is_gone_and_a_bad_volume_id_are_refused(built: Build, tmp_path: Path) -> None:
+    with pytest.raises(Refused) as gone:
+        volumes(built, None).publish(publish_request(tmp_path / "mount"))
+    assert gone.value.code is grpc.StatusCode.NOT_FOUND
+    with pytest.raises(Refused) as bad:
+        volumes(built, pod()).publish(publish_request(tmp_path / "mount", volume_id="../x"))
+    assert bad.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_driver_without_a_library_to_hand_out_says_so(tmp_path: Path) -> None:
+    code = cuda_csi.main(["--node-name=n", f"--library={tmp_path / 'none.so'}"])
+    assert code == 2
+
+
+def test_help_names_the_driver(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        cuda_csi.main(["--help"])
+    assert done.value.code == 0
+    assert "cuda.gpupack.io" in capsys.readouterr().out

@@ -1,0 +1,122 @@
+"""A memory-enforced pod's shim wiring: the patch that loads libgpupack-cuda.so in it.
+
+The pod gets the inline CSI volume `gpupack-cuda` (`gpupack.cuda`), and each GPU
+container mounts it twice: the pod's directory at /run/gpupack/cuda (the library, the
+limit, the budget every container shares) and its `ld.so.preload` over the container's
+`/etc/ld.so.preload`, read-only, so the dynamic loader loads the shim into every
+process, whatever its environment.
+
+A container that mounts a file of its own at /etc/ld.so.preload keeps it: the shim goes
+into its `LD_PRELOAD` instead, ahead of anything there (a process that clears its
+environment then runs without the shim; the warning says so). A container that mounts
+something at /run/gpupack/cuda loses that mount: the path is gpupack's. Pure: the pod
+in, JSONPatch operations and warnings out (what `stamp` adds after the plan's patch,
+which gives every GPU container an `env` list, and after `webhook.mps`'s mounts).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from gpupack import cuda
+from gpupack.gpu_request import GpuSlot
+from gpupack.kube import JSON, PodSpec
+from webhook import patch
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    ops: tuple[JSON, ...]
+    warnings: tuple[str, ...]
+
+
+def _volume_ops(spec: PodSpec) -> tuple[list[JSON], list[str]]:
+    volumes = [v for v in cast(list[Any], spec.get("volumes") or []) if isinstance(v, dict)]
+    kept = [v for v in volumes if not cuda.is_cuda_wiring(v)]
+    wanted = [*kept, cuda.volume()]
+    if spec.get("volumes") is None:
+        return [patch.add("/spec/volumes", wanted)], []
+    if wanted == spec.get("volumes"):
+        return [], []
+    warnings = []
+    if any(v != cuda.volume() for v in volumes if cuda.is_cuda_wiring(v)):
+        warnings.append(f"replaced the pod's volume {cuda.VOLUME!r}: the name is gpupack's")
+    return [patch.replace("/spec/volumes", wanted)], warnings
+
+
+def _own_preload(mounts: list[JSON]) -> bool:
+    return any(
+        m.get("mountPath") == cuda.PRELOAD_PATH and not cuda.is_cuda_wiring(m) for m in mounts
+    )
+
+
+def _mount_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
+    mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+    name = container.get("name")
+    own = _own_preload(mounts)
+    ours = cuda.volume_mounts(preload=not own)
+    kept = [
+        m for m in mounts if m.get("mountPath") != cuda.MOUNT_PATH and not cuda.is_cuda_wiring(m)
+    ]
+    wanted = [*kept, *ours]
+    warnings = [
+        f"container {name}: volume {m.get('name')!r} is no longer mounted at "
+        f"{cuda.MOUNT_PATH}: the memory shim needs gpupack's directory there"
+        for m in mounts
+        if m.get("mountPath") == cuda.MOUNT_PATH and not cuda.is_cuda_wiring(m)
+    ]
+    if container.get("volumeMounts") is None:
+        return [patch.add(f"{base}/volumeMounts", wanted)], warnings
+    if wanted == container.get("volumeMounts"):
+        return [], warnings
+    return [patch.replace(f"{base}/volumeMounts", wanted)], warnings
+
+
+def _preload_env_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
+    """The shim ahead of the container's own LD_PRELOAD, for a container that mounts its
+    own /etc/ld.so.preload."""
+    name = container.get("name")
+    env = [e for e in container.get("env") or [] if isinstance(e, dict)]
+    said = (
+        f"container {name} mounts its own {cuda.PRELOAD_PATH}: kept, and the memory shim "
+        f"is loaded through {cuda.ENV_PRELOAD} instead (a process that clears its "
+        "environment runs without it)"
+    )
+    index = next((i for i, e in enumerate(env) if e.get("name") == cuda.ENV_PRELOAD), None)
+    if index is None:  # the plan's patch gave every GPU container an env list
+        return [
+            patch.add(f"{base}/env/-", {"name": cuda.ENV_PRELOAD, "value": cuda.LIBRARY_PATH})
+        ], [said]
+    current = env[index]
+    if "valueFrom" in current:
+        return [], [
+            f"container {name} mounts its own {cuda.PRELOAD_PATH} and takes "
+            f"{cuda.ENV_PRELOAD} from elsewhere: the memory shim is not loaded there"
+        ]
+    value = str(current.get("value") or "")
+    if cuda.LIBRARY_PATH in value.replace(" ", ":").split(":"):
+        return [], [said]
+    joined = f"{cuda.LIBRARY_PATH}:{value}" if value else cuda.LIBRARY_PATH
+    return [patch.replace(f"{base}/env/{index}", {"name": cuda.ENV_PRELOAD, "value": joined})], [
+        said
+    ]
+
+
+def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
+    """The volume, and the mounts (or LD_PRELOAD) of every GPU container. Idempotent:
+    a pod that has them gets no operation."""
+    ops, warnings = _volume_ops(spec)
+    for slot in slots:
+        if slot.count <= 0:
+            continue
+        container = spec[slot.field][slot.index]  # type: ignore[literal-required]
+        base = patch.pointer("spec", slot.field, slot.index)
+        more, said = _mount_ops(container, base)
+        ops += more
+        warnings += said
+        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+        if _own_preload(mounts):
+            more, said = _preload_env_ops(container, base)
+            ops += more
+            warnings += said
+    return Wiring(tuple(ops), tuple(warnings))
