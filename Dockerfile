@@ -1,11 +1,13 @@
 # One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
-# gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-mps-daemon,
-# gpupack-recommender). Build: docker build -t gpupack:dev .
+# gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-cuda-csi, gpupack-mps-daemon,
+# gpupack-recommender) and the memory shim the node agents hand to pods
+# (/opt/gpupack/lib/libgpupack-cuda.so). Build: docker build -t gpupack:dev .
 # CI builds this same file without Docker (hack/lib/image.sh: buildah, on a Python base made
 # from Debian's packages and passed as PYTHON_IMAGE).
-# The build stage makes gpupack's wheel; the final stage installs the locked runtime
-# dependencies (hack/requirements.lock, hashes checked) and that wheel into a
-# virtualenv, carries no compiler and no pip cache, and runs as a non-root user.
+# The build stage makes gpupack's wheel, the shim stage compiles the memory shim (C, glibc
+# only); the final stage installs the locked runtime dependencies
+# (hack/requirements.lock, hashes checked) and that wheel into a virtualenv, copies the
+# shim, carries no compiler and no pip cache, and runs as a non-root user.
 
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
@@ -22,11 +24,21 @@ COPY exporter exporter
 COPY certs certs
 RUN /build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
+FROM ${PYTHON_IMAGE} AS shim
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
+ && rm -rf /var/lib/apt/lists/*
+COPY cuda-shim /src/cuda-shim
+RUN gcc -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
+      -o /libgpupack-cuda.so /src/cuda-shim/gpupack_cuda.c -ldl -lpthread \
+ && chmod 0644 /libgpupack-cuda.so
+
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 65532 gpupack \
  && useradd --system --uid 65532 --gid gpupack --no-create-home --shell /usr/sbin/nologin gpupack
 COPY hack/requirements.lock /tmp/requirements.lock
 COPY --from=build /wheels /wheels
+COPY --from=shim /libgpupack-cuda.so /opt/gpupack/lib/libgpupack-cuda.so
 RUN python -m venv /opt/gpupack \
  && /opt/gpupack/bin/pip install --no-cache-dir --require-hashes -r /tmp/requirements.lock \
  && /opt/gpupack/bin/pip install --no-cache-dir --no-index --no-deps /wheels/*.whl \

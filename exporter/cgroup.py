@@ -140,8 +140,12 @@ class ProcessOwner:
     kind: OwnerKind
     pod_uid: str | None = None  # set for POD; for MPS_SERVER, the pod hosting the daemon
     container_id: str | None = None
+    # A pod's process: whether it maps the memory shim (/proc/<pid>/maps; None when that
+    # cannot be read: the exporter lacks CAP_SYS_PTRACE for another user's process).
+    shim: bool | None = None
 
 
+SHIM_LIBRARY: Final = "/libgpupack-cuda.so"
 HOST: Final = ProcessOwner(OwnerKind.HOST)
 GONE: Final = ProcessOwner(OwnerKind.GONE)
 
@@ -208,7 +212,15 @@ class ProcessTable:
             return ProcessOwner(OwnerKind.MPS_SERVER, owner.pod_uid, owner.container_id)
         if owner is None:
             return HOST
-        return ProcessOwner(OwnerKind.POD, owner.pod_uid, owner.container_id)
+        return ProcessOwner(OwnerKind.POD, owner.pod_uid, owner.container_id, self._shim(pid))
+
+    def _shim(self, pid: int) -> bool | None:
+        """Whether the process mapped the memory shim. Read once per process: the
+        dynamic loader maps /etc/ld.so.preload's libraries before the program starts."""
+        maps = self._read(pid, "maps")
+        if maps is None:
+            return None
+        return SHIM_LIBRARY in maps
 
     def _is_mps_server(self, pid: int, comm: str) -> bool:
         if comm == MPS_SERVER_NAME:

@@ -57,10 +57,28 @@ def _gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily
 _SOURCES: Final = {OwnerKind.HOST: Source.HOST, OwnerKind.MPS_SERVER: Source.MPS_SERVER}
 
 
+class Shim(enum.StrEnum):
+    """Whether a pod's GPU process runs with the memory shim (the `shim` label)."""
+
+    LOADED = "loaded"
+    MISSING = "missing"
+    UNKNOWN = "unknown"  # its memory map could not be read
+
+
+def _shim(owner: ProcessOwner) -> Shim:
+    if owner.shim is None:
+        return Shim.UNKNOWN
+    return Shim.LOADED if owner.shim else Shim.MISSING
+
+
 def _by_owner(
-    gpu: GpuReading, owners: Mapping[int, ProcessOwner], pods: Mapping[str, PodInfo]
+    gpu: GpuReading,
+    owners: Mapping[int, ProcessOwner],
+    pods: Mapping[str, PodInfo],
+    shims: dict[tuple[str, str, str, Shim], int] | None = None,
 ) -> tuple[dict[tuple[str, str, str], Use], dict[Source, Use]]:
-    """Sum a GPU's processes per (namespace, pod, container), and the rest per source."""
+    """Sum a GPU's processes per (namespace, pod, container), and the rest per source;
+    count the pods' processes per shim state into `shims`."""
     in_pods: dict[tuple[str, str, str], Use] = {}
     others: dict[Source, Use] = {}
     for process in gpu.processes:
@@ -73,6 +91,9 @@ def _by_owner(
         container = pod.containers.get(owner.container_id or "", "")
         key = (pod.namespace, pod.name, container)
         in_pods.setdefault(key, Use()).add(process.compute, process.memory)
+        if shims is not None:
+            counted = (*key, _shim(owner))
+            shims[counted] = shims.get(counted, 0) + 1
     return in_pods, others
 
 
@@ -140,10 +161,20 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
         "GPU memory used by processes charged to no pod, by source",
         ("gpu", "source"),
     )
+    processes = _gauge(
+        metrics.POD_GPU_PROCESSES,
+        "The container's processes on the GPU, by whether they run with the memory shim "
+        "(shim: loaded, missing, unknown); a pod whose gpupack.io/enforcement names memory "
+        "should have none missing",
+        (*POD_LABELS, "shim"),
+    )
     using: set[tuple[str, str]] = set()
     for gpu in scrape.readings.gpus:
         uuid = gpu.device.uuid
-        in_pods, others = _by_owner(gpu, scrape.owners, scrape.pods)
+        shims: dict[tuple[str, str, str, Shim], int] = {}
+        in_pods, others = _by_owner(gpu, scrape.owners, scrape.pods, shims)
+        for (namespace, pod, container, shim), count in sorted(shims.items()):
+            processes.add_metric([namespace, pod, container, uuid, shim.value], float(count))
         for (namespace, pod, container), use in sorted(in_pods.items()):
             using.add((namespace, pod))
             labels = [namespace, pod, container, uuid]
@@ -156,7 +187,7 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
                 other_compute.add_metric([uuid, source.value], use.compute)
             if use.memory is not None:
                 other_memory.add_metric([uuid, source.value], float(use.memory))
-    yield from (compute, memory, other_compute, other_memory)
+    yield from (compute, memory, processes, other_compute, other_memory)
     yield from _allocation_families(scrape, using)
 
 
@@ -175,6 +206,12 @@ def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterato
         metrics.POD_MANAGED,
         "1 for a pod whose GPU share gpupack decides, 0 for a pod using a GPU outside gpupack",
         ("namespace", "pod"),
+    )
+    enforcement = _gauge(
+        metrics.POD_ENFORCEMENT,
+        "What holds the pod to its share (1), as its gpupack.io/enforcement says: "
+        "accounting, mps, memory, mps,memory",
+        ("namespace", "pod", "enforcement"),
     )
     holders = _gauge(
         metrics.GPU_CAPACITY_POD,
@@ -195,9 +232,11 @@ def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterato
                 allocated_compute.add_metric(labels, pod.compute / 1000)
             if pod.memory is not None:
                 allocated_memory.add_metric(labels, float(pod.memory))
+            if pod.enforcement:
+                enforcement.add_metric([pod.namespace, pod.name, pod.enforcement], 1.0)
         if (pod.managed and pod.gpu_uuid) or key in using:
             managed.add_metric(list(key), 1.0 if pod.managed else 0.0)
-    yield from (allocated_compute, allocated_memory, managed, holders)
+    yield from (allocated_compute, allocated_memory, managed, enforcement, holders)
 
 
 def _health_families(scrape: Scrape) -> Iterator[Metric]:

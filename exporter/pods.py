@@ -37,6 +37,7 @@ class PodInfo:
     phase: str = ""
     resource_version: str = ""  # the write precondition for annotating a capacity pod
     unhealthy: str = ""  # capacity pod: why its GPU is unhealthy (exporter-written)
+    enforcement: str = ""  # fractional pod: its gpupack.io/enforcement
 
 
 def container_id(raw: str) -> str:
@@ -78,6 +79,7 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
         phase=str(status.get("phase", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         unhealthy=annotations.get(keys.GPU_UNHEALTHY, "") if capacity else "",
+        enforcement="" if capacity else annotations.get(keys.ENFORCEMENT, ""),
     )
 
 

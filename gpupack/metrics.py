@@ -18,6 +18,8 @@ POD_MEMORY_USED: Final = "gpupack_pod_gpu_memory_used_bytes"
 POD_COMPUTE_ALLOCATED: Final = "gpupack_pod_gpu_compute_allocated_ratio"
 POD_MEMORY_ALLOCATED: Final = "gpupack_pod_gpu_memory_allocated_bytes"
 POD_MANAGED: Final = "gpupack_pod_gpu_managed"  # labels namespace, pod
+POD_GPU_PROCESSES: Final = "gpupack_pod_gpu_processes"  # + shim: loaded|missing|unknown
+POD_ENFORCEMENT: Final = "gpupack_pod_enforcement_info"  # namespace, pod, enforcement
 
 # Per GPU: label gpu (UUID), plus those named.
 GPU_INFO: Final = "gpupack_gpu_info"  # index, model, mig

@@ -7,6 +7,7 @@ from typing import Any
 import kubernetes_validate
 
 from exporter.cli import build_parser
+from exporter.cuda_csi import build_parser as cuda_csi_parser
 from exporter.mps_csi import build_parser as mps_csi_parser
 from tests.chart.test_certificates_chart import named
 from tests.chart.test_chart import KUBERNETES, NAMESPACE, of_kind, render
@@ -44,7 +45,12 @@ def test_the_exporter_runs_on_gpu_nodes_with_host_pids_and_the_kubelet_socket() 
     assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mount["mountPath"] == volume["hostPath"]["path"]
     context = container["securityContext"]
-    assert context["capabilities"] == {"drop": ["ALL"]}
+    # SYS_PTRACE alone: whether a pod's GPU process loaded the memory shim (its maps).
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    unshimmed = daemonset("--set=memoryEnforcement.enabled=false")["spec"]["template"]["spec"]
+    assert container_named(unshimmed, "exporter")["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]
+    }
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
     assert "privileged" not in context
@@ -109,7 +115,7 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
     assert volumes["mps-root"] == "/run/gpupack/mps"
     assert volumes["mps-registration"] == f"{kubelet}/plugins_registry"
     assert "privileged" not in container_named(spec, "exporter")["securityContext"]
-    (driver_object,) = of_kind(docs, "CSIDriver")
+    (driver_object,) = [d for d in of_kind(docs, "CSIDriver") if "mps" in d["metadata"]["name"]]
     assert driver_object["metadata"]["name"] == "mps.gpupack.io"
     assert driver_object["spec"]["podInfoOnMount"] is True
     assert driver_object["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
@@ -118,7 +124,7 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
 
 
 def test_with_mps_off_nothing_privileged_runs_and_the_webhook_keeps_mps_pods_whole() -> None:
-    docs = render("--set=mps.enabled=false")
+    docs = render("--set=mps.enabled=false", "--set=memoryEnforcement.enabled=false")
     spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
     assert [c["name"] for c in spec["containers"]] == ["exporter"]
     assert of_kind(docs, "CSIDriver") == []
@@ -130,3 +136,41 @@ def test_with_mps_off_nothing_privileged_runs_and_the_webhook_keeps_mps_pods_who
             "containers"
         ][0]["args"]
     )
+
+
+def test_the_memory_shims_driver_runs_as_root_without_privilege_or_capabilities() -> None:
+    docs = render("--set=mps.kubeletDir=/var/snap/microk8s/common/var/lib/kubelet/")
+    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    driver = container_named(spec, "cuda-csi")
+    args = cuda_csi_parser().parse_args(driver["args"])  # every rendered flag exists
+    kubelet = "/var/snap/microk8s/common/var/lib/kubelet"
+    assert args.kubelet_csi_socket == Path(f"{kubelet}/plugins/cuda.gpupack.io/csi.sock")
+    assert str(args.library) == "/opt/gpupack/lib/libgpupack-cuda.so"  # the image's
+    context = driver["securityContext"]
+    assert "privileged" not in context
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["runAsUser"] == 0  # the kubelet's pod directories are root's
+    mounts = {m["name"]: m for m in driver["volumeMounts"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    assert "mountPropagation" not in mounts["cuda-pods"]  # it mounts nothing
+    assert mounts["cuda-pods"]["mountPath"] == volumes["cuda-pods"] == f"{kubelet}/pods"
+    (driver_object,) = [d for d in of_kind(docs, "CSIDriver") if "cuda" in d["metadata"]["name"]]
+    assert driver_object["metadata"]["name"] == "cuda.gpupack.io"
+    assert driver_object["spec"]["podInfoOnMount"] is True
+    assert driver_object["spec"]["volumeLifecycleModes"] == ["Ephemeral"]
+    kubernetes_validate.validate(driver_object, KUBERNETES, strict=True)
+    webhook = named(docs, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
+    assert "--memory-enforcement" in webhook["containers"][0]["args"]
+
+
+def test_with_memory_enforcement_off_the_webhook_says_so_and_no_driver_runs() -> None:
+    docs = render("--set=memoryEnforcement.enabled=false")
+    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    assert "cuda-csi" not in [c["name"] for c in spec["containers"]]
+    assert [d["metadata"]["name"] for d in of_kind(docs, "CSIDriver")] == ["mps.gpupack.io"]
+    webhook = named(docs, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
+    assert "--no-memory-enforcement" in webhook["containers"][0]["args"]
+    without_exporter = render("--set=exporter.enabled=false")
+    webhook = named(without_exporter, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
+    assert "--no-memory-enforcement" in webhook["containers"][0]["args"]

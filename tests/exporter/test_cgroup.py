@@ -179,6 +179,25 @@ def test_process_in_a_container_is_owned_by_its_pod(tmp_path: Path) -> None:
     assert table.failures == 0
 
 
+MAPS_WITH_SHIM = (
+    "7f2a3c000000-7f2a3c004000 r--p 00000000 00:2f 1234 /run/gpupack/cuda/libgpupack-cuda.so\n"
+    "7f2a3c100000-7f2a3c200000 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+)
+
+
+def test_a_pod_process_says_whether_it_maps_the_memory_shim(tmp_path: Path) -> None:
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4243, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    write_proc(tmp_path, 4244, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+    (tmp_path / "4242" / "maps").write_text(MAPS_WITH_SHIM)
+    (tmp_path / "4243" / "maps").write_text(MAPS_WITH_SHIM.splitlines()[1] + "\n")
+    table = ProcessTable(tmp_path)
+    assert table.owner(4242).shim is True
+    assert table.owner(4243).shim is False
+    assert table.owner(4244).shim is None  # unreadable: no CAP_SYS_PTRACE, say
+    assert table.owner(4242).container_id == BURSTABLE_A.container_id
+
+
 def test_host_process_is_reported_as_host(tmp_path: Path) -> None:
     write_proc(tmp_path, 812, cgroup=fx.V2_HOST_SERVICE, comm="nvidia-persiste")
     assert ProcessTable(tmp_path).owner(812) == ProcessOwner(OwnerKind.HOST)

@@ -1,6 +1,7 @@
 """The collector: readings and the pod map in, Prometheus text out (parsed back with the
 Prometheus text parser, as a scraper reads it)."""
 
+from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
@@ -81,7 +82,18 @@ def scrape_text(scrape: Scrape) -> list[Sample]:
     ]
 
 
-ORDER = ("namespace", "pod", "container", "gpu", "source", "index", "model", "mig")
+ORDER = (
+    "namespace",
+    "pod",
+    "container",
+    "gpu",
+    "shim",
+    "source",
+    "index",
+    "model",
+    "mig",
+    "enforcement",
+)
 
 
 def values(samples: list[Sample], name: str) -> dict[tuple[str, ...], float]:
@@ -316,3 +328,33 @@ def test_a_lost_gpu_is_not_nvml_down() -> None:
     )
     assert values(samples, "gpupack_exporter_nvml_up") == {(): 1.0}
     assert values(samples, "gpupack_gpu_healthy") == {(GPU0,): 1.0, (GPU1,): 0.0}
+
+
+def test_each_pods_gpu_processes_are_counted_by_whether_the_shim_runs_in_them() -> None:
+    readings = Readings(
+        gpus=(
+            reading(
+                GPU0,
+                0,
+                ProcessUsage(pid=100, memory=GIB, compute=0.1),
+                ProcessUsage(pid=101, memory=GIB, compute=0.1),
+                ProcessUsage(pid=102, memory=GIB, compute=0.1),
+                ProcessUsage(pid=103, memory=GIB, compute=0.1),
+            ),
+        ),
+        nvml_up=True,
+    )
+    owners = {
+        100: ProcessOwner(OwnerKind.POD, "uid-trainer", CONTAINER_A, shim=True),
+        101: ProcessOwner(OwnerKind.POD, "uid-trainer", CONTAINER_A, shim=True),
+        102: ProcessOwner(OwnerKind.POD, "uid-trainer", CONTAINER_B, shim=False),
+        103: ProcessOwner(OwnerKind.POD, "uid-trainer", CONTAINER_B),
+    }
+    trainer = replace(TRAINER, enforcement="memory")
+    samples = scrape_text(Scrape(readings, owners, {p.uid: p for p in (trainer, HOLDER)}))
+    assert values(samples, "gpupack_pod_gpu_processes") == {
+        ("ml", "trainer-0", "main", GPU0, "loaded"): 2.0,
+        ("ml", "trainer-0", "sidecar", GPU0, "missing"): 1.0,
+        ("ml", "trainer-0", "sidecar", GPU0, "unknown"): 1.0,
+    }
+    assert values(samples, "gpupack_pod_enforcement_info") == {("ml", "trainer-0", "memory"): 1.0}

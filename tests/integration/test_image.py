@@ -75,6 +75,24 @@ def test_the_image_installs_the_locked_versions_and_no_compiler(
     for script in scripts:
         assert f"opt/gpupack/bin/{script}" in names, script
     assert not [n for n in names if re.search(r"(^|/)bin/(gcc|cc|g\+\+|go)(-[0-9.]+)?$", n)]
+    # The memory shim the node agents hand out, built in its own stage.
+    assert "opt/gpupack/lib/libgpupack-cuda.so" in names
+
+
+def test_the_images_memory_shim_exports_what_it_wraps_and_links_only_glibc(bundle: Path) -> None:
+    shim = bundle / "rootfs" / "opt" / "gpupack" / "lib" / "libgpupack-cuda.so"
+    symbols = subprocess.run(
+        ["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in ("cuMemAlloc_v2", "cuMemCreate", "cuMemGetInfo_v2", "cuGetProcAddress_v2",
+                 "nvmlDeviceGetMemoryInfo", "dlsym"):  # fmt: skip
+        assert name in symbols, name
+    needed = subprocess.run(
+        ["readelf", "-d", str(shim)], capture_output=True, text=True, check=True
+    ).stdout
+    libraries = re.findall(r"\(NEEDED\).*\[(.+)\]", needed)
+    assert set(libraries) <= {"libc.so.6", "libdl.so.2", "libpthread.so.0"}, libraries
+    assert oct(shim.stat().st_mode & 0o777) == "0o644"
 
 
 @pytest.fixture(scope="module")

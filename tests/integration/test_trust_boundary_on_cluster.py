@@ -149,6 +149,37 @@ def test_containers_in_opted_in_namespaces_cannot_select_gpus_themselves(
     assert "may not set NVIDIA_VISIBLE_DEVICES" in why
 
 
+@pytest.mark.parametrize(
+    ("env", "annotations"),
+    [
+        ({"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "143771"}, {}),
+        ({"name": "NVIDIA_GPU_MEMORY_REQUEST", "value": "1"}, {}),
+        ({"name": "GPUPACK_CUDA_DIR", "value": "/tmp"}, {}),
+        # A limit that agrees with no share, on a pod that says gpupack schedules it.
+        ({"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "99999"}, {keys.GPU_MEMORY: "4Gi"}),
+    ],
+)
+def test_containers_in_opted_in_namespaces_cannot_set_their_own_gpu_memory_limit(
+    kube: Kube, opted_in_namespace: str, env: JSON, annotations: dict[str, str]
+) -> None:
+    body = bare_pod(
+        "memory", annotations, container={"env": [env]}, schedulerName=keys.SCHEDULER_NAME
+    )
+    why = refused(kube, opted_in_namespace, body)
+    assert "may not set NVIDIA_GPU_MEMORY_LIMIT" in why or "gpupack-scheduler" in why
+
+
+def test_the_limit_gpupack_writes_passes_its_own_policy(
+    kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
+) -> None:
+    create(kube, deployment(opted_in_namespace, "held", 1, "300m", memory="4Gi"))
+    (pod,) = wait_bound(kube, opted_in_namespace, "held", 1)
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["NVIDIA_GPU_MEMORY_LIMIT"] == env["NVIDIA_GPU_MEMORY_REQUEST"] == "4096"
+    assert pod["metadata"]["annotations"][keys.ENFORCEMENT] == "memory"
+    assert {"name": "gpupack-cuda", "csi": {"driver": "cuda.gpupack.io"}} in pod["spec"]["volumes"]
+
+
 def test_device_variables_outside_opted_in_scopes_are_left_alone(
     kube: Kube, plain_namespace: str
 ) -> None:

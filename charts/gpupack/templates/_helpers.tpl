@@ -265,6 +265,13 @@ and the values that select none. */ -}}
 {{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_VISIBLE_DEVICES', 'NVIDIA_MIG_CONFIG_DEVICES', 'NVIDIA_MIG_MONITOR_DEVICES', 'NVIDIA_IMEX_CHANNELS']) || (has(e.value) && e.value in ['void', 'none']) || (!has(e.value) && !has(e.valueFrom)) || (e.name == 'NVIDIA_VISIBLE_DEVICES' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.valueFrom) && has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath == "metadata.annotations['gpupack.io/gpu-uuid']")))
 {{- end -}}
 
+{{- /* CEL: containers `.` set no memory-share variable but as gpupack writes it: the
+     driver's own limit equal to the pod's gpupack.io/gpu-memory in MiB, and never the
+     shim's directory. */ -}}
+{{- define "gpupack.cel.noMemoryEnv" -}}
+{{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_GPU_MEMORY_LIMIT', 'NVIDIA_GPU_MEMORY_REQUEST', 'GPUPACK_CUDA_DIR']) || (e.name != 'GPUPACK_CUDA_DIR' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.value) && has(object.metadata.annotations) && 'gpupack.io/gpu-memory' in object.metadata.annotations && isQuantity(object.metadata.annotations['gpupack.io/gpu-memory']) && e.value == string(quantity(object.metadata.annotations['gpupack.io/gpu-memory']).asInteger() / 1048576))))
+{{- end -}}
+
 {{- /* CEL: whether container `.` asks for nvidia.com/gpu in its limits or requests. */ -}}
 {{- define "gpupack.cel.asksGpu" -}}
 has({{ . }}.resources) && ((has({{ . }}.resources.limits) && 'nvidia.com/gpu' in {{ . }}.resources.limits) || (has({{ . }}.resources.requests) && 'nvidia.com/gpu' in {{ . }}.resources.requests))
