@@ -288,7 +288,6 @@ class Proof:
         done = command(
             [sys.executable, "-c", CASES[name], *args],
             env=self.env(pod, **extra),
-            text=True,
             timeout=180,
         )
         lines = done.stdout.strip().splitlines()
@@ -321,7 +320,6 @@ class Proof:
                 "import torch; torch.empty(1, device='cuda'); torch.cuda.mem_get_info()",
             ],
             env=self.env(self.pod("lookups"), GPUPACK_CUDA_DEBUG="1"),
-            text=True,
             timeout=120,
         )
         lines = [line for line in done.stderr.splitlines() if "cuGetProcAddress(" in line]
@@ -468,7 +466,6 @@ class Proof:
     def nvml_used(self) -> int | None:
         done = command(
             ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            text=True,
             env=self.env(None),
         )
         return (
@@ -530,7 +527,6 @@ class Proof:
                 done = command(
                     [str(self.probe), "linked", "ctx", "bench:20000:1048576"],
                     env=self.env(pod, GPUPACK_CUDA_QUIET="1"),
-                    text=True,
                     timeout=120,
                 )
                 for line in done.stdout.splitlines():
