@@ -1,7 +1,9 @@
 """A memory-enforced pod's shim wiring: the patch that loads libgpupack-cuda.so in it.
 
-The pod gets the inline CSI volume `gpupack-cuda` (`gpupack.cuda`), and each GPU
-container mounts it twice: the pod's directory at /run/gpupack/cuda (the library, the
+The pod gets the inline CSI volume `gpupack-cuda` (`gpupack.cuda`), and each of its
+containers and init containers (not only the one that asked for the GPU: the budget is
+the pod's, and a sidecar whose image sets `NVIDIA_VISIBLE_DEVICES=all` reaches GPUs
+too) mounts it twice: the pod's directory at /run/gpupack/cuda (the library, the
 limit, the budget every container shares) and its `ld.so.preload` over the container's
 `/etc/ld.so.preload`, read-only, so the dynamic loader loads the shim into every
 process, whatever its environment.
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from gpupack import cuda
-from gpupack.gpu_request import GpuSlot
+from gpupack.gpu_request import CONTAINER_FIELDS, GpuSlot
 from gpupack.kube import JSON, PodSpec
 from webhook import patch
 
@@ -103,20 +105,27 @@ def _preload_env_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]
 
 
 def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
-    """The volume, and the mounts (or LD_PRELOAD) of every GPU container. Idempotent:
+    """The volume, and the mounts (or LD_PRELOAD) of every container and init container.
+    `slots` are the GPU containers, whose env the plan's patch made a list. Idempotent:
     a pod that has them gets no operation."""
     ops, warnings = _volume_ops(spec)
-    for slot in slots:
-        if slot.count <= 0:
-            continue
-        container = spec[slot.field][slot.index]  # type: ignore[literal-required]
-        base = patch.pointer("spec", slot.field, slot.index)
-        more, said = _mount_ops(container, base)
-        ops += more
-        warnings += said
-        mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
-        if _own_preload(mounts):
-            more, said = _preload_env_ops(container, base)
+    with_env = {(slot.field, slot.index) for slot in slots if slot.count > 0}
+    for field in CONTAINER_FIELDS:
+        containers = cast(list[Any], spec.get(field) or [])
+        for index, container in enumerate(containers):
+            if not isinstance(container, dict):
+                continue
+            base = patch.pointer("spec", field, index)
+            more, said = _mount_ops(container, base)
             ops += more
             warnings += said
+            mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
+            if _own_preload(mounts):
+                listed = container
+                if (field, index) not in with_env and container.get("env") is None:
+                    listed = {**container, "env": []}
+                    ops.append(patch.add(f"{base}/env", []))
+                more, said = _preload_env_ops(listed, base)
+                ops += more
+                warnings += said
     return Wiring(tuple(ops), tuple(warnings))

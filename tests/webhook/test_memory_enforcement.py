@@ -194,12 +194,26 @@ def test_a_users_volume_of_the_shims_name_is_replaced() -> None:
     assert any("the name is gpupack's" in w for w in decision.warnings)
 
 
-def test_only_gpu_containers_get_the_shim() -> None:
+def test_every_container_shares_the_pods_budget_and_only_gpu_ones_get_the_limit() -> None:
     pod = pod_with()
     pod["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    pod["spec"]["initContainers"] = [{"name": "fetch", "image": "busybox"}]
     _, result = admitted(pod)
-    assert "volumeMounts" not in result["spec"]["containers"][1]
-    assert "env" not in result["spec"]["containers"][1]
+    assert result["spec"]["containers"][1]["volumeMounts"] == MOUNTS
+    assert result["spec"]["initContainers"][0]["volumeMounts"] == MOUNTS
+    assert "env" not in result["spec"]["containers"][1]  # the driver's limit is the GPU's
+
+
+def test_a_sidecar_with_its_own_preload_and_no_env_gets_ld_preload() -> None:
+    pod = pod_with(volumes=[{"name": "mine", "emptyDir": {}}])
+    own = {"name": "mine", "mountPath": "/etc/ld.so.preload"}
+    pod["spec"]["containers"].append({"name": "sidecar", "image": "busybox", "volumeMounts": [own]})
+    _, result = admitted(pod)
+    sidecar = result["spec"]["containers"][1]
+    assert sidecar["env"] == [
+        {"name": "LD_PRELOAD", "value": "/run/gpupack/cuda/libgpupack-cuda.so"}
+    ]
+    assert sidecar["volumeMounts"] == [own, MOUNTS[0]]
 
 
 def test_the_wiring_is_written_once() -> None:
