@@ -158,11 +158,11 @@ def run_status(args: argparse.Namespace, kube: Transport) -> int:
         print(f"GPUs held       {result.held} (+{result.coming} coming)   in use {result.in_use}")
         print(f"GPUs asked for  {result.asked} (one whole GPU per fractional pod)")
         print(f"GPUs saved      {result.saved}")
-    rows = [["NAMESPACE", "PODS", "GPUS ASKED", "COMPUTE", "MEMORY"]]
+    rows = [["NAMESPACE", "PODS", "GPUS ASKED", "COMPUTE", "MEMORY", "MEMORY HELD"]]
     for name, share in sorted(result.namespaces.items()):
         rows.append(
             [name, str(share.pods), str(share.gpus_asked), format_compute(share.compute),
-             format_memory(share.memory)]
+             format_memory(share.memory), f"{share.memory_enforced} of {share.pods}"]
         )  # fmt: skip
     print()
     audit_reader.write_rows(rows, sys.stdout)
@@ -192,6 +192,8 @@ def _status_json(result: report.Status, namespace: str | None) -> JSON:
                 "gpusAskedFor": share.gpus_asked,
                 "compute": format_compute(share.compute),
                 "memory": format_memory(share.memory),
+                # pods held to their memory share on the GPU (docs/isolation.md)
+                "memoryEnforced": share.memory_enforced,
             }
             for name, share in sorted(result.namespaces.items())
         },

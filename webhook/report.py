@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from gpupack import keys
+from gpupack import cuda, keys
 from gpupack.capacity import Allocation, plan
 from gpupack.codec import read_original_resources
 from gpupack.errors import ContractError
@@ -79,6 +79,7 @@ class Share:
     gpus_asked: int = 0  # the whole GPUs they would hold without gpupack
     compute: int = 0  # millis
     memory: int = 0  # bytes
+    memory_enforced: int = 0  # pods held to their memory share (gpupack.io/enforcement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,8 @@ def status(
             asked = max(1, gpus_asked(pod))  # a fractional pod asked for one at least
             share.gpus_asked += asked
             report.asked += asked
+            if cuda.MEMORY in cuda.enforced(annotations.get(keys.ENFORCEMENT)):
+                share.memory_enforced += 1
             try:
                 share.compute += parse_compute(annotations.get(keys.GPU_COMPUTE, "0"), "compute")
                 share.memory += parse_memory(annotations.get(keys.GPU_MEMORY, "0"), "memory")

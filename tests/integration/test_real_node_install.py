@@ -262,3 +262,162 @@ def test_a_second_real_node_on_the_machine_is_refused_while_the_first_runs(
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+SHIM_LIMIT = 1 << 30
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# Each container runs the C probe against the fake driver (from a ConfigMap), with no
+# LD_PRELOAD of its own: only /etc/ld.so.preload can load the shim. `main` takes 600 MiB
+# and holds it; `sidecar` then sees what is left of the pod's budget and is refused more.
+MAIN = (
+    "cat /etc/ld.so.preload; /opt/fake/probe linked ctx info alloc:629145600 info >/tmp/out 2>&1; "
+    "cat /tmp/out; touch /shared/holding; sleep 3600 & "
+    "/opt/fake/probe linked ctx alloc:629145600 hold"
+)
+SIDECAR = (
+    "while [ ! -e /shared/holding ]; do sleep 0.2; done; sleep 1; "
+    "/opt/fake/probe linked ctx info alloc:629145600 alloc:104857600; sleep 3600"
+)
+
+
+def shim_pod(image: str, node: str) -> dict[str, Any]:
+    env = [
+        {"name": "LD_LIBRARY_PATH", "value": "/opt/fake"},
+        {"name": "FAKE_CUDA_STATE", "value": "/shared/device"},
+        {"name": "FAKE_CUDA_CONTEXT", "value": "0"},
+    ]
+    mounts = [
+        {"name": "fake", "mountPath": "/opt/fake"},
+        {"name": "shared", "mountPath": "/shared"},
+    ]
+
+    def container(name: str, script: str, gpu: bool) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "name": name,
+            "image": image,
+            "command": ["sh", "-c", script],
+            "env": list(env),
+            "volumeMounts": list(mounts),
+            "securityContext": dict(RESTRICTED),
+        }
+        if gpu:
+            spec["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+        return spec
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "held", "annotations": {keys.GPU_MEMORY: "1Gi"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [container("main", MAIN, True), container("sidecar", SIDECAR, False)],
+            "volumes": [
+                {"name": "fake", "configMap": {"name": "fake-cuda", "defaultMode": 0o555}},
+                {"name": "shared", "emptyDir": {}},
+            ],
+        },
+    }
+
+
+def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both_containers(
+    node_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The memory shim as users get it: the chart's CSI driver on a kubelet node, the
+    webhook's wiring, Pod Security `restricted`. The GPU is simulated (the node advertises
+    one and the assigner names it); the CUDA driver is the tests' fake, from a ConfigMap."""
+    from tests.cuda_shim.build import Build
+
+    cluster, kube = node_cluster, node_cluster.kube()
+    node = cluster.node
+    assert node is not None
+    root = node.folder / "kubelet" / "root"
+    build = Build(tmp_path / "fake").make()
+
+    # The real node as a one-GPU node: labels as GPU feature discovery writes them, and
+    # one nvidia.com/gpu advertised (there is no device plugin: the capacity pod is pause).
+    kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.product": "Fake-GPU", "nvidia.com/gpu.memory": "16384",
+    }}})  # fmt: skip
+    kube.request(
+        "PATCH",
+        f"/api/v1/nodes/{node.name}/status",
+        [
+            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"},
+            {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "1"},
+        ],
+        content_type="application/json-patch+json",
+    )
+    chart = str(REPO / "charts" / "gpupack")
+    values = [f"--set=image.tag={image_tag()}", f"--set=mps.kubeletDir={root}",
+              f"--set=exporter.podResourcesPath={root}/pod-resources", "--set=mps.enabled=false"]  # fmt: skip
+    cluster.tool("helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
+                 "--timeout=5m", *values)  # fmt: skip
+    writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
+    ns = kube.create_namespace(
+        "it-shim",
+        {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED, "pod-security.kubernetes.io/enforce": "restricted"},
+    )
+    try:
+        with SimulatedGpuAssigner(kube, writer=writer):
+            kube.wait_for(
+                "the memory shim's driver running on the real node",
+                lambda: any(
+                    s["name"] == "cuda-csi" and s.get("ready")
+                    for p in pods(kube, NS, "app.kubernetes.io/component=exporter")
+                    if p["spec"].get("nodeName") == node.name
+                    for s in (p.get("status") or {}).get("containerStatuses") or []
+                ),
+                timeout=300,
+            )
+            binary = {
+                name: base64.b64encode((build.root / name).read_bytes()).decode()
+                for name in ("libcuda.so.1", "libnvidia-ml.so.1", "probe")
+            }
+            kube.create(f"/api/v1/namespaces/{ns}/configmaps", {
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fake-cuda"},
+                "binaryData": binary,
+            })  # fmt: skip
+            image = f"{os.environ['GPUPACK_IMAGE']}"
+            kube.create(f"/api/v1/namespaces/{ns}/pods", shim_pod(image, node.name))
+
+            def logs(container: str) -> str:
+                return cluster.tool("kubectl", "logs", "held", "-c", container,
+                                    f"--namespace={ns}", check=False)  # fmt: skip
+
+            kube.wait_for(
+                "the sidecar's probe done",
+                lambda: "alloc:104857600 rc=" in logs("sidecar"),
+                timeout=300,
+            )
+            pod = kube.get(f"/api/v1/namespaces/{ns}/pods/held")
+            main, sidecar = logs("main"), logs("sidecar")
+    finally:
+        kube.delete(f"/api/v1/namespaces/{ns}")
+        kube.wait_for("the test namespace gone", lambda: not pods(kube, ns), timeout=120)
+        cluster.tool("helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
+
+    assert pod["metadata"]["annotations"][keys.ENFORCEMENT] == "memory"
+    assert pod["spec"]["nodeName"] == node.name
+    # /etc/ld.so.preload, the CSI driver's, names the library in the pod's directory ...
+    assert "/run/gpupack/cuda/libgpupack-cuda.so" in main
+    # ... and the dynamic loader loaded it into both containers' processes, which read the
+    # limit the driver wrote from the pod's sealed annotation.
+    limit = f"GPU memory limit 1.00 GiB ({SHIM_LIMIT} bytes) for this pod"
+    assert limit in main, main
+    assert limit in sidecar, sidecar
+    assert f"info rc=0 free={SHIM_LIMIT} total={SHIM_LIMIT}" in main
+    assert "alloc:629145600 rc=0" in main
+    # One budget for the pod: the sidecar sees what main holds and is refused past it.
+    held = 629145600
+    assert f"info rc=0 free={SHIM_LIMIT - held} total={SHIM_LIMIT}" in sidecar, sidecar
+    assert "alloc:629145600 rc=2" in sidecar, sidecar
+    assert "alloc:104857600 rc=0" in sidecar, sidecar
+    assert "refused cuMemAlloc_v2 of 600.00 MiB" in sidecar

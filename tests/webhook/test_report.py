@@ -90,6 +90,16 @@ def test_status_counts_gpus_held_against_gpus_asked_and_says_why_pods_wait() -> 
     assert report.escaped == ["ml/escaped"]
 
 
+def test_status_counts_the_pods_held_to_their_memory_share() -> None:
+    held, mps_held, accounted = shared("a"), shared("b"), shared("c")
+    held["metadata"]["annotations"][keys.ENFORCEMENT] = "memory"
+    mps_held["metadata"]["annotations"][keys.ENFORCEMENT] = "mps,memory"
+    accounted["metadata"]["annotations"][keys.ENFORCEMENT] = "accounting"
+    report = status([held, mps_held, accounted], {"ml": namespace("ml", ENABLED)}, [])
+    assert report.namespaces["ml"].memory_enforced == 2
+    assert report.namespaces["ml"].pods == 3
+
+
 def test_what_if_shares_one_gpu_pods_and_keeps_multi_gpu_pods_whole() -> None:
     nodes = {
         "n1": {
