@@ -26,7 +26,9 @@ api.proto (k8s.io/kubelet pkg/apis/pluginregistration/v1):
     RegistrationStatus { bool plugin_registered = 1; string error = 2; }
 """
 
+import argparse
 import logging
+import os
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -34,11 +36,15 @@ from pathlib import Path
 from typing import Final, Protocol
 
 import grpc
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from exporter import protowire as wire
+from gpupack.runtime import shell
 
 log = logging.getLogger(__name__)
 
+PLUGINS: Final = Path("/var/lib/kubelet/plugins")
+REGISTRY: Final = Path("/var/lib/kubelet/plugins_registry")
 SPEC_VERSION: Final = "1.0.0"  # what the kubelet's CSI client speaks (and asks for)
 PLUGIN_TYPE: Final = "CSIPlugin"
 
@@ -245,3 +251,91 @@ def serve(socket: Path, handlers: list[object], workers: int = 4) -> grpc.Server
         raise OSError(f"cannot listen on {socket}")
     server.start()
     return server
+
+
+class Counted:
+    """A node service with `<metric>_total{result}` counted: published; refused (its
+    FailedMount event says why); waiting (UNAVAILABLE: the kubelet tries again); failed
+    (an OSError on the node)."""
+
+    def __init__(
+        self, node: NodeService, metric: str, doc: str, registry: CollectorRegistry
+    ) -> None:
+        self._node = node
+        self._publishes = Counter(metric, doc, ["result"], registry=registry)
+
+    def publish(self, request: PublishRequest) -> None:
+        try:
+            self._node.publish(request)
+        except Refused as error:
+            waiting = error.code is grpc.StatusCode.UNAVAILABLE
+            self._publishes.labels(result="waiting" if waiting else "refused").inc()
+            raise
+        except OSError:
+            self._publishes.labels(result="failed").inc()
+            raise
+        self._publishes.labels(result="published").inc()
+
+    def unpublish(self, request: UnpublishRequest) -> None:
+        self._node.unpublish(request)
+
+
+def run_driver(
+    process: shell.Process,
+    name: str,
+    node_id: str,
+    node: NodeService,
+    *,
+    metric: tuple[str, str],
+    csi_socket: Path,
+    kubelet_socket: Path | None,
+    registration_dir: Path,
+    metrics: tuple[str, int],
+    version: str,
+) -> None:
+    """A node-only CSI driver `name` for a binary's `start`: its metrics endpoint (the
+    publishes counted as `metric`, a name and its help), its CSI services on
+    `csi_socket`, and its registration with the kubelet (which reaches the services at
+    `kubelet_socket`, by default `csi_socket`); all stopped with the process."""
+    registry = CollectorRegistry()
+    counted = Counted(node, metric[0], metric[1], registry)
+    process.serve_endpoints(
+        metrics[0], metrics[1], lambda: (generate_latest(registry), CONTENT_TYPE_LATEST)
+    )
+    server = serve(csi_socket, csi_handlers(name, version, node_id, counted))
+    process.defer(lambda: server.stop(5).wait())
+    registration = serve(
+        registration_dir / f"{name}-reg.sock",
+        registration_handlers(name, str(kubelet_socket or csi_socket)),
+        workers=1,
+    )
+    process.defer(lambda: registration.stop(5).wait())
+    log.info("CSI driver %s serving", name, extra={"socket": str(csi_socket), "node": node_id})
+
+
+def add_driver_arguments(parser: argparse.ArgumentParser, driver: str) -> None:
+    """The flags every node driver of gpupack takes: its node, its socket and the
+    kubelet's plugin registry."""
+    add = parser.add_argument
+    add(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (default: $NODE_NAME, set from the downward API)",
+    )
+    add(
+        "--csi-socket",
+        type=Path,
+        default=PLUGINS / driver / "csi.sock",
+        help="where the CSI services listen (default: %(default)s)",
+    )
+    add(
+        "--registration-dir",
+        type=Path,
+        default=REGISTRY,
+        help="the kubelet's plugin registry directory (default: %(default)s)",
+    )
+    add(
+        "--kubelet-csi-socket",
+        type=Path,
+        help="the CSI socket's path as the kubelet sees it (default: --csi-socket)",
+    )

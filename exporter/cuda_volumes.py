@@ -30,7 +30,7 @@ from typing import Final
 import grpc
 
 from exporter.csi import PublishRequest, Refused, UnpublishRequest
-from exporter.mps_volumes import PodGetter
+from exporter.mps_volumes import PodGetter, check_volume_id
 from gpupack import codec, cuda, keys
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, annotations_of
@@ -76,11 +76,6 @@ def decide(pod: JSON, uid: str, *, node: str) -> Limit | Refusal:
     return Limit(memory)
 
 
-def _check_volume_id(volume_id: str) -> None:
-    if not volume_id or "/" in volume_id or volume_id.startswith(".") or "\0" in volume_id:
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unusable volume id {volume_id!r}")
-
-
 def _write(path: Path, data: bytes, mode: int) -> None:
     """Atomically: a container never reads half a file."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -109,7 +104,7 @@ class CudaVolumes:
             raise FileNotFoundError(f"the memory shim {self._library} is not in this image")
 
     def publish(self, request: PublishRequest) -> None:
-        _check_volume_id(request.volume_id)
+        check_volume_id(request.volume_id)
         namespace, name, uid = request.pod
         if not (namespace and name and uid):
             raise Refused(
@@ -141,6 +136,6 @@ class CudaVolumes:
         )
 
     def unpublish(self, request: UnpublishRequest) -> None:
-        _check_volume_id(request.volume_id)
+        check_volume_id(request.volume_id)
         target = Path(request.target_path)
         shutil.rmtree(target, ignore_errors=True)

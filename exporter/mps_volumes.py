@@ -184,7 +184,7 @@ def shm_bytes(quantity: str) -> int:
     return size
 
 
-def _check_volume_id(volume_id: str) -> None:
+def check_volume_id(volume_id: str) -> None:
     """The kubelet's ids (csi-<hex>) name record files: nothing that walks a path."""
     if not volume_id or "/" in volume_id or volume_id.startswith(".") or "\0" in volume_id:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unusable volume id {volume_id!r}")
@@ -214,7 +214,7 @@ class MpsVolumes:
         return self._root / uid
 
     def publish(self, request: PublishRequest) -> None:
-        _check_volume_id(request.volume_id)
+        check_volume_id(request.volume_id)
         namespace, name, uid = request.pod
         if not (namespace and name and uid):
             raise Refused(
@@ -254,7 +254,7 @@ class MpsVolumes:
         )
 
     def unpublish(self, request: UnpublishRequest) -> None:
-        _check_volume_id(request.volume_id)
+        check_volume_id(request.volume_id)
         target = Path(request.target_path)
         if self._mounter.mounted(target):
             self._mounter.unmount(target)

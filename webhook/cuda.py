@@ -32,20 +32,6 @@ class Wiring:
     warnings: tuple[str, ...]
 
 
-def _volume_ops(spec: PodSpec) -> tuple[list[JSON], list[str]]:
-    volumes = [v for v in cast(list[Any], spec.get("volumes") or []) if isinstance(v, dict)]
-    kept = [v for v in volumes if not cuda.is_cuda_wiring(v)]
-    wanted = [*kept, cuda.volume()]
-    if spec.get("volumes") is None:
-        return [patch.add("/spec/volumes", wanted)], []
-    if wanted == spec.get("volumes"):
-        return [], []
-    warnings = []
-    if any(v != cuda.volume() for v in volumes if cuda.is_cuda_wiring(v)):
-        warnings.append(f"replaced the pod's volume {cuda.VOLUME!r}: the name is gpupack's")
-    return [patch.replace("/spec/volumes", wanted)], warnings
-
-
 def _own_preload(mounts: list[JSON]) -> bool:
     return any(
         m.get("mountPath") == cuda.PRELOAD_PATH and not cuda.is_cuda_wiring(m) for m in mounts
@@ -108,7 +94,7 @@ def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
     """The volume, and the mounts (or LD_PRELOAD) of every container and init container.
     `slots` are the GPU containers, whose env the plan's patch made a list. Idempotent:
     a pod that has them gets no operation."""
-    ops, warnings = _volume_ops(spec)
+    ops, warnings = patch.volume_ops(spec, cuda.volume())
     with_env = {(slot.field, slot.index) for slot in slots if slot.count > 0}
     for field in CONTAINER_FIELDS:
         containers = cast(list[Any], spec.get(field) or [])

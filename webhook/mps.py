@@ -14,7 +14,6 @@ pod in, JSONPatch operations and warnings out.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
 from gpupack import mps
 from gpupack.gpu_request import GpuSlot
@@ -28,20 +27,6 @@ _PATHS = frozenset({mps.MOUNT_PATH, mps.SHM_PATH})
 class Wiring:
     ops: tuple[JSON, ...]
     warnings: tuple[str, ...]
-
-
-def _volume_ops(spec: PodSpec) -> tuple[list[JSON], list[str]]:
-    volumes = [v for v in cast(list[Any], spec.get("volumes") or []) if isinstance(v, dict)]
-    kept = [v for v in volumes if not mps.is_mps_wiring(v)]
-    wanted = [*kept, mps.volume()]
-    if "volumes" not in spec or spec.get("volumes") is None:
-        return [patch.add("/spec/volumes", wanted)], []
-    if wanted == spec.get("volumes"):
-        return [], []
-    warnings = []
-    if any(v != mps.volume() for v in volumes if mps.is_mps_wiring(v)):
-        warnings.append(f"replaced the pod's volume {mps.VOLUME!r}: the name is gpupack's")
-    return [patch.replace("/spec/volumes", wanted)], warnings
 
 
 def _mount_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
@@ -66,7 +51,7 @@ def _mount_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
 def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
     """The volume and the mounts of every GPU container (the environment is
     `gpu_env`'s). Idempotent: a pod that has them gets no operation."""
-    ops, warnings = _volume_ops(spec)
+    ops, warnings = patch.volume_ops(spec, mps.volume())
     for slot in slots:
         if slot.count <= 0:
             continue

@@ -31,3 +31,19 @@ def replace(path: str, value: Any) -> JSON:
 
 def remove(path: str) -> JSON:
     return {"op": "remove", "path": path}
+
+
+def volume_ops(spec: Any, volume: JSON) -> tuple[list[JSON], list[str]]:
+    """The operations that make `volume` the pod's volume of its name (a pod's own volume
+    of that name is replaced: the name is gpupack's), and warnings saying so."""
+    name = volume["name"]
+    volumes = [v for v in spec.get("volumes") or [] if isinstance(v, dict)]
+    wanted = [*(v for v in volumes if v.get("name") != name), volume]
+    if spec.get("volumes") is None:
+        return [add("/spec/volumes", wanted)], []
+    if wanted == spec.get("volumes"):
+        return [], []
+    warnings = []
+    if any(v != volume for v in volumes if v.get("name") == name):
+        warnings.append(f"replaced the pod's volume {name!r}: the name is gpupack's")
+    return [replace("/spec/volumes", wanted)], warnings

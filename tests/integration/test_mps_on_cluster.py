@@ -24,17 +24,9 @@ from tests.integration.scheduling import (
     scheduler_metric,
     wait_bound,
 )
-from tests.integration.workloads import deployment
+from tests.integration.workloads import RESTRICTED, deployment
 
 pytestmark = pytest.mark.integration
-
-RESTRICTED = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from hack.localcluster import (
 )
 from hack.localcluster.chart import EXPORTER_NAME
 from tests.integration.tools import REPO, cluster_of_its_own
-from tests.integration.workloads import TOLERATE_GPUS, deployment
+from tests.integration.workloads import RESTRICTED, TOLERATE_GPUS, deployment
 
 pytestmark = pytest.mark.integration
 NS = "gpupack-system"
@@ -265,13 +265,6 @@ def test_a_second_real_node_on_the_machine_is_refused_while_the_first_runs(
 
 
 SHIM_LIMIT = 1 << 30
-RESTRICTED = {
-    "runAsNonRoot": True,
-    "runAsUser": 1000,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 # Each container runs the C probe against the fake driver (from a ConfigMap), with no
 # LD_PRELOAD of its own: only /etc/ld.so.preload can load the shim. `main` takes 600 MiB
 # and holds it; `sidecar` then sees what is left of the pod's budget and is refused more.
@@ -358,8 +351,21 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     chart = str(REPO / "charts" / "gpupack")
     values = [f"--set=image.tag={image_tag()}", f"--set=mps.kubeletDir={root}",
               f"--set=exporter.podResourcesPath={root}/pod-resources", "--set=mps.enabled=false"]  # fmt: skip
-    cluster.tool("helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
-                 "--timeout=5m", *values)  # fmt: skip
+    # No --wait: the exporter's own container finds no NVML on this node and is never
+    # Ready; what the test needs is waited for below.
+    cluster.tool(
+        "helm",
+        "install",
+        "gpupack",
+        chart,
+        f"--namespace={NS}",
+        "--create-namespace",
+        "--timeout=5m",
+        *values,
+    )
+    for deployment_name in ("gpupack-webhook", "gpupack-scheduler"):
+        cluster.tool("kubectl", "rollout", "status", f"deployment/{deployment_name}",
+                     f"--namespace={NS}", "--timeout=300s")  # fmt: skip
     writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
     ns = kube.create_namespace(
         "it-shim",

@@ -541,7 +541,9 @@ def test_the_pods_of_one_replicaset_share_one_plan(
         pods = wait_for_pods(kube, ns, "shared", 4, "the ReplicaSet")
         first = pods[0]
         volumes = {v["name"] for p in pods for v in p["spec"]["volumes"]}
-        assert len(volumes) == 4  # each pod's token volume has a name of its own
+        tokens = {name for name in volumes if name.startswith("kube-api-access-")}
+        assert len(tokens) == 4  # each pod's token volume has a name of its own
+        assert volumes - tokens == {"gpupack-cuda"}  # the memory shim's, stamped on each
         for stored in pods:
             assert_mutated(stored)
         decisions = {p["metadata"]["annotations"][keys.DECISION] for p in pods}

@@ -87,6 +87,15 @@ def gpu_pod(name: str, gpus: str = "1", annotations: dict[str, str] | None = Non
 
 
 # The taint GPU nodes often carry (hack/localcluster's `gpu_taint`, Karpenter's NodePool).
+# A container's securityContext at Pod Security `restricted`.
+RESTRICTED: JSON = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
 TOLERATE_GPUS: list[JSON] = [
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 ]
