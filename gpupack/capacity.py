@@ -481,23 +481,6 @@ def _prefer(spec: JSON, steer: Sequence[str], packed: Sequence[str]) -> None:
         node.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).extend(preferred)
 
 
-def node_label_value(name: str) -> str:
-    """The `gpupack.io/node` label gpupack-scheduler writes on node `name` where none is:
-    the name itself when it is a valid label value (at most 63 characters), else its
-    first 40 characters, `_` and 16 hex digits of its SHA-256. A node name never holds
-    `_`, so a shortened value is never another node's name. Once written it is the
-    node's for good: a value already there, whoever wrote it, is what capacity pods
-    name."""
-    if len(name) <= 63 and _LABEL_VALUE.fullmatch(name):
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    prefix = re.sub(r"[^A-Za-z0-9_.-]", "-", name[:40]).lstrip("-_.")
-    return f"{prefix}_{digest}" if prefix else digest
-
-
-_LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-
-
 def _require(
     spec: JSON, avoid: Sequence[str], near: Sequence[JSON], labels: Mapping[str, str] | None
 ) -> None:

@@ -89,7 +89,7 @@ OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
 # On a GPU node, by gpupack-scheduler: a name for the node that capacity pods can exclude
 # in required node affinity (`gpupack.io/node NotIn [...]`) where Karpenter refuses
 # `kubernetes.io/hostname`. Written once, when absent; never changed after
-# (`gpupack.capacity.node_label_value`).
+# (`scheduler.exclusion.node_label_value`).
 NODE: Final = f"{DOMAIN}/node"
 
 # GPU Feature Discovery node labels.

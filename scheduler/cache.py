@@ -117,8 +117,6 @@ class Cache:
         # could land, and their per-GPU memory (GPU Feature Discovery's label; 0: unknown).
         # Kept with the node events, read on every refused filter.
         self.gpu_nodes: dict[str, int] = {}
-        # Their `gpupack.io/node` labels, where they have one (`scheduler.exclusion`).
-        self.node_labels: dict[str, str] = {}
         # Counts changes to the set of GPU nodes: where a new GPU may have to stay off.
         self.gpu_nodes_changed = 0
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
@@ -147,7 +145,6 @@ class Cache:
         self.leaving.clear()
         self.gpu_nodes.clear()
         self.gpu_nodes_changed += 1
-        self.node_labels.clear()
         self._on_node.clear()
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
@@ -168,7 +165,6 @@ class Cache:
             self.snapshot.remove_node(name)
             if self.gpu_nodes.pop(name, None) is not None:
                 self.gpu_nodes_changed += 1
-            self.node_labels.pop(name, None)
             return
         returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
@@ -183,21 +179,21 @@ class Cache:
     def _note_gpus(self, node: JSON) -> None:
         name = str(node["metadata"]["name"])
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        labels = labels_of(node)
         if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
             if name not in self.gpu_nodes:
                 self.gpu_nodes_changed += 1
-            self.gpu_nodes[name] = node_gpu_memory(labels)
+            self.gpu_nodes[name] = node_gpu_memory(labels_of(node))
         elif self.gpu_nodes.pop(name, None) is not None:
             self.gpu_nodes_changed += 1
-        if labels.get(keys.NODE) and name in self.gpu_nodes:
-            self.node_labels[name] = labels[keys.NODE]
-        else:
-            self.node_labels.pop(name, None)
 
     def node(self, name: str) -> JSON | None:
         """The Node object as the informer has it."""
         return self._nodes.get(name)
+
+    def node_label(self, name: str) -> str | None:
+        """The node's `gpupack.io/node` label (`scheduler.exclusion`), None without one."""
+        node = self._nodes.get(name)
+        return labels_of(node).get(keys.NODE) if node is not None else None
 
     def _apply_pod(self, key: str, pod: JSON | None) -> None:
         live = pod is not None and is_live(pod)

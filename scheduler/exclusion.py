@@ -26,15 +26,17 @@ the constraints themselves, so the list is short and often empty.
 """
 
 import enum
+import hashlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
 from gpupack import keys
-from gpupack.capacity import node_label_value
-from gpupack.kube import JSON
+from gpupack.capacity import selects
+from gpupack.kube import JSON, labels_of
 from gpupack.runtime.api import ApiError
 from scheduler.kube import MERGE_PATCH, Kube
 
@@ -74,15 +76,14 @@ def already_excluded(scheduling: JSON, node: JSON | None) -> bool:
     judge, an empty term or a transient taint counts as no exclusion."""
     if node is None:
         return False
-    meta = node.get("metadata") or {}
-    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    labels = labels_of(node)
     selector = scheduling.get("nodeSelector") or {}
-    if any(labels.get(str(k)) != str(v) for k, v in selector.items()):
+    if any(labels.get(k) != v for k, v in selector.items()):
         return True
     node_affinity = (scheduling.get("affinity") or {}).get("nodeAffinity") or {}
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
     terms = required.get("nodeSelectorTerms") or []
-    name = str(meta.get("name", ""))
+    name = str(node["metadata"].get("name", ""))
     if terms and not any(_term_may_match(term, labels, name) for term in terms):
         return True
     taints = (node.get("spec") or {}).get("taints") or []
@@ -90,34 +91,34 @@ def already_excluded(scheduling: JSON, node: JSON | None) -> bool:
     return any(_repels(taint, tolerations) for taint in taints)
 
 
-def _term_may_match(term: JSON, labels: Mapping[str, str], name: str) -> bool:
+def _term_may_match(term: JSON, labels: dict[str, str], name: str) -> bool:
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
     if not expressions and not fields:
         return True  # kube-scheduler matches nothing with it; not ours to say
-    if not all(_may_match(e, labels.get(str(e.get("key")))) for e in expressions):
+    # In, NotIn, Exists, DoesNotExist read as a label selector reads them; an operator
+    # it does not know selects.
+    if not selects({"matchExpressions": expressions}, labels):
         return False
-    return all(_may_match(f, name) for f in fields if f.get("key") == "metadata.name")
+    if not all(_bounded(e, labels.get(str(e.get("key")))) for e in expressions):
+        return False
+    named = [f for f in fields if f.get("key") == "metadata.name"]
+    return selects({"matchExpressions": named}, {"metadata.name": name})
 
 
-def _may_match(expression: JSON, value: str | None) -> bool:
+def _bounded(expression: JSON, value: str | None) -> bool:
+    """Gt and Lt, which a label selector does not know; anything else passes."""
     operator = expression.get("operator")
-    values = [str(v) for v in expression.get("values") or ()]
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and len(values) == 1:
-        try:
-            have, bound = int(value), int(values[0])
-        except ValueError:
-            return True
-        return have > bound if operator == "Gt" else have < bound
-    return operator not in ("Gt", "Lt")  # an operator not known here: it may match
+    if operator not in ("Gt", "Lt"):
+        return True
+    values = [str(v) for v in expression.get("values") or []]
+    if value is None or len(values) != 1:
+        return False
+    try:
+        have, bound = int(value), int(values[0])
+    except ValueError:
+        return True  # not ours to judge
+    return have > bound if operator == "Gt" else have < bound
 
 
 def _repels(taint: JSON, tolerations: Sequence[JSON]) -> bool:
@@ -143,6 +144,23 @@ def _tolerates(toleration: JSON, taint: JSON) -> bool:
 
 
 # Naming the nodes.
+
+
+def node_label_value(name: str) -> str:
+    """The `gpupack.io/node` label gpupack-scheduler writes on node `name` where none is:
+    the name itself when it is a valid label value (at most 63 characters), else its
+    first 40 characters, `_` and 16 hex digits of its SHA-256. A node name never holds
+    `_`, so a shortened value is never another node's name. Once written it is the
+    node's for good: a value already there, whoever wrote it, is what capacity pods
+    name."""
+    if len(name) <= 63 and _LABEL_VALUE.fullmatch(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    prefix = re.sub(r"[^A-Za-z0-9_.-]", "-", name[:40]).lstrip("-_.")
+    return f"{prefix}_{digest}" if prefix else digest
+
+
+_LABEL_VALUE: Final = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 class NodeLabels:
@@ -204,6 +222,15 @@ class NodeLabels:
                 )
             self._karpenter = (now, served)
         return served
+
+    def may_label(self) -> bool:
+        """Whether GPU nodes may need the label (not blocking): Karpenter runs, or `auto`
+        has not asked yet, found Karpenter's API, or asks again now (`by_label`)."""
+        if self.autoscaler != Autoscaler.AUTO:
+            return self.autoscaler == Autoscaler.KARPENTER
+        with self._lock:
+            known = self._karpenter
+        return known is None or known[1] or self._clock() - known[0] >= self._recheck
 
     def ensure(self, names: Collection[str], known: Mapping[str, str]) -> dict[str, str]:
         """Each node's `gpupack.io/node` label, written where it has none (blocking).

@@ -355,7 +355,7 @@ class Extender:
             key, request.compute, request.gpu_memory, request.owner, request.exclusive
         )
         rejected = frozenset(n for n in self.cache.snapshot.nodes if n not in feasible)
-        required = self._lifecycle.requirements(pod, feasible, request.gpu_memory)
+        required = self._lifecycle.requirements(pod, request.pool, feasible, request.gpu_memory)
         self.waiting[key] = Waiting(
             request.pool,
             allocation,

@@ -113,25 +113,38 @@ class Lifecycle:
         # them. Those there at start may have hosted shares before a restart: not fresh.
         self._fresh: set[str] | None = None
         self._known: set[str] = set()  # capacity pods seen at the last round
+        # pool -> node -> (the Node object judged, whether the pool's inherited
+        # constraints keep capacity off it): `requirements`, for the nodes it asks about.
+        self._excluded: dict[str, dict[str, tuple[JSON | None, bool]]] = {}
 
     def _written(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.node_labels.labels(result=result).inc()
 
-    def requirements(self, example: JSON, feasible: Collection[str], memory: int = 0) -> Where:
-        """Where a new GPU for `example`, which asks `memory` bytes of it, may land
-        (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible for
-        it (`feasible` are the nodes it let the pod go to; a node that does not exist yet
-        is fine), nor on one whose GPUs are known to be smaller than that, and next to
+    def requirements(
+        self, example: JSON, pool: str, feasible: Collection[str], memory: int = 0
+    ) -> Where:
+        """Where a new GPU for `example` (of `pool`), which asks `memory` bytes of it, may
+        land (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible
+        for it (`feasible` are the nodes it let the pod go to; a node that does not exist
+        yet is fine), nor on one whose GPUs are known to be smaller than that, and next to
         the pods its required pod affinity names. Nodes the capacity pod's inherited
-        constraints keep it off already are not named (`scheduler.exclusion`)."""
-        scheduling = scheduling_of(example)
-        avoid = [
-            name
-            for name, size in self.cache.gpu_nodes.items()
-            if (name not in feasible or 0 < size < memory)
-            and not already_excluded(scheduling, self.cache.node(name))
-        ]
+        constraints keep it off already are not named (`scheduler.exclusion`); that
+        verdict is kept per pool and node object, since every refused filter asks."""
+        verdicts = self._excluded.setdefault(pool, {})
+        scheduling: JSON | None = None
+        avoid = []
+        for name, size in self.cache.gpu_nodes.items():
+            if name in feasible and not 0 < size < memory:
+                continue
+            node = self.cache.node(name)
+            known = verdicts.get(name)
+            if known is None or known[0] is not node:
+                if scheduling is None:
+                    scheduling = scheduling_of(example)
+                known = verdicts[name] = (node, already_excluded(scheduling, node))
+            if not known[1]:
+                avoid.append(name)
         return Where(avoid=tuple(sorted(avoid)), near=affinity_to_others(example))
 
     def request(
@@ -171,7 +184,7 @@ class Lifecycle:
         )
         spec = scheduling_of(example)
         owner = f"{example['metadata'].get('namespace')}/{workload(example)}"
-        labels = {n: self.cache.node_labels[n] for n in where.avoid if n in self.cache.node_labels}
+        labels = {n: v for n in where.avoid if (v := self.cache.node_label(n))}
         for name in names:
             self._submit(self._create_capacity, pool, name, spec, owner, example, where, labels)
 
@@ -228,6 +241,7 @@ class Lifecycle:
             by_pool.setdefault(entry.pool, []).append(entry)
         released = self._release_for_other_pools(by_pool)
         self._label_nodes()
+        self._forget_verdicts(by_pool)
         fresh = self._fresh_capacity()
         for name, capacity in list(self.cache.capacity.items()):
             if name in released:
@@ -254,12 +268,21 @@ class Lifecycle:
         self._evict_orphans(now)
         self._report_overcommitted()
 
+    def _forget_verdicts(self, by_pool: Mapping[str, list[Waiting]]) -> None:
+        """Drop `requirements`' kept verdicts of pools nothing waits in any more, and of
+        nodes that are gone."""
+        for pool in [p for p in self._excluded if p not in by_pool]:
+            del self._excluded[pool]
+        for verdicts in self._excluded.values():
+            for name in [n for n in verdicts if n not in self.cache.gpu_nodes]:
+                del verdicts[name]
+
     def _label_nodes(self) -> None:
         """Have the GPU nodes without a `gpupack.io/node` label labelled, a few a round,
         long before a capacity pod needs to name them (`scheduler.exclusion`)."""
-        if self.node_labels.autoscaler in (Autoscaler.CLUSTER_AUTOSCALER, Autoscaler.NONE):
+        if not self.node_labels.may_label():
             return
-        unlabelled = [n for n in self.cache.gpu_nodes if n not in self.cache.node_labels]
+        unlabelled = [n for n in self.cache.gpu_nodes if not self.cache.node_label(n)]
         claimed = self.node_labels.label_missing(unlabelled)
         if claimed:
             self._submit(self.node_labels.write, claimed)

@@ -5,13 +5,13 @@ to a workload's scheduling metadata is a requirement Karpenter's provisioner ref
 import string
 from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack import keys
-from gpupack.capacity import Where, capacity_pod, node_label_value
-from tests.gpupack.karpenter_rules import refusals, requirement_errors
+from gpupack.capacity import Where, capacity_pod
+from scheduler.exclusion import node_label_value
+from tests.gpupack.karpenter_rules import refusals
 
 JSON = dict[str, Any]
 
@@ -113,33 +113,3 @@ def test_the_hostname_form_is_what_karpenter_refuses() -> None:
         "using label kubernetes.io/hostname is not allowed as it might interfere with the "
         "internal provisioning logic"
     ]
-
-
-@settings(max_examples=500, deadline=None)
-@given(names=st.lists(node_names, min_size=2, max_size=6, unique=True))
-def test_node_label_values_are_valid_and_tell_nodes_apart(names: list[str]) -> None:
-    values = [node_label_value(n) for n in names]
-    for value in values:
-        assert requirement_errors({"key": keys.NODE, "operator": "NotIn", "values": [value]}) == []
-    assert len(set(values)) == len(values)
-
-
-@pytest.mark.parametrize(
-    ("name", "value"),
-    [
-        pytest.param("gpu-a100-0", "gpu-a100-0", id="short-name-is-itself"),
-        pytest.param("ip-10-0-1-17.ec2.internal", "ip-10-0-1-17.ec2.internal", id="dotted"),
-        pytest.param("n" * 63, "n" * 63, id="63-characters"),
-    ],
-)
-def test_a_node_name_that_is_a_label_value_is_its_own_label(name: str, value: str) -> None:
-    assert node_label_value(name) == value
-
-
-def test_a_long_node_name_is_shortened_with_a_digest_no_node_name_can_equal() -> None:
-    name = "gke-very-long-cluster-name-gpu-pool-l4-ab12cd34-" + "x" * 30
-    value = node_label_value(name)
-
-    assert len(value) <= 63
-    assert value.startswith(name[:40])
-    assert "_" in value  # in no node name

@@ -4,10 +4,20 @@ no naming), and how NodeLabels labels GPU nodes: once, never changing a value.""
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupack import keys
 from gpupack.runtime.api import ApiError
-from scheduler.exclusion import KARPENTER_API, Autoscaler, NodeLabels, already_excluded
+from scheduler.exclusion import (
+    KARPENTER_API,
+    Autoscaler,
+    NodeLabels,
+    already_excluded,
+    node_label_value,
+)
+from tests.gpupack.karpenter_rules import requirement_errors
+from tests.gpupack.test_capacity_autoscalers import node_names
 
 JSON = dict[str, Any]
 L4 = {keys.GFD_PRODUCT: "NVIDIA-L4", "zone": "a", "gpus": "2"}
@@ -256,3 +266,48 @@ def test_label_missing_claims_each_node_once_until_written() -> None:
     assert naming.label_missing(["b", "a"]) == ["b"]
     naming.write(["a", "b"])  # both gone: nothing written, claims released
     assert naming.label_missing(["a"]) == ["a"]
+
+
+@settings(max_examples=500, deadline=None)
+@given(names=st.lists(node_names, min_size=2, max_size=6, unique=True))
+def test_node_label_values_are_valid_and_tell_nodes_apart(names: list[str]) -> None:
+    values = [node_label_value(n) for n in names]
+    for value in values:
+        assert requirement_errors({"key": keys.NODE, "operator": "NotIn", "values": [value]}) == []
+    assert len(set(values)) == len(values)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        pytest.param("gpu-a100-0", "gpu-a100-0", id="short-name-is-itself"),
+        pytest.param("ip-10-0-1-17.ec2.internal", "ip-10-0-1-17.ec2.internal", id="dotted"),
+        pytest.param("n" * 63, "n" * 63, id="63-characters"),
+    ],
+)
+def test_a_node_name_that_is_a_label_value_is_its_own_label(name: str, value: str) -> None:
+    assert node_label_value(name) == value
+
+
+def test_a_long_node_name_is_shortened_with_a_digest_no_node_name_can_equal() -> None:
+    name = "gke-very-long-cluster-name-gpu-pool-l4-ab12cd34-" + "x" * 30
+    value = node_label_value(name)
+
+    assert len(value) <= 63
+    assert value.startswith(name[:40])
+    assert "_" in value  # in no node name
+
+
+def test_housekeeping_is_asked_to_label_only_where_labels_may_be_needed() -> None:
+    """`may_label` never blocks: with `auto`, yes until the API server has answered, no
+    after it said Karpenter is not there, until that answer is due again."""
+    now = [0.0]
+    naming = labels(Nodes(karpenter=False), clock=lambda: now[0])
+    assert naming.may_label() is True  # not asked yet
+    naming.by_label()
+    assert naming.may_label() is False
+    now[0] = 10.0
+    assert naming.may_label() is True  # due to ask again
+    assert labels(Nodes(), Autoscaler.KARPENTER).may_label() is True
+    assert labels(Nodes(), Autoscaler.CLUSTER_AUTOSCALER).may_label() is False
+    assert labels(Nodes(), Autoscaler.NONE).may_label() is False

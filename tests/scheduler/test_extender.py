@@ -568,6 +568,34 @@ def test_nodes_the_capacity_pods_own_node_selector_excludes_are_not_named() -> N
     assert not [path for path, _ in api.patched if path.startswith("/api/v1/nodes/")]
 
 
+def test_a_node_whose_labels_change_is_judged_again_for_the_pool() -> None:
+    """The verdict that a pool's node selector keeps capacity off a node is kept per
+    node object: relabelled to the pool's GPU model, the node must be named."""
+    l4 = {keys.GFD_PRODUCT: "NVIDIA-L4"}
+    extender, pods, api, _ = setup(
+        0, nodes={"n1": 8, "other": 8}, labels={"n1": l4, "other": {keys.GFD_PRODUCT: "A100"}}
+    )
+    pinned = []
+    for name in ("web", "more"):
+        pod = pending(pods, name, "900m")
+        pod["spec"]["nodeSelector"] = dict(l4)
+        pinned.append(pod)
+    filter_(extender, pinned[0], nodes=("n1",))  # "other" is excluded by the selector
+    relabelled = dict(api.nodes.objects["other"])
+    relabelled["metadata"] = {**relabelled["metadata"], "labels": {**l4}}
+    api.nodes.objects["other"] = relabelled  # a new object, as the informer stores one
+    extender.cache.dirty.node("other")
+    filter_(extender, pinned[1], nodes=("n1",))  # now infeasible for other reasons
+
+    assert len(created_capacity(extender, api)) == 2
+    first, second = [b for p, b in api.created if p.endswith("/pods")]
+    assert (
+        "requiredDuringSchedulingIgnoredDuringExecution"
+        not in (first["spec"]["affinity"]["nodeAffinity"])
+    )
+    assert _avoided(second) == ["other"]
+
+
 def test_a_node_that_cannot_be_labelled_gets_no_capacity_pod_that_could_land_on_it() -> None:
     extender, pods, api, _ = setup(0, nodes={"n1": 8, "n2": 8})
     api.karpenter = True
