@@ -64,7 +64,7 @@ from gpupack import keys
 from gpupack.capacity import Allocation, plan
 from gpupack.policy import BUILTIN, policy_spec
 from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
-from hack.localcluster.karpenter import A100_X8, L4_X2, Karpenter
+from hack.localcluster.karpenter import A100_X8, L4_X2, Karpenter, hold_gpus
 
 JSON = dict[str, Any]
 A100: Final = "NVIDIA-A100-SXM4-80GB"
@@ -330,32 +330,10 @@ def rules(workdir: Path, settle: float) -> JSON:
             labels = {ZONE: "zone-a" if index % 2 == 0 else "zone-b"}
             kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": labels}})
         kube.merge_patch("/api/v1/nodes/gpu-a100-3", {"spec": {"unschedulable": True}})
-        other = kube.create_namespace("bench-other-team")  # not opted in: whole GPUs
-        for index in range(GPUS_PER_NODE - 1):
-            kube.create(f"/api/v1/namespaces/{other}/pods", whole_gpu_pod(f"train-{index}"))
+        hold_gpus(kube, [("gpu-a100-0", GPUS_PER_NODE - 1)])  # another team's whole GPUs
         result = measure(local, rules_workloads, 10, settle=settle, timeout=360, first=1)
     gpus = lower_bound([300] * 9) + 1  # the database's pool is its own (pinned)
     return with_bounds(result, gpus, max(3, math.ceil(gpus / GPUS_PER_NODE)))
-
-
-def whole_gpu_pod(name: str, node: str = "gpu-a100-0") -> JSON:
-    """Another team's pod on `node`, holding one whole GPU (not opted in)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": {keys.NVIDIA_GPU: "1"}},
-                }
-            ],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
 
 
 def burst_workloads(replicas: int) -> Callable[[str], list[JSON]]:
@@ -405,16 +383,10 @@ def karpenter_full(workdir: Path, replicas: int, settle: float, timeout: float) 
         workdir, FULL_NODES, autoscaler=lambda c: Karpenter(c, instance_types=(L4_X2, A100_X8))
     ) as (local, autoscaler):
         assert autoscaler is not None
-        kube = local.kube()
-        other = kube.create_namespace("bench-other-team")  # not opted in: whole GPUs
-        for pool in FULL_NODES:
-            for index in range(pool.count):
-                node = f"{pool.prefix}-{index}"
-                for gpu in range(pool.gpus):
-                    kube.create(
-                        f"/api/v1/namespaces/{other}/pods",
-                        whole_gpu_pod(f"hold-{node}-{gpu}", node),
-                    )
+        hold_gpus(
+            local.kube(),
+            [(f"{p.prefix}-{i}", p.gpus) for p in FULL_NODES for i in range(p.count)],
+        )
         result = measure(local, burst_workloads(replicas), replicas, settle=settle, timeout=timeout)
         result |= karpenter_verdicts(local, autoscaler)
     gpus = lower_bound([250] * replicas)
@@ -424,8 +396,7 @@ def karpenter_full(workdir: Path, replicas: int, settle: float, timeout: float) 
 def karpenter_verdicts(cluster: LocalCluster, autoscaler: Karpenter) -> JSON:
     """What Karpenter decided: nodes bought (NodeClaims), and the capacity pods it
     ignored unsimulated (its `FailedScheduling` "... is not allowed")."""
-    verdicts = autoscaler.refusals(cluster.namespace)
-    ignored = {e["involvedObject"]["name"] for e in verdicts if "is not allowed" in e["message"]}
+    ignored = {e["involvedObject"]["name"] for e in autoscaler.ignored(cluster.namespace)}
     return {
         "nodes_bought": len(autoscaler.claims()),
         "capacity_pods_ignored_by_karpenter": len(ignored),

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 NODEPOOL: Final = "gpu"
 NODECLASS: Final = "default"
 ZONE: Final = "test-zone-a"
+IGNORED: Final = "is not allowed"  # Karpenter's word for a pod it drops unsimulated
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +245,11 @@ class Karpenter:
             f"/api/v1/namespaces/{namespace}/events", fieldSelector="reason=FailedScheduling"
         )["items"]
         return [e for e in found if str(e.get("message", "")).startswith("Failed to schedule pod")]
+
+    def ignored(self, namespace: str) -> list[dict[str, Any]]:
+        """The `refusals` of pods Karpenter dropped without simulating them: a restricted
+        label in a required node affinity ("... is not allowed")."""
+        return [e for e in self.refusals(namespace) if IGNORED in e["message"]]
 
     def stop(self) -> None:
         """Delete what Karpenter bought while it still runs (its finalizers), then stop it."""

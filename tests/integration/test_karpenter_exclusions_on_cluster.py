@@ -25,6 +25,7 @@ from hack.localcluster.karpenter import (
     A100_X8,
     FULL_NODE_POOLS,
     H100_X8,
+    IGNORED,
     L4_X2,
     Karpenter,
     hold_gpus,
@@ -39,7 +40,6 @@ HOSTNAME: Final = "kubernetes.io/hostname"
 INSTANCE_TYPE: Final = "node.kubernetes.io/instance-type"
 L4: Final = {keys.GFD_PRODUCT: "NVIDIA-L4"}
 H100: Final = {keys.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"}
-IGNORED: Final = "is not allowed"  # Karpenter's word for a pod it drops unsimulated
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +61,6 @@ def autoscaled(
                 yield local, karpenter
         finally:
             karpenter.stop()
-
-
-def ignored(cluster: LocalCluster, karpenter: Karpenter) -> list[str]:
-    """Karpenter's verdicts on capacity pods it dropped without simulating them."""
-    return [
-        e["message"]
-        for e in karpenter.refusals(cluster.namespace)
-        if IGNORED in e.get("message", "")
-    ]
 
 
 def required_keys(pod: JSON) -> set[str]:
@@ -121,7 +112,7 @@ def test_pods_pinned_to_l4_while_a100_nodes_exist_make_karpenter_buy_the_fewest_
     assert types == ["gpu-l4x2"] * 2
     bought = {n["metadata"]["name"] for n in karpenter.nodes()}
     assert {p["spec"]["nodeName"] for p in pods} == bought | {"gpu-l4-0"}
-    assert ignored(cluster, karpenter) == []
+    assert karpenter.ignored(cluster.namespace) == []
     assert all(HOSTNAME not in required_keys(c) for c in capacity_pods(kube).values())
 
 
@@ -149,7 +140,7 @@ def test_a_replica_whose_anti_affinity_excludes_every_full_node_makes_karpenter_
     bought = {n["metadata"]["name"] for n in karpenter.nodes()}
     assert set(nodes) == bought | {"gpu-l4-0"}
     assert len(karpenter.claims()) == 2
-    assert ignored(cluster, karpenter) == []
+    assert karpenter.ignored(cluster.namespace) == []
     l4_node = kube.get("/api/v1/nodes/gpu-l4-0")
     assert l4_node["metadata"]["labels"][keys.NODE] == "gpu-l4-0"  # written by the scheduler
     named = [c for c in capacity_pods(kube).values() if keys.NODE in required_keys(c)]
@@ -177,7 +168,7 @@ def test_a_gpu_type_scaled_to_zero_is_bought_while_nodes_of_other_types_exist(
     assert claim["metadata"]["labels"]["karpenter.sh/nodepool"] == "h100"
     [node] = karpenter.nodes()
     assert {p["spec"]["nodeName"] for p in pods} == {node["metadata"]["name"]}
-    assert ignored(cluster, karpenter) == []
+    assert karpenter.ignored(cluster.namespace) == []
 
 
 def test_a_pod_bound_to_a_pod_on_a_full_node_is_weighed_by_karpenter_which_buys_nothing(
@@ -215,4 +206,4 @@ def test_a_pod_bound_to_a_pod_on_a_full_node_is_weighed_by_karpenter_which_buys_
     assert all(IGNORED not in e["message"] for e in verdicts), verdicts
     [waiting] = [c for c in capacity_pods(kube).values() if not c["spec"].get("nodeName")]
     assert keys.NODE in required_keys(waiting)
-    assert ignored(cluster, karpenter) == []
+    assert karpenter.ignored(cluster.namespace) == []
