@@ -98,11 +98,6 @@ class CudaVolumes:
         self._node = node
         self._get_pod = get_pod
 
-    def check(self) -> None:
-        """Refuses to start without the library to hand out."""
-        if not self._library.is_file():
-            raise FileNotFoundError(f"the memory shim {self._library} is not in this image")
-
     def publish(self, request: PublishRequest) -> None:
         check_volume_id(request.volume_id)
         namespace, name, uid = request.pod
