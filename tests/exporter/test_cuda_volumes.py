@@ -143,9 +143,12 @@ def test_a_pod_that_is_gone_and_a_bad_volume_id_are_refused(built: Build, tmp_pa
     assert bad.value.code is grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_the_driver_without_a_library_to_hand_out_says_so(tmp_path: Path) -> None:
+def test_the_driver_without_a_library_to_hand_out_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = cuda_csi.main(["--node-name=n", f"--library={tmp_path / 'none.so'}"])
     assert code == 2
+    assert "the memory shim to hand out" in capsys.readouterr().err
 
 
 def test_help_names_the_driver(capsys: pytest.CaptureFixture[str]) -> None:
