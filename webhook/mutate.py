@@ -168,12 +168,13 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
     applies = cuda.enforced(sealed[keys.ENFORCEMENT])
     if applies:
         spec: PodSpec = request.pod.get("spec") or {}
+        slots = scan_gpus(spec).slots
         if cuda.MPS in applies:
-            wired = mps.wiring(spec, scan_gpus(spec).slots)
+            wired = mps.wiring(spec, slots)
             ops, warnings = ops + wired.ops, warnings + wired.warnings
             spec = with_lists(spec, wired.ops)
         if cuda.MEMORY in applies:
-            shim = shim_wiring(spec)
+            shim = shim_wiring(spec, slots)
             ops, warnings = ops + shim.ops, warnings + shim.warnings
     return stamped(decision, ops, sealed, demand, warnings)
 
