@@ -16,12 +16,11 @@ in, JSONPatch operations and warnings out (what `stamp` adds after the plan's pa
 which gives every GPU container an `env` list, and after `webhook.mps`'s mounts).
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from gpupack import cuda
-from gpupack.gpu_request import CONTAINER_FIELDS, GpuSlot
+from gpupack.gpu_request import CONTAINER_FIELDS, scan_gpus
 from gpupack.kube import JSON, PodSpec
 from webhook import patch
 
@@ -90,12 +89,16 @@ def _preload_env_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]
     ]
 
 
-def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
+def _gpu_containers(spec: PodSpec) -> set[tuple[str, int]]:
+    """The containers the plan's patch gave an env list (those that asked for the GPU)."""
+    return {(slot.field, slot.index) for slot in scan_gpus(spec).slots if slot.count > 0}
+
+
+def wiring(spec: PodSpec) -> Wiring:
     """The volume, and the mounts (or LD_PRELOAD) of every container and init container.
-    `slots` are the GPU containers, whose env the plan's patch made a list. Idempotent:
-    a pod that has them gets no operation."""
+    Idempotent: a pod that has them gets no operation."""
     ops, warnings = patch.volume_ops(spec, cuda.volume())
-    with_env = {(slot.field, slot.index) for slot in slots if slot.count > 0}
+    with_env: set[tuple[str, int]] | None = None  # looked up only for a container's own preload
     for field in CONTAINER_FIELDS:
         containers = cast(list[Any], spec.get(field) or [])
         for index, container in enumerate(containers):
@@ -108,6 +111,8 @@ def wiring(spec: PodSpec, slots: Sequence[GpuSlot]) -> Wiring:
             mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
             if _own_preload(mounts):
                 listed = container
+                if with_env is None:
+                    with_env = _gpu_containers(spec)
                 if (field, index) not in with_env and container.get("env") is None:
                     listed = {**container, "env": []}
                     ops.append(patch.add(f"{base}/env", []))

@@ -168,13 +168,12 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
     applies = cuda.enforced(sealed[keys.ENFORCEMENT])
     if applies:
         spec: PodSpec = request.pod.get("spec") or {}
-        slots = scan_gpus(spec).slots
         if cuda.MPS in applies:
-            wired = mps.wiring(spec, slots)
+            wired = mps.wiring(spec, scan_gpus(spec).slots)
             ops, warnings = ops + wired.ops, warnings + wired.warnings
             spec = with_lists(spec, wired.ops)
         if cuda.MEMORY in applies:
-            shim = shim_wiring(spec, slots)
+            shim = shim_wiring(spec)
             ops, warnings = ops + shim.ops, warnings + shim.warnings
     return stamped(decision, ops, sealed, demand, warnings)
 
