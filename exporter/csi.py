@@ -39,6 +39,7 @@ import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from exporter import protowire as wire
+from gpupack.kube import JSON
 from gpupack.runtime import shell
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,32 @@ class Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+PodGetter = Callable[[str, str], JSON | None]  # (namespace, name) -> the pod, or None
+
+
+def check_volume_id(volume_id: str) -> None:
+    """The kubelet's ids (csi-<hex>) name record files: nothing that walks a path."""
+    if not volume_id or "/" in volume_id or volume_id.startswith(".") or "\0" in volume_id:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unusable volume id {volume_id!r}")
+
+
+def requested_pod(request: PublishRequest, get_pod: PodGetter, driver: str) -> JSON:
+    """The pod a publish is for, as the API server has it: the kubelet names it (the
+    CSIDriver's podInfoOnMount); refused when it does not, or the pod is gone."""
+    check_volume_id(request.volume_id)
+    namespace, name, uid = request.pod
+    if not (namespace and name and uid):
+        raise Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"no pod named in the volume context: is the CSIDriver {driver} "
+            "installed with podInfoOnMount: true?",
+        )
+    pod = get_pod(namespace, name)
+    if pod is None:
+        raise Refused(grpc.StatusCode.NOT_FOUND, f"pod {namespace}/{name} not found")
+    return pod
 
 
 class NodeService(Protocol):

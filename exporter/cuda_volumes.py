@@ -29,8 +29,14 @@ from typing import Final
 
 import grpc
 
-from exporter.csi import PublishRequest, Refused, UnpublishRequest
-from exporter.mps_volumes import PodGetter, check_volume_id
+from exporter.csi import (
+    PodGetter,
+    PublishRequest,
+    Refused,
+    UnpublishRequest,
+    check_volume_id,
+    requested_pod,
+)
 from gpupack import codec, cuda, keys
 from gpupack.errors import ContractError
 from gpupack.kube import JSON, annotations_of
@@ -99,17 +105,8 @@ class CudaVolumes:
         self._get_pod = get_pod
 
     def publish(self, request: PublishRequest) -> None:
-        check_volume_id(request.volume_id)
+        pod = requested_pod(request, self._get_pod, cuda.DRIVER)
         namespace, name, uid = request.pod
-        if not (namespace and name and uid):
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"no pod named in the volume context: is the CSIDriver {cuda.DRIVER} "
-                "installed with podInfoOnMount: true?",
-            )
-        pod = self._get_pod(namespace, name)
-        if pod is None:
-            raise Refused(grpc.StatusCode.NOT_FOUND, f"pod {namespace}/{name} not found")
         decision = decide(pod, uid, node=self._node)
         if isinstance(decision, Refusal):
             log.warning("refused %s for %s/%s: %s", cuda.DRIVER, namespace, name, decision.reason)

@@ -21,7 +21,8 @@ from urllib.parse import quote
 import grpc
 
 from exporter import csi
-from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, PodGetter, shm_bytes
+from exporter.csi import PodGetter
+from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, shm_bytes
 from gpupack import mps
 from gpupack.kube import JSON
 from gpupack.runtime import shell

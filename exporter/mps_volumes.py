@@ -28,14 +28,20 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import grpc
 
-from exporter.csi import PublishRequest, Refused, UnpublishRequest
+from exporter.csi import (
+    PodGetter,
+    PublishRequest,
+    Refused,
+    UnpublishRequest,
+    check_volume_id,
+    requested_pod,
+)
 from gpupack import cuda, keys, mps
 from gpupack.capacity import SHARING, runs_mps_daemon
 from gpupack.errors import ContractError
@@ -75,7 +81,6 @@ class Refusal:
 
 
 Decision = Daemon | Client | Refusal
-PodGetter = Callable[[str, str], JSON | None]  # (namespace, name) -> the pod, or None
 
 
 def _meta(pod: JSON) -> JSON:
@@ -184,12 +189,6 @@ def shm_bytes(quantity: str) -> int:
     return size
 
 
-def check_volume_id(volume_id: str) -> None:
-    """The kubelet's ids (csi-<hex>) name record files: nothing that walks a path."""
-    if not volume_id or "/" in volume_id or volume_id.startswith(".") or "\0" in volume_id:
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"unusable volume id {volume_id!r}")
-
-
 class MpsVolumes:
     """The driver's node side: publish and unpublish, idempotent as CSI asks."""
 
@@ -214,17 +213,8 @@ class MpsVolumes:
         return self._root / uid
 
     def publish(self, request: PublishRequest) -> None:
-        check_volume_id(request.volume_id)
+        pod = requested_pod(request, self._get_pod, mps.DRIVER)
         namespace, name, uid = request.pod
-        if not (namespace and name and uid):
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"no pod named in the volume context: is the CSIDriver {mps.DRIVER} "
-                f"installed with podInfoOnMount: true?",
-            )
-        pod = self._get_pod(namespace, name)
-        if pod is None:
-            raise Refused(grpc.StatusCode.NOT_FOUND, f"pod {namespace}/{name} not found")
         decision = decide(
             pod, uid, node=self._node, namespace=self._namespace, get_pod=self._get_pod
         )
