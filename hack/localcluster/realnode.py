@@ -11,11 +11,13 @@ masquerade, an empty resolv.conf (there is no cluster DNS), and a firewall rule 
 anything a pod sends that would leave through another interface.
 
 The kubelet changes the host as it starts (sysctls, iptables chains, cgroups, mounts,
-/var/lib/kubelet/device-plugins, /var/log/containers): `stop()` undoes what it knows,
+/var/lib/kubelet/device-plugins, /var/log/containers), and its root folder is under
+/var/lib/gpupack-node: `stop()` undoes what it knows,
 so a second run, and the rest of the suite, start clean.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +50,11 @@ KUBELET_SYSCTLS: Final = ("kernel.panic_on_oops", "kernel.panic", "vm.overcommit
 VAR_LIB_KUBELET: Final = Path("/var/lib/kubelet")
 CONTAINER_LOG_LINKS: Final = Path("/var/log/containers")  # the kubelet's, whatever its config
 HOST_STATE: Final = "host-state.json"
+# Kubelet root folders live here, not under the node's folder: the kubelet dials plugins'
+# Unix sockets under its root, and a socket path has at most 107 bytes (a pytest folder
+# such as /tmp/pytest-of-root/pytest-108/realnode0/gpupack-node/kubelet/root/
+# plugins_registry/cuda.gpupack.io-reg.sock has 108, and the kubelet's dial fails).
+KUBELET_ROOTS: Final = Path("/var/lib/gpupack-node")
 OWNER: Final = Path("/run/gpupack-real-node")  # the folder of the machine's real node
 RESTORED_SYSCTLS: Final = (
     *KUBELET_SYSCTLS,
@@ -122,6 +129,12 @@ class RealNode:
     @property
     def folder(self) -> Path:
         return self.cluster.workdir / self.name
+
+    @property
+    def kubelet_root(self) -> Path:
+        """The kubelet's --root-dir (the chart's `mps.kubeletDir` for this node): short
+        and one per node folder."""
+        return KUBELET_ROOTS / hashlib.sha256(str(self.folder).encode()).hexdigest()[:12]
 
     @property
     def containerd_socket(self) -> Path:
@@ -250,6 +263,7 @@ state = "{base / "state"}"
         cluster = self.cluster
         folder = self.folder / "kubelet"
         folder.mkdir(exist_ok=True)
+        self.kubelet_root.mkdir(parents=True, exist_ok=True)
         kubeconfig = cluster.user_kubeconfig(
             f"system:node:{self.name}", ["system:nodes"], name=f"node-{self.name}"
         )
@@ -313,7 +327,7 @@ state = "{base / "state"}"
                 cluster.binary("kubelet"),
                 f"--config={path}",
                 f"--kubeconfig={kubeconfig}",
-                f"--root-dir={folder / 'root'}",
+                f"--root-dir={self.kubelet_root}",
                 f"--cert-dir={folder / 'pki'}",
                 f"--hostname-override={self.name}",
                 f"--node-ip={GATEWAY}",
@@ -379,6 +393,7 @@ state = "{base / "state"}"
             "sysctls": self._sysctls,
             "made_var_lib_kubelet": self._made_var_lib_kubelet,
             "containerd_socket": str(self.containerd_socket),
+            "kubelet_root": str(self.kubelet_root),
             "kube_proxy": str(self.cluster.bin_dir / "kube-proxy"),
         }
         (self.folder / HOST_STATE).write_text(json.dumps(state))
@@ -387,7 +402,7 @@ state = "{base / "state"}"
 def clean_host(folder: Path) -> None:
     """Undo what a stopped node under `folder` did to this machine: containers that
     outlive containerd, kube-proxy's and the kubelet's iptables chains, sysctls, mounts,
-    cgroups, log links, /var/lib/kubelet, the bridge. Nothing to do without its state."""
+    cgroups, log links, its kubelet root, /var/lib/kubelet, the bridge. Nothing to do without its state."""
     path = folder / HOST_STATE
     if not path.exists():
         return
@@ -400,6 +415,12 @@ def clean_host(folder: Path) -> None:
         _write_sysctl(name, value)
     _remove_kube_iptables()
     _unmount_under(folder)
+    kubelet_root = state.get("kubelet_root")
+    if kubelet_root:
+        _unmount_under(Path(kubelet_root))
+        shutil.rmtree(kubelet_root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            KUBELET_ROOTS.rmdir()  # when no other node's is left
     for cgroup in Path("/sys/fs/cgroup").glob("*/kubepods*"):
         _remove_cgroup(cgroup)
     for link in CONTAINER_LOG_LINKS.glob("*.log"):

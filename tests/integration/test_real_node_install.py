@@ -27,6 +27,7 @@ import pytest
 from gpupack import keys
 from hack.localcluster import (
     ApiError,
+    ClusterError,
     ControlPlane,
     Kube,
     LocalCluster,
@@ -330,7 +331,7 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     cluster, kube = node_cluster, node_cluster.kube()
     node = cluster.node
     assert node is not None
-    root = node.folder / "kubelet" / "root"
+    root = node.kubelet_root
     build = Build(tmp_path / "fake").make()
 
     # The real node as a one-GPU node: labels as GPU feature discovery writes them, and
@@ -398,11 +399,21 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
                 return cluster.tool("kubectl", "logs", "held", "-c", container,
                                     f"--namespace={ns}", check=False)  # fmt: skip
 
-            kube.wait_for(
-                "the sidecar's probe done",
-                lambda: "alloc:104857600 rc=" in logs("sidecar"),
-                timeout=300,
-            )
+            try:
+                kube.wait_for(
+                    "the sidecar's probe done",
+                    lambda: "alloc:104857600 rc=" in logs("sidecar"),
+                    timeout=300,
+                )
+            except ClusterError as exc:
+                describe = cluster.tool("kubectl", "describe", "pod", "held",
+                                        f"--namespace={ns}", check=False)  # fmt: skip
+                driver = cluster.tool("kubectl", "logs", "--selector=app.kubernetes.io/component=exporter",
+                                      "-c", "cuda-csi", f"--namespace={NS}", "--tail=50", check=False)  # fmt: skip
+                raise AssertionError(
+                    f"{exc}\n--- pod\n{describe}\n--- main\n{logs('main')}\n"
+                    f"--- sidecar\n{logs('sidecar')}\n--- cuda-csi\n{driver}"
+                ) from exc
             pod = kube.get(f"/api/v1/namespaces/{ns}/pods/held")
             main, sidecar = logs("main"), logs("sidecar")
     finally:
