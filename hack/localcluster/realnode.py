@@ -402,7 +402,8 @@ state = "{base / "state"}"
 def clean_host(folder: Path) -> None:
     """Undo what a stopped node under `folder` did to this machine: containers that
     outlive containerd, kube-proxy's and the kubelet's iptables chains, sysctls, mounts,
-    cgroups, log links, its kubelet root, /var/lib/kubelet, the bridge. Nothing to do without its state."""
+    cgroups, log links, its kubelet root, /var/lib/kubelet, the bridge. Nothing to do
+    without its state."""
     path = folder / HOST_STATE
     if not path.exists():
         return
