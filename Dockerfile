@@ -1,6 +1,6 @@
-# One image for every gpupack entrypoint (gpupack-webhook, gpupack-scheduler,
-# gpupack-certs, gpupack-exporter, gpupack-mps-csi, gpupack-cuda-csi, gpupack-mps-daemon,
-# gpupack-recommender) and the memory shim the node agents hand to pods
+# One image for every gpupack command (the console scripts of pyproject.toml: the
+# components, the node's drivers and daemon, the CRD hook) and the memory shim the node's
+# CSI driver hands to pods
 # (/opt/gpupack/lib/libgpupack-cuda.so). Build: docker build -t gpupack:dev .
 # CI builds this same file without Docker (hack/lib/image.sh: buildah, on a Python base made
 # from Debian's packages and passed as PYTHON_IMAGE).
@@ -21,6 +21,8 @@ COPY webhook webhook
 COPY scheduler scheduler
 COPY recommender recommender
 COPY exporter exporter
+COPY node node
+COPY ops ops
 COPY certs certs
 RUN /build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -9,7 +9,7 @@ This module owns three things:
 
 - the values (`PodResources`, `ContainerResources`, `ContainerDevices`): the part of the
   API's messages gpupack reads;
-- the codec: those messages in the protobuf wire format (`exporter.protowire`), by hand so
+- the codec: those messages in the protobuf wire format (`gpupack.runtime.protowire`), by hand so
   the exporter needs neither the `protobuf` runtime nor generated code. Fields gpupack
   does not model (cpu_ids, memory, dynamic_resources, topology, any added later) are
   skipped; malformed input raises `PodResourcesError` naming what was wrong;
@@ -47,7 +47,7 @@ from typing import Final, Self, TypeVar
 
 import grpc
 
-from exporter import protowire as wire
+from gpupack.runtime import protowire as wire
 
 DEFAULT_SOCKET: Final = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 SERVICE: Final = "v1.PodResourcesLister"

@@ -30,8 +30,8 @@ from hack.localcluster import (
     Process,
     log,
 )
-from webhook.audit_reader import parse_lines, table, write_rows
-from webhook.report import gpus_asked
+from ops.audit_reader import parse_lines, table, write_rows
+from ops.report import gpus_asked
 
 REPO = Path(__file__).resolve().parents[1]
 WORKDIR = REPO / ".cache" / "demo"

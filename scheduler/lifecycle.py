@@ -57,10 +57,10 @@ from gpupack.capacity import (
 from gpupack.capacity import Gpu as PlanGpu
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
-from gpupack.runtime.capacity import CapacityCreator
 from gpupack.shares import scheduling_of, workload
 from scheduler import writer
 from scheduler.cache import Cache
+from scheduler.capacity_pods import CapacityCreator
 from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics

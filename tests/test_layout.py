@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ("webhook", "scheduler", "exporter", "recommender", "certs")
+COMPONENTS = ("webhook", "scheduler", "exporter", "node", "ops", "recommender", "certs")
 CLIENT_MODULES = ("urllib3", "kubernetes", "http.client")
 HACK_MODULE_LINES = 600
 

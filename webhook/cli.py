@@ -5,7 +5,8 @@ import sys
 from collections.abc import Sequence
 
 from gpupack.runtime.args import conventions
-from webhook import audit_reader, explain, serve
+from ops import audit_reader, explain
+from webhook import serve
 
 
 def build_parser() -> argparse.ArgumentParser:

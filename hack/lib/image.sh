@@ -80,7 +80,7 @@ _image_inputs_hash() {
     git ls-files -z --cached --others --exclude-standard -- Dockerfile .dockerignore \
       pyproject.toml README.md hack/requirements.lock gpupack webhook scheduler recommender \
       cuda-shim \
-      exporter certs | grep -zv '/__pycache__/' | sort -z | xargs -0 sha256sum
+      exporter node ops certs | grep -zv '/__pycache__/' | sort -z | xargs -0 sha256sum
     echo "$_base"
   ) | sha256sum | cut -c1-12
 }

@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from exporter.cli import build_parser as exporter_parser
+from ops.crds import build_parser as crds_parser
 from recommender.cli import build_parser as recommender_parser
 from scheduler.cli import build_parser as scheduler_parser
 from tests.chart.test_chart import CHART, NAMESPACE, of_kind, render
 from webhook.cli import build_parser as webhook_parser
-from webhook.crds import build_parser as crds_parser
 
 JSON = dict[str, Any]
 COMPONENTS = {  # values key -> (workload kind, name suffix, container)
@@ -193,7 +193,7 @@ def test_only_pods_that_ask_for_a_gpu_or_name_gpupack_are_sent_to_the_webhook() 
 
 
 def test_the_crd_files_are_what_gpupack_crds_loads() -> None:
-    from webhook.crds import load
+    from ops.crds import load
 
     names = [crd["metadata"]["name"] for crd in load([str(Path(CHART) / "crds")])]  # type: ignore[index]
     assert names == ["gpupolicies.gpupack.io", "gpurecommendations.gpupack.io"]

@@ -7,8 +7,8 @@ from typing import Any
 import kubernetes_validate
 
 from exporter.cli import build_parser
-from exporter.cuda_csi import build_parser as cuda_csi_parser
-from exporter.mps_csi import build_parser as mps_csi_parser
+from node.cuda_csi import build_parser as cuda_csi_parser
+from node.mps_csi import build_parser as mps_csi_parser
 from tests.chart.test_certificates_chart import named
 from tests.chart.test_chart import KUBERNETES, NAMESPACE, of_kind, render
 

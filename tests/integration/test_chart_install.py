@@ -239,11 +239,11 @@ def assert_crds_upgraded(cluster: LocalCluster, kube: Kube) -> None:
         kube.apply(obj)
     try:
         crds = str(CHART / "crds")  # what the Job's ConfigMap holds (tests/chart checks)
-        result = run_module("webhook.crds", as_service_account(cluster, pod), crds)
+        result = run_module("ops.crds", as_service_account(cluster, pod), crds)
         assert result.returncode == 0, result.stderr
         assert "CustomResourceDefinition gpupolicies.gpupack.io: applied" in result.stdout
         assert update_mode_in_schema()
-        refused = run_module("webhook.crds", cluster.user_kubeconfig("nobody", []), crds)
+        refused = run_module("ops.crds", cluster.user_kubeconfig("nobody", []), crds)
         assert refused.returncode == 1
         assert "403" in refused.stderr
     finally:

@@ -27,6 +27,7 @@ from gpupack import keys, seal
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
 from hack.localcluster.clock import skewed
 from hack.localcluster.processes import routable_address
+from ops.audit_reader import parse_lines
 from tests.integration.neighbour import TOUCHED, Neighbour
 from tests.integration.partition import Partition
 from tests.integration.scheduling import (
@@ -40,7 +41,6 @@ from tests.integration.scheduling import (
 )
 from tests.integration.tools import webhook_cluster_of_its_own
 from tests.integration.workloads import deployment, gpu_pod
-from webhook.audit_reader import parse_lines
 
 pytestmark = pytest.mark.integration
 JSON = dict[str, Any]

@@ -4,8 +4,8 @@ the MPS daemon and takes nothing else, and a daemon restart (as the kubelet repo
 becomes Events on the GPU and its pods and a metric.
 
 kwok runs no containers: the daemon itself is tested as a process with a stand-in
-control binary (tests/exporter/test_mps_daemon.py), the CSI driver's mounts in a private
-mount namespace (tests/exporter/test_mps_volumes.py).
+control binary (tests/node/test_mps_daemon.py), the CSI driver's mounts in a private
+mount namespace (tests/node/test_mps_volumes.py).
 """
 
 from collections.abc import Iterator

@@ -34,7 +34,12 @@ from typing import Final
 
 import grpc
 
-from exporter.csi import (
+from gpupack import cuda, keys, mps
+from gpupack.capacity import SHARING, runs_mps_daemon
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.quantity import parse_bytes
+from node.csi import (
     PodGetter,
     PublishRequest,
     Refused,
@@ -42,11 +47,6 @@ from exporter.csi import (
     check_volume_id,
     requested_pod,
 )
-from gpupack import cuda, keys, mps
-from gpupack.capacity import SHARING, runs_mps_daemon
-from gpupack.errors import ContractError
-from gpupack.kube import JSON, annotations_of, labels_of
-from gpupack.quantity import parse_bytes
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from exporter import cuda_csi
-from exporter.csi import PublishRequest, Refused, UnpublishRequest
-from exporter.cuda_volumes import CudaVolumes
 from gpupack import keys
+from node import cuda_csi
+from node.csi import PublishRequest, Refused, UnpublishRequest
+from node.cuda_volumes import CudaVolumes
 from tests.cuda_shim.build import Build
 
 NODE = "gpu-1"

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter import csi, protowire
-from exporter.csi import PublishRequest, Refused, UnpublishRequest
+from gpupack.runtime import protowire
+from node import csi
+from node.csi import PublishRequest, Refused, UnpublishRequest
 
 # Golden vectors from a throwaway Go program (not in this repo) with
 # github.com/container-storage-interface/spec v1.11.0, k8s.io/kubelet v0.34.2

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
 from gpupack.kube import JSON
+from ops.explain import open_input
 from webhook.audit import AUDIT_MARKER
 from webhook.decision import Outcome
-from webhook.explain import open_input
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}

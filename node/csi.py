@@ -7,9 +7,9 @@ endpoint the plugin named. An inline ephemeral volume needs only a few calls:
 `GetPluginInfo`, `NodeGetCapabilities` (none: no staging), `NodeGetInfo`, then
 `NodePublishVolume` when a pod starts and `NodeUnpublishVolume` when it is gone.
 
-This module owns the messages of those calls (hand-encoded, `exporter.protowire`) and
+This module owns the messages of those calls (hand-encoded, `gpupack.runtime.protowire`) and
 the gRPC servers (generic handlers over raw bytes). What a publish does is the
-`Node` protocol's business (`exporter.mps_volumes`); a refusal travels as a gRPC status
+`Node` protocol's business (`node.mps_volumes`); a refusal travels as a gRPC status
 whose details the kubelet shows in the pod's FailedMount event.
 
 Field numbers, from csi.proto (container-storage-interface/spec v1.11.0) and
@@ -38,8 +38,8 @@ from typing import Final, Protocol
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from exporter import protowire as wire
 from gpupack.kube import JSON
+from gpupack.runtime import protowire as wire
 from gpupack.runtime import shell
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def requested_pod(request: PublishRequest, get_pod: PodGetter, driver: str) -> J
 
 
 class NodeService(Protocol):
-    """What the driver does on the node: `exporter.mps_volumes.MpsVolumes`."""
+    """What the driver does on the node: `node.mps_volumes.MpsVolumes`."""
 
     def publish(self, request: PublishRequest) -> None: ...
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import mps_daemon
+from node import mps_daemon
 
 STANDIN = Path(__file__).with_name("mps_standin.py")
 
@@ -39,7 +39,7 @@ def environ(tmp_path: Path, control: Path) -> dict[str, str]:
 
 def run(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text", *args],
+        [sys.executable, "-m", "node.mps_daemon", "--log-format=text", *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -51,7 +51,7 @@ def run(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
 def start(environ: dict[str, str]) -> subprocess.Popen[str]:
     """gpupack-mps-daemon, once the stand-in daemon has opened its pipe."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text"],
+        [sys.executable, "-m", "node.mps_daemon", "--log-format=text"],
         env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -1,7 +1,7 @@
 """The protobuf wire format, by hand: what the node agent's gRPC APIs need of it.
 
 The exporter talks to the kubelet (pod-resources, `exporter.podresources`) and the
-kubelet talks to its CSI driver (`exporter.csi`), each over a handful of small
+kubelet talks to its CSI driver (`node.csi`), each over a handful of small
 messages. Encoding and decoding them here keeps the agent free of the `protobuf`
 runtime and of generated code. Decoders skip fields they do not model (a newer peer's
 additions) and raise `WireError`, naming the message and the byte, on malformed input.

@@ -29,7 +29,10 @@ from typing import Final
 
 import grpc
 
-from exporter.csi import (
+from gpupack import codec, cuda, keys
+from gpupack.errors import ContractError
+from gpupack.kube import JSON, annotations_of
+from node.csi import (
     PodGetter,
     PublishRequest,
     Refused,
@@ -37,9 +40,6 @@ from exporter.csi import (
     check_volume_id,
     requested_pod,
 )
-from gpupack import codec, cuda, keys
-from gpupack.errors import ContractError
-from gpupack.kube import JSON, annotations_of
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 
-from exporter.csi import PublishRequest, Refused, UnpublishRequest
-from exporter.mps_volumes import MpsVolumes
 from gpupack import keys
+from node.csi import PublishRequest, Refused, UnpublishRequest
+from node.mps_volumes import MpsVolumes
 
 NODE, NS = "gpu-1", "gpupack-system"
 

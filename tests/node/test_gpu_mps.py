@@ -137,7 +137,7 @@ def _skip_without_mps() -> None:
 def probe(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`gpupack-mps-daemon --check`, as the capacity pod's probes run it."""
     return subprocess.run(
-        [sys.executable, "-m", "exporter.mps_daemon", "--check"],
+        [sys.executable, "-m", "node.mps_daemon", "--check"],
         env=env,
         capture_output=True,
         text=True,
@@ -156,7 +156,7 @@ def start_daemon(scratch: Path) -> tuple[dict[str, str], "subprocess.Popen[str]"
         "CUDA_MPS_LOG_DIRECTORY": str(scratch / "log"),
     }
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "exporter.mps_daemon", "--log-format=text"],
+        [sys.executable, "-m", "node.mps_daemon", "--log-format=text"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

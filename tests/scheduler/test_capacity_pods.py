@@ -5,7 +5,7 @@ releases what was not created."""
 from gpupack.capacity import capacity_name
 from gpupack.kube import JSON
 from gpupack.runtime.api import ApiError
-from gpupack.runtime.capacity import CapacityCreator, Created
+from scheduler.capacity_pods import CapacityCreator, Created
 
 POOL = "abc123"
 SCHEDULING: JSON = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}

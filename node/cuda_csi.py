@@ -2,7 +2,7 @@
 
 It registers with the kubelet (a socket in the kubelet's plugin registry) and serves the
 CSI Identity and Node services that give each memory-enforced pod the memory shim, its
-limit and its budget (`exporter.cuda_volumes`). It runs in the exporter's DaemonSet, in
+limit and its budget (`node.cuda_volumes`). It runs in the exporter's DaemonSet, in
 a container of its own, as root (it writes under the kubelet's pod directories) but
 unprivileged: it mounts nothing.
 
@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from exporter import csi
-from exporter.cuda_volumes import CudaVolumes
-from exporter.mps_csi import pod_getter
 from gpupack import cuda
 from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, version
+from node import csi
+from node.cuda_volumes import CudaVolumes
+from node.mps_csi import pod_getter
 
-log = logging.getLogger("exporter.cuda_csi")
+log = logging.getLogger("node.cuda_csi")
 
 METRICS_PORT: Final = 9402
 

@@ -39,7 +39,7 @@ from gpupack.runtime.args import conventions, positive_seconds
 from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments
 
-log = logging.getLogger("exporter.mps_daemon")
+log = logging.getLogger("node.mps_daemon")
 
 CONTROL: Final = "nvidia-cuda-mps-control"
 HEALTH_COMMAND: Final = "get_default_active_thread_percentage"

@@ -1,5 +1,5 @@
 """`kubectl gpupack`'s commands over an in-memory API (the reports themselves are
-tests/webhook/test_report.py; the plugin through real kubectl is in tests/integration)."""
+tests/ops/test_report.py; the plugin through real kubectl is in tests/integration)."""
 
 import json
 from collections.abc import Mapping
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from webhook import kubectl
+from ops import kubectl
 from webhook.audit import AUDIT_MARKER
 
 JSON = dict[str, Any]

@@ -4,8 +4,8 @@ today's whole-GPU pods through the webhook's decision and capacity planner."""
 from typing import Any
 
 from gpupack import keys
+from ops.report import status, what_if, why_pending
 from webhook.policies import BUILTIN_POLICIES as BUILTIN_POLICY_SET
-from webhook.report import status, what_if, why_pending
 
 JSON = dict[str, Any]
 ENABLED = {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED}

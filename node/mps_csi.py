@@ -2,7 +2,7 @@
 
 It registers with the kubelet (a socket in the kubelet's plugin registry) and serves the
 CSI Identity and Node services that connect `real-time-mps` pods to their GPU's MPS
-daemon (`exporter.mps_volumes`). It runs in the exporter's DaemonSet, in a privileged
+daemon (`node.mps_volumes`). It runs in the exporter's DaemonSet, in a privileged
 container of its own: mounting into pods' volumes needs CAP_SYS_ADMIN on the node,
 which the NVML exporter beside it does not get.
 
@@ -20,17 +20,17 @@ from urllib.parse import quote
 
 import grpc
 
-from exporter import csi
-from exporter.csi import PodGetter
-from exporter.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, shm_bytes
 from gpupack import mps
 from gpupack.kube import JSON
 from gpupack.runtime import shell
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.args import conventions, version
 from gpupack.runtime.transport import Transport
+from node import csi
+from node.csi import PodGetter
+from node.mps_volumes import DEFAULT_SHM_SIZE, MpsVolumes, shm_bytes
 
-log = logging.getLogger("exporter.mps_csi")
+log = logging.getLogger("node.mps_csi")
 
 METRICS_PORT: Final = 9401
 

@@ -7,7 +7,7 @@
     kubectl gpupack what-if                GPUs and GPU nodes today's GPU pods would need
 
 It reads the cluster as the user running it (kubectl's kubeconfig: `$KUBECONFIG`, else
-`~/.kube/config`) and never writes. What each report computes is `webhook.report`.
+`~/.kube/config`) and never writes. What each report computes is `ops.report`.
 Exit status: 0 done; 1 the API server refused or was unreachable (the message names the
 call); 2 bad arguments or no usable kubeconfig.
 """
@@ -28,7 +28,7 @@ from gpupack.runtime import config
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.args import conventions
 from gpupack.runtime.transport import Transport, connect
-from webhook import audit_reader, explain, report
+from ops import audit_reader, explain, report
 
 PROG = "kubectl gpupack"
 WEBHOOK_PODS = "app.kubernetes.io/part-of=gpupack,app.kubernetes.io/component=webhook"

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from exporter.mps_volumes import Client, Daemon, Refusal, decide, shm_bytes
 from gpupack import keys
+from node.mps_volumes import Client, Daemon, Refusal, decide, shm_bytes
 
 NODE, NS = "gpu-1", "gpupack-system"
 GPU = "GPU-0c1d2e3f-aaaa-bbbb-cccc-000000000001"
