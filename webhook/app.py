@@ -170,8 +170,8 @@ class Admissions:
         capacity = None
         if decision.demand is not None:
             capacity = self._plan_capacity(decision.demand, review.dry_run)
-            self.metrics.capacity(capacity.action)
-            if capacity.action == "error":
+            self.metrics.capacity(capacity.verdict)
+            if capacity.verdict == "error":
                 self.metrics.error(ErrorKind.CAPACITY)
         decision, response = self._respond(review, decision)
         elapsed = self.timer() - started

@@ -80,7 +80,7 @@ def audit_line(
         line["warnings"] = list(decision.warnings)
     if capacity is not None:
         # The plan: its pool, the GPUs it holds or has coming, how many it lacks.
-        line["capacity"] = {"action": capacity.action, **capacity.extra}
+        line["capacity"] = {"action": capacity.verdict, **capacity.extra}
         if capacity.detail:
             line["capacity"]["detail"] = capacity.detail
     return line

@@ -139,7 +139,7 @@ class CapacityManager:
     def synced(self) -> bool:
         return self._capacity.synced and self._fractional.synced
 
-    def ensure(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
+    def plan(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
         """Plan the pod's pool with the pod in it (no API call): "sufficient", or "needed"
         with how many GPUs it lacks. Unless `dry_run`, the pod is reserved, so the next
         admissions of the pool count it. Holds the pool's lock while planning."""

@@ -162,7 +162,7 @@ class Cluster:
             self._recommendations.reset(self.gpurecommendations.items())
 
     def plan_capacity(self, demand: Demand, dry_run: bool) -> CapacityOutcome:
-        return self.capacity.ensure(demand, dry_run)
+        return self.capacity.plan(demand, dry_run)
 
     def start(self) -> None:
         for informer in self._informers:

@@ -83,7 +83,7 @@ class CapacityOutcome:
 
     # "sufficient" (the pool's GPUs hold the pod), "needed" (it lacks GPUs; the scheduler
     # creates them), "no-cluster", "not-synced", "error"
-    action: str
+    verdict: str
     detail: str = ""
     extra: JSON = field(default_factory=dict)
 

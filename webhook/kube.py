@@ -1,8 +1,8 @@
 """The API calls the webhook makes, as a Protocol: the verbs its RBAC grants.
 
 list and watch (namespaces, capacity and fractional pods, GPUPolicies,
-GPURecommendations, for the informers), get (a Namespace the cache may have stale) and
-create (capacity pods).
+GPURecommendations, for the informers) and get (a Namespace the cache may have stale).
+It creates nothing: capacity pods are the scheduler's.
 `gpupack.runtime.transport.Transport` is the real one; tests pass the in-memory fake of
 `tests/fakes.py`.
 """
@@ -22,7 +22,5 @@ class KubeClient(Protocol):
     def watch(self, path: str, params: Mapping[str, str]) -> WatchStream: ...
 
     def get(self, path: str, *, timeout: float | None = None) -> JSON: ...
-
-    def create(self, path: str, body: JSON) -> JSON: ...
 
     def close(self) -> None: ...  # release connections; the client is not used afterwards

@@ -185,7 +185,7 @@ def run_concurrently(calls: list[Callable[[], CapacityOutcome]]) -> list[Capacit
 
 
 def missing(outcome: CapacityOutcome) -> int:
-    assert outcome.action in ("sufficient", "needed"), outcome
+    assert outcome.verdict in ("sufficient", "needed"), outcome
     return int(outcome.extra["missing"])
 
 
@@ -196,12 +196,12 @@ def test_nine_concurrent_admissions_plan_three_gpus(replicas: Callable[..., Repl
     replica = replicas()
 
     outcomes = run_concurrently(
-        [partial(replica.manager.ensure, demand(f"uid-{i}"), False) for i in range(9)]
+        [partial(replica.manager.plan, demand(f"uid-{i}"), False) for i in range(9)]
     )
 
     assert sorted(missing(o) for o in outcomes) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
     needed = next(o for o in outcomes if missing(o) == 3)
-    assert needed.action == "needed"
+    assert needed.verdict == "needed"
     assert "gpupack-scheduler creates" in needed.detail
 
 
@@ -209,10 +209,10 @@ def test_a_pool_with_room_is_sufficient(kube: FakeKube, replicas: Callable[..., 
     kube.put(capacity_pod(0))
     replica = replicas()
 
-    outcomes = [replica.manager.ensure(demand(f"uid-{i}"), False) for i in range(3)]
+    outcomes = [replica.manager.plan(demand(f"uid-{i}"), False) for i in range(3)]
 
-    assert [o.action for o in outcomes] == ["sufficient"] * 3
-    assert missing(replica.manager.ensure(demand("uid-3"), False)) == 1
+    assert [o.verdict for o in outcomes] == ["sufficient"] * 3
+    assert missing(replica.manager.plan(demand("uid-3"), False)) == 1
 
 
 def test_pods_already_placed_and_pending_fill_the_pool(
@@ -227,9 +227,9 @@ def test_pods_already_placed_and_pending_fill_the_pool(
     kube.put(fractional_pod("done", phase="Succeeded"))  # terminated: does not count
     replica = replicas()
 
-    outcome = replica.manager.ensure(demand("uid-new"), False)
+    outcome = replica.manager.plan(demand("uid-new"), False)
 
-    assert outcome.action == "needed"
+    assert outcome.verdict == "needed"
     assert outcome.extra == {"pool": POOL, "gpus": 2, "missing": 1}
 
 
@@ -242,19 +242,19 @@ def test_a_pod_read_before_is_read_again_once_it_changes(
     for i in range(3):
         kube.put(fractional_pod(f"llm-{i}", on=capacity_name(POOL, 0), phase="Running"))
     replica = replicas()
-    assert replica.manager.ensure(demand("uid-a", memory=GiB), True).action == "needed"
+    assert replica.manager.plan(demand("uid-a", memory=GiB), True).verdict == "needed"
 
     kube.put(fractional_pod("llm-2", on=capacity_name(POOL, 0), phase="Succeeded"))
     assert replica.fractional_pods.wait_for(
         lambda i: any(p["status"]["phase"] == "Succeeded" for p in i.items()), WAIT
     )
-    assert replica.manager.ensure(demand("uid-b", memory=GiB), True).action == "sufficient"
+    assert replica.manager.plan(demand("uid-b", memory=GiB), True).verdict == "sufficient"
 
     kube.put(capacity_pod(0, memory="6Gi"))  # 2 x 2Gi placed: 2Gi left, not 3
     assert replica.capacity_pods.wait_for(
         lambda i: any(p["metadata"]["annotations"] for p in i.items()), WAIT
     )
-    assert replica.manager.ensure(demand("uid-c", memory=3 * GiB), True).action == "needed"
+    assert replica.manager.plan(demand("uid-c", memory=3 * GiB), True).verdict == "needed"
 
 
 def test_known_gpu_memory_limits_what_fits(
@@ -264,10 +264,10 @@ def test_known_gpu_memory_limits_what_fits(
     kube.put(fractional_pod("big", memory="12Gi", on=capacity_name(POOL, 0), phase="Running"))
     replica = replicas()
 
-    small = replica.manager.ensure(demand("uid-small", memory=4 * GiB), False)
-    large = replica.manager.ensure(demand("uid-large", memory=8 * GiB), False)
+    small = replica.manager.plan(demand("uid-small", memory=4 * GiB), False)
+    large = replica.manager.plan(demand("uid-large", memory=8 * GiB), False)
 
-    assert small.action == "sufficient"
+    assert small.verdict == "sufficient"
     assert missing(large) == 1
 
 
@@ -282,10 +282,10 @@ def test_an_mps_pod_does_not_join_another_workloads_gpu(
     )
     replica = replicas()
 
-    same = replica.manager.ensure(demand("uid-a", workload="StatefulSet/a", exclusive=True), False)
-    other = replica.manager.ensure(demand("uid-b", workload="StatefulSet/b", exclusive=True), False)
+    same = replica.manager.plan(demand("uid-a", workload="StatefulSet/a", exclusive=True), False)
+    other = replica.manager.plan(demand("uid-b", workload="StatefulSet/b", exclusive=True), False)
 
-    assert same.action == "sufficient"
+    assert same.verdict == "sufficient"
     assert missing(other) == 1
 
 
@@ -298,7 +298,7 @@ def test_terminating_and_finished_capacity_pods_hold_no_gpu(
     kube.put(deleting)
     replica = replicas()
 
-    outcome = replica.manager.ensure(demand("uid-1"), False)
+    outcome = replica.manager.plan(demand("uid-1"), False)
 
     assert outcome.extra["gpus"] == 0
     assert missing(outcome) == 1
@@ -307,11 +307,11 @@ def test_terminating_and_finished_capacity_pods_hold_no_gpu(
 def test_dry_run_reserves_nothing(replicas: Callable[..., Replica]) -> None:
     replica = replicas()
 
-    outcome = replica.manager.ensure(demand("uid-dry", compute=600), True)
+    outcome = replica.manager.plan(demand("uid-dry", compute=600), True)
 
     assert missing(outcome) == 1
     assert replica.manager.reservations(POOL) == {}
-    assert missing(replica.manager.ensure(demand("uid-real", compute=600), False)) == 1
+    assert missing(replica.manager.plan(demand("uid-real", compute=600), False)) == 1
 
 
 def test_a_bug_becomes_an_error_outcome_not_an_exception(
@@ -324,18 +324,18 @@ def test_a_bug_becomes_an_error_outcome_not_an_exception(
 
     monkeypatch.setattr("webhook.capacity.shortfall", explode)
 
-    outcome = replica.manager.ensure(demand("uid-1"), False)
+    outcome = replica.manager.plan(demand("uid-1"), False)
 
-    assert outcome.action == "error"
+    assert outcome.verdict == "error"
     assert "boom" in outcome.detail
 
 
 def test_nothing_is_planned_before_the_caches_sync(replicas: Callable[..., Replica]) -> None:
     replica = replicas(start=False)
 
-    outcome = replica.manager.ensure(demand("uid-1"), False)
+    outcome = replica.manager.plan(demand("uid-1"), False)
 
-    assert outcome.action == "not-synced"
+    assert outcome.verdict == "not-synced"
     assert replica.manager.reservations(POOL).keys() == {"uid-1"}  # counted once synced
 
 
@@ -345,13 +345,13 @@ def test_reservations_expire(
     kube.put(capacity_pod(0))
     replica = replicas()
     for i in range(3):
-        assert replica.manager.ensure(demand(f"uid-{i}"), False).action == "sufficient"
+        assert replica.manager.plan(demand(f"uid-{i}"), False).verdict == "sufficient"
     assert replica.manager.reservations(POOL).keys() == {"uid-0", "uid-1", "uid-2"}
 
     clock.now += TTL  # the three pods were never created (a later admission step failed)
 
     assert replica.manager.reservations(POOL) == {}
-    assert replica.manager.ensure(demand("uid-3"), False).action == "sufficient"
+    assert replica.manager.plan(demand("uid-3"), False).verdict == "sufficient"
 
 
 def test_a_reservation_is_dropped_once_its_pod_is_seen(
@@ -359,16 +359,16 @@ def test_a_reservation_is_dropped_once_its_pod_is_seen(
 ) -> None:
     kube.put(capacity_pod(0))
     replica = replicas()
-    replica.manager.ensure(demand("uid-1"), False)
-    replica.manager.ensure(demand("uid-2"), False)
+    replica.manager.plan(demand("uid-1"), False)
+    replica.manager.plan(demand("uid-2"), False)
 
     kube.put(fractional_pod("llm-0", decision="uid-1"))
     assert replica.fractional_pods.wait_for(lambda i: len(i.items()) == 1, WAIT)
 
     assert replica.manager.reservations(POOL).keys() == {"uid-2"}
     # Counted once, as a pending pod: 300m (llm-0) + 300m (uid-2) + 300m + 300m > 1 GPU.
-    assert replica.manager.ensure(demand("uid-3"), False).action == "sufficient"
-    assert replica.manager.ensure(demand("uid-4"), False).action == "needed"
+    assert replica.manager.plan(demand("uid-3"), False).verdict == "sufficient"
+    assert replica.manager.plan(demand("uid-4"), False).verdict == "needed"
 
 
 def test_a_demand_becomes_an_allocation_of_its_workload() -> None:

@@ -100,7 +100,7 @@ def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
     finally:
         cluster.stop()
 
-    assert outcome.action == "needed"
+    assert outcome.verdict == "needed"
     assert outcome.extra["missing"] == 1
     assert not stub.pods.get("gpupack-system")  # capacity is gpupack-scheduler's to create
     assert all(verb == "GET" for verb, _, _ in stub.requests)
