@@ -11,7 +11,8 @@ two decisions ever see the same free share.
   the answer is that node alone. When no GPU has room, every node fails with its reason
   (unresolvable: evicting pods does not make room on a GPU), and capacity is asked for,
   steered towards the nodes the pod may go to.
-- **reservations** hold the share until bind, or until they are clearly abandoned: the
+- **reservations** (`scheduler.reservations`, their one owner and its state diagram)
+  hold the share until bind, or until they are clearly abandoned: the
   pod deleted or bound elsewhere (the informer says so), filtered again (kube-scheduler
   retries it), or `reservation_timeout` seconds without a bind. kube-scheduler filters
   the next pod before the previous one is bound, so without them a GPU would be booked
@@ -33,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from gpupack.capacity import Allocation, Where
 from gpupack.codec import rfc3339
@@ -53,6 +54,7 @@ from scheduler.lifecycle import Lifecycle, Waiting, unschedulable
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, place, refusal
 from scheduler.reporting import Notices, measure
+from scheduler.reservations import Reservations
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
 from scheduler.snapshot import Gpu, Request, Snapshot
@@ -64,20 +66,6 @@ REQUEUE_EVERY: float = 2.0  # seconds between two requeues of one pod, at least
 # Seconds after its last filter by which kube-scheduler has written its verdict on a pod:
 # a verdict that does not name gpupack then is one it reached without the extender.
 VERDICT_WRITTEN: float = 5.0
-
-
-@dataclass(slots=True)
-class Reservation:
-    """A GPU share held for a pod between filter and bind."""
-
-    uid: str
-    node: str
-    gpu: str
-    holder: str  # the capacity pod holding the GPU
-    request: Request
-    pod: JSON  # as filtered: its resourceVersion is the bind's precondition
-    since: float
-    binding: bool = False  # the writes are running: never expired meanwhile
 
 
 class Extender:
@@ -115,7 +103,7 @@ class Extender:
         )
         self._costs = Costs(kube, cache, self._pool.submit) if settings.deletion_cost else None
         self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
-        self.reservations: dict[str, Reservation] = {}
+        self.reservations = Reservations(cache)
         self.waiting: dict[str, Waiting] = {}
         # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
         # until the informer brings the labelled copy, the next binds need not label again.
@@ -184,8 +172,7 @@ class Extender:
             self._count_bind("error")
             return wire.bind_failed(f"gpupack could not bind {key} to {args.node}: {error}")
         with self._lock:
-            if self.reservations.get(key) is held:
-                del self.reservations[key]  # booked; the informer's copy takes over
+            self.reservations.confirm(key, held)
             latency = self._clock() - held.since
         if self._metrics is not None:
             self._metrics.latency.observe(latency)
@@ -276,16 +263,11 @@ class Extender:
         """Forget reservations the informer showed abandoned; release those never bound
         in time (housekeeping: the verbs need neither, since a stale reservation still
         books its share, and filter and bind check the one they touch)."""
-        expired = False
-        for key, held in list(self.reservations.items()):
-            if key not in self.cache.assumed:  # deleted, or bound (the cache books it)
-                del self.reservations[key]
-            elif not held.binding and now - held.since > self._settings.reservation_timeout:
-                self._release(key, "never bound")
-                expired = True
-                if self._metrics is not None:
-                    self._metrics.reservations_expired.inc()
+        expired = self.reservations.expire(now, self._settings.reservation_timeout)
         if expired:
+            self._changed = True
+            if self._metrics is not None:
+                self._metrics.reservations_expired.inc(len(expired))
             self.cache.refresh()  # the released pods are pending again
 
     def _still_waiting(self, key: str, waiting: Waiting, now: float) -> bool:
@@ -294,35 +276,16 @@ class Extender:
         pod = self.cache.pod(key)
         if pod is None:
             return now - waiting.since < WAITING_FORGET
-        return not (pod.get("spec") or {}).get("nodeName") and key not in self.cache.assumed
+        return not (pod.get("spec") or {}).get("nodeName") and not self.reservations.booked(key)
 
     def _reserve(
         self, key: str, pod: JSON, request: Request, placement: Placement, now: float
     ) -> None:
-        snapshot = self.cache.snapshot
-        snapshot.assume(request, placement.node, placement.gpus)
-        self.cache.assumed.add(key)
-        self.cache.pending.pop(key, None)
-        uuid = placement.gpus[0]
-        self.reservations[key] = Reservation(
-            uid=str(pod["metadata"].get("uid", "")),
-            node=placement.node,
-            gpu=uuid,
-            holder=snapshot.gpus[uuid].holder,
-            request=request,
-            pod=pod,
-            since=now,
-        )
+        self.reservations.reserve(key, pod, request, placement, now)
 
     def _release(self, key: str, why: str) -> None:
-        held = self.reservations.pop(key, None)
-        if held is None or key not in self.cache.assumed:
-            return
-        log.debug("released reservation", extra={"pod": key, "gpu": held.gpu, "why": why})
-        self._changed = True
-        self.cache.assumed.discard(key)
-        self.cache.snapshot.forget(key)
-        self.cache.dirty.pod(key)  # back to pending from the informer's copy
+        if self.reservations.release(key, why):
+            self._changed = True
 
     def _reserve_again(self, args: wire.BindArgs, now: float) -> str | None:
         """Place a pod kube-scheduler binds without our reservation on the node it chose;
@@ -335,7 +298,7 @@ class Extender:
         request = self.cache.request(pod)
         if isinstance(request, NotOurs):
             return request.message
-        if args.key in self.cache.assumed:  # booked from the informer, not by us
+        if self.reservations.booked(args.key):  # booked from the informer, not by us
             return f"{args.key} is already booked"
         result = place(self.cache.snapshot, request, self._scorer, (args.node,))
         if not isinstance(result, Placement):
@@ -390,7 +353,7 @@ class Extender:
         help it, and would otherwise be kept for it."""
         generation = self.cache.gpu_nodes_changed
         for key, entry in self.cache.pending.items():
-            if key in self.cache.assumed:
+            if self.reservations.booked(key):
                 continue
             known = self.waiting.get(key)
             if known is not None and known.nodes and now - known.since < VERDICT_WRITTEN:
@@ -421,7 +384,7 @@ class Extender:
         self._changed = False
         snapshot = self.cache.snapshot
         for key, waiting in self.waiting.items():
-            if key in self.cache.assumed:
+            if self.reservations.booked(key):
                 continue
             if now - self._requeued.get(key, -REQUEUE_EVERY) < REQUEUE_EVERY:
                 self._changed = True  # look again next round

@@ -49,7 +49,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from scheduler.snapshot import Gpu, Node, Request, Snapshot
+from scheduler.snapshot import Gpu, Node, NodeAnswer, Request, Snapshot, StateAnswer
 from scheduler.state_index import Entry, Frontier
 
 BOUND_FROM: Final = 8  # new states that placement scores outright, without bounding first
@@ -151,7 +151,7 @@ def _evaluate(
     scorer: Scorer,
     refused: dict[int, str] | None = None,
     hosts: bool = True,
-) -> tuple[float, tuple[Gpu, ...]] | str:
+) -> NodeAnswer:
     """The node's answer: its cost and GPUs, or why it does not fit. `refused`
     (`Snapshot.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
     says whether the node itself is checked (`Snapshot.check_hosts`)."""
@@ -238,7 +238,7 @@ def refusal(snapshot: Snapshot, request: Request, name: str) -> str:
 
 def _own(
     node: Node, request: Request, scorer: Scorer, shape: int, epoch: int, hosts: bool
-) -> object:
+) -> NodeAnswer:
     """The node's answer for the shape, memoised on the node."""
     memo = node.memo
     if node.memo_generation != epoch:
@@ -272,7 +272,7 @@ def _best_shared(
     snapshot: Snapshot,
     request: Request,
     scorer: Scorer,
-    answers: dict[int, object],
+    answers: dict[int, StateAnswer],
     candidates: list[Node],
 ) -> Node | None:
     """`_best_own` for a scorer whose cost depends only on the node's state, over a few
@@ -290,8 +290,8 @@ def _best_shared(
         if answer is None:
             found = _evaluate(node, request, scorer, None, snapshot.check_hosts)
             answer = answers[state] = found if type(found) is str else found[0]
-        if type(answer) is not str and (best is None or answer < best):  # type: ignore[operator]
-            best, best_node = answer, node  # type: ignore[assignment]
+        if not isinstance(answer, str) and (best is None or answer < best):
+            best, best_node = answer, node
     return best_node
 
 
@@ -300,7 +300,7 @@ def _best_indexed(
     request: Request,
     scorer: Scorer,
     shape: int,
-    answers: dict[int, object],
+    answers: dict[int, StateAnswer],
     excluded: frozenset[str],
 ) -> Node | None:
     """The first node with the lowest cost, from the live node states
@@ -321,14 +321,14 @@ def _best_indexed(
         if pool not in index.pools(state):  # no GPU of the pool, or no node any more
             continue
         answer = answers.get(state)
-        if type(answer) is str:
+        if isinstance(answer, str):
             frontier.drop(state)
             continue
         key = answer if answer is not None else bounds.get(state)
         if key is None:
             unknown.append(state)
         elif key != math.inf:
-            frontier.push((key, index.first_position(state), state))  # type: ignore[arg-type]
+            frontier.push((key, index.first_position(state), state))
     if unknown:
         _bound_all(snapshot, request, scorer, bounds, frontier, unknown)
     heap, current = frontier.heap, frontier.current
@@ -374,12 +374,12 @@ def _best_indexed(
                 )
                 answer = answers[state] = found if type(found) is str else found[0]
                 bounds.pop(state, None)
-            if type(answer) is str:
+            if isinstance(answer, str):
                 heapq.heappop(own if mine else heap)
                 frontier.drop(state)
                 continue
             if key != answer:  # a bound: compete with the cost
-                exact: Entry = (answer, position, state)  # type: ignore[assignment]
+                exact: Entry = (answer, position, state)
                 if mine:
                     heapq.heapreplace(own, exact)
                 else:

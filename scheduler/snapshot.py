@@ -109,6 +109,13 @@ class Gpu:
         )
 
 
+# Placement's answers, memoised here: a node's for one request shape (its cost and the
+# GPUs chosen, or why it does not fit), and a node state's (the cost alone, or why not).
+Fit = tuple[float, tuple[Gpu, ...]]
+NodeAnswer = Fit | str
+StateAnswer = float | str
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     name: str
@@ -123,7 +130,7 @@ class Node:
     used_pods: int = 0
     gpus: list[Gpu] = field(default_factory=list)
     version: int = 0
-    memo: dict[int, object] = field(default_factory=dict)  # shape number -> answer
+    memo: dict[int, NodeAnswer] = field(default_factory=dict)  # shape number -> answer
     memo_generation: int = -1
     state: int = UNKNOWN  # this version's state number (`Snapshot.state_of`)
     position: int = -1  # its place in the snapshot's node order (ties go to the first)
@@ -179,7 +186,7 @@ class Snapshot:
         self._states: dict[tuple[object, ...], int] = {}
         self._numbers = count()  # state numbers are never reused
         self._shapes: dict[tuple[object, ...], int] = {}
-        self._answers: dict[int, dict[int, object]] = {}  # shape -> state -> answer
+        self._answers: dict[int, dict[int, StateAnswer]] = {}  # shape -> state -> answer
         self._bounds: dict[int, dict[int, float]] = {}  # shape -> state -> cost bound
         self._profiles: dict[int, object] = {}  # state -> what the scorer bounds with
         self._refusals: dict[tuple[object, ...], dict[int, str]] = {}  # see `refusals`
@@ -354,7 +361,7 @@ class Snapshot:
             self._epoch += 1
         return self._epoch
 
-    def answers(self, shape: int) -> dict[int, object]:
+    def answers(self, shape: int) -> dict[int, StateAnswer]:
         """Placement's answers for one shape by state number, under the current
         `scorer_epoch`. Bounded: what is kept of states no node is in any more is dropped
         (`_forget_dead`), and past `ANSWER_LIMIT` answers, bounds, frontier entries,
