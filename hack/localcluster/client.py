@@ -15,7 +15,6 @@ import json
 import ssl
 import tempfile
 import threading
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from hack.polling import eventually
 
 JSON = dict[str, Any]
 
@@ -198,20 +199,11 @@ class Kube:
     def wait_for(
         self, what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.2
     ) -> Any:
-        """Poll `check` until it returns something truthy; ClusterError naming `what` after
-        `timeout` seconds."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            try:
-                last = check()
-            except ApiError as exc:
-                last = exc
-            else:
-                if last:
-                    return last
-            time.sleep(interval)
-        raise ClusterError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+        """Poll `check` until it returns something truthy (`hack.polling.eventually`; an
+        ApiError is "not yet"); ClusterError naming `what` after `timeout` seconds."""
+        return eventually(
+            what, check, timeout, interval=interval, tolerate=(ApiError,), error=ClusterError
+        )
 
 
 _PLURALS = {

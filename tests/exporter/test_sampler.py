@@ -3,7 +3,6 @@ processes, MIG, lost GPUs, NVML going away and coming back, XIDs, health, the th
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from exporter.readings import (
     Readings,
 )
 from exporter.sampler import Sampler
+from hack.polling import eventually
 from tests.exporter.fake_reader import EPOCH_US, FakeReader, GiB, fake_uuid
 
 GPU0, GPU1, GPU2 = fake_uuid(0), fake_uuid(1), fake_uuid(2)
@@ -367,19 +367,17 @@ def test_sample_age_and_devices_before_and_after_the_first_tick() -> None:
     assert [d.index for d in r.sampler.devices()] == [0, 1, 2]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def test_thread_samples_until_stopped() -> None:
     fake = FakeReader.typical(gpus=2, processes_per_gpu=4)
     sampler = Sampler(fake, Health(logging.getLogger("test.health")), interval=0.01)
     assert not sampler.alive
     sampler.start()
-    wait_for(lambda: len(fake.utilization_calls) >= 10)
+    eventually(
+        "len(fake.utilization_calls) >= 10",
+        lambda: len(fake.utilization_calls) >= 10,
+        5.0,
+        interval=0.005,
+    )
     assert sampler.alive
     readings = sampler.readings()
     assert readings.nvml_up
@@ -409,8 +407,18 @@ def test_thread_survives_an_exception_and_counts_it() -> None:
     sampler = Sampler(fake, health, interval=0.01)
     sampler.start()
     try:
-        wait_for(lambda: fake.failures == 0 and sampler.readings().gpus != ())
-        wait_for(lambda: health.snapshot().up.get(NVML) is True)
+        eventually(
+            "fake.failures == 0 and sampler.readings().gpus != ()",
+            lambda: fake.failures == 0 and sampler.readings().gpus != (),
+            5.0,
+            interval=0.005,
+        )
+        eventually(
+            "health.snapshot().up.get(NVML) is True",
+            lambda: health.snapshot().up.get(NVML) is True,
+            5.0,
+            interval=0.005,
+        )
         assert sampler.alive
         assert health.snapshot().errors[NVML] == 3
     finally:

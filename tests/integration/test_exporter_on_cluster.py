@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.podresources import ContainerDevices, ContainerResources, PodResources
 from gpupack import keys
+from hack import polling
 from hack.localcluster import (
     SCHEDULER_NAME,
     SYSTEM_NAMESPACE,
@@ -106,15 +107,13 @@ class Exporter:
             return None
 
 
+# A quiet window (seconds): room for what must not happen to show itself.
+QUIET = 1.5
+
+
 def eventually(check: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        time.sleep(0.2)
+    """`hack.polling.eventually` with this module's defaults."""
+    return polling.eventually(what or "the condition", check, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +290,7 @@ def test_a_kubelet_outage_is_reported_once_and_recovered_from(
         eventually(lambda: errors() >= before + 3, what="the failures to be counted")
         # While kubelet is away, a new capacity pod waits; nothing is lost.
         name = capacity("exp-cap-late")
-        time.sleep(1.5)
+        time.sleep(QUIET)  # room for a wrong annotation while the kubelet is away
         assert "gpupack.io/gpu-uuid" not in annotations(kube, name)
     finally:
         exporter.kubelet.start()

@@ -8,7 +8,6 @@ burst to be bound; `docs/operations.md` ("Faults") says what each fault does and
 gpupack recovers, with the times measured here.
 """
 
-import http.client
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpupack import keys
+from hack import polling
 from hack.localcluster import ApiError, Kube, LocalCluster
 from hack.localcluster.processes import Restarter
 from tests.integration.scheduling import JSON, assert_consistent, capacity_pods, create, pods_of
@@ -38,21 +38,9 @@ def kubelet(scheduler: LocalCluster) -> Iterator[Restarter]:
 
 
 def eventually(what: str, check: Callable[[], Any], timeout: float) -> Any:
-    """Poll `check` through an API server that may be down (connection refused)."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (OSError, http.client.HTTPException) as exc:
-            last = exc
-        except Exception as exc:  # the API server answering 5xx while it starts
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not within {timeout:g} s (last: {last!r})")
+    """`hack.polling.eventually` through an API server that may be down (connection
+    refused, 5xx while it starts): any exception is "not yet"."""
+    return polling.eventually(what, check, timeout, interval=0.5, tolerate=(Exception,))
 
 
 def bound(kube: Kube, ns: str, app: str) -> list[JSON]:

@@ -35,6 +35,8 @@ pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 HOSTNAME = "kubernetes.io/hostname"
 CONSOLIDATING = "consolidate-karpenter"
+# Karpenter batches pending pods for at most this long, then decides (seconds).
+KARPENTER_BATCH = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +191,7 @@ def test_a_pod_that_must_sit_next_to_a_pod_on_a_full_node_makes_karpenter_buy_no
         # it dropped unread, which would buy nothing too).
         verdicts = kube.wait_for("Karpenter's verdict on the capacity pod", weighed, timeout=60)
         assert all(IGNORED not in e["message"] for e in verdicts), verdicts
-        time.sleep(10)  # Karpenter batches pending pods for at most 10 s, then decides
+        time.sleep(KARPENTER_BATCH)  # a quiet window: Karpenter must buy nothing in it
         assert [n["metadata"]["name"] for n in karpenter.nodes()] == [name]
         assert len(karpenter.claims()) == 1  # the db node's: none bought for near-db
         assert not _bound(kube, ns, "near-db")

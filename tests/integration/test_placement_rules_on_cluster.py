@@ -6,7 +6,6 @@ each workload would all share one GPU on one node, and the rule would be broken.
 """
 
 import copy
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -303,7 +302,16 @@ def test_with_the_extender_stopped_pods_wait_and_are_bound_once_it_is_back(
     scheduler.stop_scheduler(extender_only=True)
     try:
         create(kube, deployment(ns, "patient", 3))
-        time.sleep(5)  # kube-scheduler tries, and fails without its extender
+        # kube-scheduler tries, and fails without its extender: its own verdict says so.
+        kube.wait_for(
+            "kube-scheduler's try without its extender",
+            lambda: [
+                e
+                for e in events(kube, ns, "FailedScheduling")
+                if "patient" in e["regarding"]["name"]
+            ],
+            timeout=60,
+        )
         assert not any(p["spec"].get("nodeName") for p in pods_of(kube, ns, "patient"))
     finally:
         scheduler.processes["gpupack-scheduler"].start()

@@ -38,6 +38,9 @@ ON_NODE = {"kubernetes.io/hostname": NODE}
 DASHBOARD = CHART_DIR / "dashboards" / "gpupack.json"
 RULES = CHART_DIR / "alerts" / "gpupack.rules.yaml"
 GRAFANA = {"$namespace": ".*", "$__range": "2m"}
+# Seconds of scrapes that rate() and *_over_time need past the first sample (several
+# scrape intervals), before the dashboards' and alerts' queries are judged.
+RATE_SCRAPES = 15.0
 METRIC = re.compile(r"\bgpupack_[a-z0-9_]+")
 GROUPING = re.compile(r"\b(?:by|on|ignoring|without|group_left|group_right)\s*\(([^)]*)\)")
 
@@ -81,7 +84,7 @@ def prometheus(
             lambda: running.query('gpupack_pod_gpu_memory_used_bytes{pod=~"hungry.*"}'),
             timeout=60,
         )
-        time.sleep(15)  # rates and *_over_time need a few scrapes
+        time.sleep(RATE_SCRAPES)
         yield running
     finally:
         running.stop()

@@ -226,7 +226,7 @@ def test_every_admission_writes_one_audit_line(webhook: Webhook) -> None:
     assert lines[0]["capacity"]["action"] == "no-cluster"
     assert lines[0]["namespace"] == "ml"
     assert lines[0]["ownerKind"] == "Deployment"
-    assert lines[0]["latencyMs"] >= 0
+    assert 0 < lines[0]["latencyMs"] < 60_000  # measured, in milliseconds
 
 
 def test_dry_run_is_passed_to_the_capacity_check(start_webhook: StartWebhook) -> None:

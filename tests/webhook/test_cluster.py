@@ -1,8 +1,7 @@
 """The Cluster the server uses: against the local HTTP stub of `tests/apistub.py` once
 end to end, and otherwise against the in-memory fake."""
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +14,7 @@ from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.recommendation import Recommendation, list_path, recommendation_object
 from gpupack.runtime.api import ApiError, Backoff, retry
+from hack.polling import eventually
 from tests.apistub import ApiStub, write_kubeconfig
 from tests.fakes import FakeKube, FakeWatch
 from webhook.app import ClusterPort
@@ -25,16 +25,6 @@ from webhook.policies import BUILTIN_POLICIES
 WAIT = 10.0  # a deadline for background threads, never a measured duration
 SPEC: JSON = {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}
 POOL = pool_key(SPEC)  # type: ignore[arg-type]
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def demand(uid: str, compute: int = 300) -> Demand:
@@ -89,7 +79,7 @@ def test_cluster_over_http_syncs_and_plans_capacity_without_writing(
     assert cluster is not None
     cluster.start()
     try:
-        assert wait_until(lambda: cluster.synced)
+        eventually("cluster.synced", lambda: cluster.synced, WAIT, interval=0.01)
         assert (cluster.namespace("ml") or {})["metadata"]["labels"] == {keys.OPTIMIZE: "enabled"}
         assert cluster.namespace("unknown") is None
         stub.namespaces[0]["metadata"]["labels"] = {}  # changed on the server, not yet seen
@@ -210,20 +200,40 @@ def test_cluster_keeps_the_policies_and_recommendations_current() -> None:
     assert cluster.recommendation("ml", "Deployment", "web") is None
     cluster.start()
     try:
-        assert wait_until(lambda: cluster.synced)
+        eventually("cluster.synced", lambda: cluster.synced, WAIT, interval=0.01)
         assert cluster.policies.policies["batch"].initial_compute == 300
         assert recommended_compute(cluster) == 250
 
         kube.policies.put(gpupolicy("batch", initialCompute="200m"))
-        assert wait_until(lambda: cluster.policies.policies["batch"].initial_compute == 200)
+        eventually(
+            "cluster.policies.policies['batch'].initial_compute == 200",
+            lambda: cluster.policies.policies["batch"].initial_compute == 200,
+            WAIT,
+            interval=0.01,
+        )
         kube.policies.put(gpupolicy("batch", percentile="high"))
-        assert wait_until(lambda: "batch" in cluster.policies.invalid)
+        eventually(
+            "'batch' in cluster.policies.invalid",
+            lambda: "batch" in cluster.policies.invalid,
+            WAIT,
+            interval=0.01,
+        )
         assert cluster.policies.policies["batch"] == BUILTIN["batch"]
 
         kube.recommendations.put(recommendation(400))
-        assert wait_until(lambda: recommended_compute(cluster) == 400)
+        eventually(
+            "recommended_compute(cluster) == 400",
+            lambda: recommended_compute(cluster) == 400,
+            WAIT,
+            interval=0.01,
+        )
         kube.recommendations.delete("pods", "ml", "deployment-web")
-        assert wait_until(lambda: recommended_compute(cluster) is None)
+        eventually(
+            "recommended_compute(cluster) is None",
+            lambda: recommended_compute(cluster) is None,
+            WAIT,
+            interval=0.01,
+        )
     finally:
         cluster.stop()
 
@@ -246,7 +256,12 @@ def test_cluster_is_not_synced_while_a_gpupack_collection_cannot_be_listed() -> 
     try:
         assert cluster.namespaces.wait_synced(WAIT)
         assert cluster.gpurecommendations.wait_synced(WAIT)
-        assert wait_until(lambda: "forbidden" in cluster.gpupolicies.error)
+        eventually(
+            "'forbidden' in cluster.gpupolicies.error",
+            lambda: "forbidden" in cluster.gpupolicies.error,
+            WAIT,
+            interval=0.01,
+        )
         assert not cluster.synced
     finally:
         cluster.stop()
