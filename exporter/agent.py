@@ -51,7 +51,7 @@ class Sampling(Protocol):
     def unhealthy(self) -> dict[str, str]: ...
 
 
-class Allocation(Protocol):
+class PodDevices(Protocol):
     """One pod in kubelet's pod-resources answer."""
 
     @property
@@ -72,7 +72,7 @@ class Processes(Protocol):
 
 
 class Lister(Protocol):
-    def list(self) -> Sequence[Allocation]: ...
+    def list(self) -> Sequence[PodDevices]: ...
 
 
 class Agent:

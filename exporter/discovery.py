@@ -31,7 +31,7 @@ class Patch:
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class DiscoveryPlan:
     patches: tuple[Patch, ...]
     problems: tuple[str, ...]  # one line per capacity pod we could not annotate, and why
 
@@ -54,7 +54,7 @@ def plan(
     allocated: Mapping[tuple[str, str], Sequence[str]],
     devices: Sequence[Device],
     unhealthy: Mapping[str, str] | None = None,
-) -> Plan:
+) -> DiscoveryPlan:
     """Patches for the capacity pods whose annotations differ from what kubelet says.
 
     `allocated` maps (namespace, name) to the `nvidia.com/gpu` device IDs kubelet gave
@@ -99,4 +99,4 @@ def plan(
         stale = pod.gpu_uuid != uuid or (memory is not None and pod.memory != memory)
         if stale or why != pod.unhealthy:
             patches.append(Patch(pod.namespace, pod.name, pod.resource_version, want))
-    return Plan(tuple(patches), tuple(problems))
+    return DiscoveryPlan(tuple(patches), tuple(problems))

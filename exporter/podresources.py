@@ -104,7 +104,7 @@ class PodResources:
 def _malformed() -> Iterator[None]:
     try:
         yield
-    except wire.WireError as error:
+    except wire.ProtobufError as error:
         raise PodResourcesError(str(error)) from None
 
 

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from exporter import exposition
 from gpupack.runtime.endpoints import PROBE_LIMITS, listening_socket
-from gpupack.runtime.httpserver import Request, Response, Server
+from gpupack.runtime.httpserver import HttpRequest, Response, Server
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +26,14 @@ LIMITS: Final = PROBE_LIMITS  # GETs only; every node's port is reachable from t
 def make_server(address: str, port: int, registry: CollectorRegistry, health: Health) -> Server:
     """A server bound to (address, port); call its `start` yourself."""
 
-    def metrics(_: Request) -> Response:
+    def metrics(_: HttpRequest) -> Response:
         try:
             return Response(200, exposition.text(registry), CONTENT_TYPE_LATEST)
         except Exception as error:  # a scrape must answer, never hang
             log.exception("scrape failed")
             return Response(500, f"scrape failed: {error}\n".encode())
 
-    def healthz(_: Request) -> Response:
+    def healthz(_: HttpRequest) -> Response:
         ok, detail = health()
         body = json.dumps({"ok": ok, **detail}, sort_keys=True).encode() + b"\n"
         return Response(200 if ok else 503, body, "application/json")

@@ -197,7 +197,7 @@ def _unary(handler: Handler) -> grpc.RpcMethodHandler:
     def call(data: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             return handler(data, context)
-        except wire.WireError as error:
+        except wire.ProtobufError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Refused as error:
             context.abort(error.code, str(error))

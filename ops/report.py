@@ -83,7 +83,7 @@ class Share:
 
 
 @dataclass(frozen=True, slots=True)
-class Waiting:
+class WaitingPod:
     pod: str  # namespace/name
     why: str
 
@@ -95,7 +95,7 @@ class Status:
     in_use: int = 0  # held GPUs with at least one fractional pod
     asked: int = 0  # whole GPUs the fractional pods asked for
     namespaces: dict[str, Share] = field(default_factory=dict)
-    waiting: list[Waiting] = field(default_factory=list)
+    waiting: list[WaitingPod] = field(default_factory=list)
     escaped: list[str] = field(default_factory=list)
 
     @property
@@ -160,7 +160,7 @@ def status(
                     in_use.add(annotations[keys.GPU_UUID])
             else:
                 why = last_scheduling_failure(events, object_key(pod)) or "not tried yet"
-                report.waiting.append(Waiting(object_key(pod), why))
+                report.waiting.append(WaitingPod(object_key(pod), why))
             continue
         namespace = namespaces.get(str(meta.get("namespace")))
         if escaped(pod, namespace, {system_namespace, *excluded}):

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from gpupack.runtime.endpoints import listening_socket
-from gpupack.runtime.httpserver import Limits, Request, Response, Server, text
+from gpupack.runtime.httpserver import ClientLimits, HttpRequest, Response, Server, text
 from scheduler import wire
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 MAX_BODY: Final = 8 * 2**20  # a pod and 100,000 node names fit well within this
 # Only the kube-scheduler beside it (and the kubelet's probes) should ever connect; a few
 # bodies of MAX_BODY at once is all the memory a flood can take.
-LIMITS: Final = Limits(body_bytes=MAX_BODY, connections=16, idle_seconds=120.0)
+LIMITS: Final = ClientLimits(body_bytes=MAX_BODY, connections=16, idle_seconds=120.0)
 
 
 class Verbs(Protocol):
@@ -45,12 +45,12 @@ def make_server(
     port: int,
     verbs: Verbs,
     ready: Callable[[], bool],
-    limits: Limits = LIMITS,
+    limits: ClientLimits = LIMITS,
 ) -> Server:
     """A server bound to (address, port); call its `start` yourself."""
 
-    def verb(path: str, call: Callable[[Any], Any]) -> Callable[[Request], Response]:
-        def answer(request: Request) -> Response:
+    def verb(path: str, call: Callable[[Any], Any]) -> Callable[[HttpRequest], Response]:
+        def answer(request: HttpRequest) -> Response:
             if not request.body:
                 return text(411, f"{path}: a body with a Content-Length is required")
             try:
@@ -64,7 +64,7 @@ def make_server(
 
         return answer
 
-    def readyz(_: Request) -> Response:
+    def readyz(_: HttpRequest) -> Response:
         return text(200, "ok") if ready() else text(503, "caches syncing")
 
     return Server(

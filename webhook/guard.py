@@ -4,7 +4,7 @@ Anything in the cluster network can reach the webhook's port, and uvicorn's http
 protocol bounds none of this: a request's headers (it keeps every header it is sent),
 how long a request may take to arrive, how long a connection may sit idle before its
 first request, how many connections may be open. `GuardedProtocol` is that protocol
-with `Limits`:
+with `ConnectionLimits`:
 
 - **Header block:** at most `header_bytes` of request line and headers, and at most
   `header_count` headers; beyond either the client gets `431` and the connection is
@@ -58,7 +58,7 @@ TRIM_DELAY: Final = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ConnectionLimits:
     header_bytes: int = HEADER_BYTES
     header_count: int = HEADER_COUNT
     request_seconds: float = REQUEST_SECONDS
@@ -120,7 +120,7 @@ def _answer(status: int, reason: str, detail: str) -> bytes:
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol under `limits` (see the module's docstring)."""
 
-    limits: ClassVar[Limits] = Limits()
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     drain: ClassVar[Drain] = Drain()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -134,7 +134,7 @@ class GuardedProtocol(HttpToolsProtocol):
         self._idle_since = 0.0
 
     @classmethod
-    def with_limits(cls, limits: Limits, drain: Drain) -> type["GuardedProtocol"]:
+    def with_limits(cls, limits: ConnectionLimits, drain: Drain) -> type["GuardedProtocol"]:
         return type("GuardedProtocol", (cls,), {"limits": limits, "drain": drain})
 
     # Connections.

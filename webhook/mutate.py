@@ -75,17 +75,19 @@ class MutationContext:
 
 
 @dataclass(frozen=True, slots=True)
-class Allocation:
+class PodShare:
     compute: int
     memory: int
     source: str  # "pinned", "policy-initial", "recommendation GPURecommendation ...", notes
     recommendation: Recommendation | None = None  # the recommendation applied, if any
 
 
-Plan = Callable[[AdmissionRequest, "MutationContext"], Decision]
+Planner = Callable[[AdmissionRequest, "MutationContext"], Decision]
 
 
-def decide(request: AdmissionRequest, ctx: MutationContext, plan: Plan | None = None) -> Decision:
+def decide(
+    request: AdmissionRequest, ctx: MutationContext, plan: Planner | None = None
+) -> Decision:
     """The decision for one admission: a pod carrying this admission's own seal is left
     alone; any other gets its plan (`plan_decision`, or `plan`: the same function
     memoized, `webhook.plans`), stamped with this admission's identity (`stamp`)."""
@@ -361,7 +363,7 @@ def allocate(
     spec: PodSpec,
     policy: Policy,
     recommendation: Recommendation | None = None,
-) -> Allocation:
+) -> PodShare:
     """Per dimension: the pinned value (validated); else the workload's recommendation when
     it applies (`recommendation_ignored`), clamped to the policy's bounds; else the
     policy's initial allocation. Memory that is not pinned is capped at the GPU the
@@ -420,7 +422,7 @@ def allocate(
     if pinned_memory is None and device is not None and memory > device:
         memory = device
         sources.append(f"memory capped at the node selector's {format_memory(device)}")
-    return Allocation(compute, memory, ", ".join(sources), rec)
+    return PodShare(compute, memory, ", ".join(sources), rec)
 
 
 def strip_ops(stripped: Iterable[str]) -> Iterator[JSON]:
@@ -428,7 +430,7 @@ def strip_ops(stripped: Iterable[str]) -> Iterator[JSON]:
     return (patch.remove(patch.pointer("metadata", "annotations", k)) for k in stripped)
 
 
-def _charge_ops(container: Container, slot: GpuSlot, allocation: Allocation) -> list[JSON]:
+def _charge_ops(container: Container, slot: GpuSlot, allocation: PodShare) -> list[JSON]:
     """Charge the GPU container its share as the quota's extended resources, in limits and
     requests (an extended resource's request must equal its limit)."""
     charge = {
@@ -450,7 +452,7 @@ def _env_var(name: str, value: str) -> JSON:
     return {"name": name, "value": value}
 
 
-def gpu_env(policy: Policy, allocation: Allocation, *, memory: bool = False) -> list[JSON]:
+def gpu_env(policy: Policy, allocation: PodShare, *, memory: bool = False) -> list[JSON]:
     """Environment for the GPU container, in the order it is written: its GPU, and where
     `memory` holds it to its share, the driver's own memory limit (nodes with driver
     r615 or newer and the container toolkit's memory-limit hook enforce it)."""
@@ -554,7 +556,7 @@ def build_patch(
     annotations: dict[str, str],
     gpus: GpuScan,
     choice: PolicyChoice,
-    allocation: Allocation,
+    allocation: PodShare,
     stripped: tuple[str, ...],
     *,
     memory: bool = False,

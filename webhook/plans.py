@@ -31,7 +31,7 @@ import orjson
 from gpupack.kube import JSON, workload_of
 from gpupack.policy import PolicySet
 from webhook.decision import Decision
-from webhook.mutate import MutationContext, Plan, plan_decision
+from webhook.mutate import MutationContext, Planner, plan_decision
 from webhook.review import AdmissionRequest
 
 DEFAULT_SIZE: Final = 1024  # templates; a few KB each
@@ -73,7 +73,7 @@ class PlanCache:
     def __init__(
         self,
         size: int = DEFAULT_SIZE,
-        plan: Plan = plan_decision,
+        plan: Planner = plan_decision,
         counted: Callable[[bool], None] | None = None,  # called with hit or not
     ) -> None:
         if size < 1:

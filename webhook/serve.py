@@ -31,7 +31,7 @@ from gpupack.runtime.logs import configure_logging
 from gpupack.runtime.shell import add_log_arguments, settle_heap
 from webhook.app import NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
-from webhook.guard import Drain, GuardedProtocol, Limits
+from webhook.guard import ConnectionLimits, Drain, GuardedProtocol
 from webhook.metrics import WebhookMetrics, start_metrics_server
 from webhook.mutate import PROCESS_KEY
 from webhook.tls import CertificateError, CertificateReloader
@@ -40,7 +40,7 @@ EXIT_CONFIG: Final = 2
 GRACEFUL_SHUTDOWN_SECONDS: Final = 20
 LIMIT_CONCURRENCY: Final = 1000
 
-DEFAULT_LIMITS: Final = Limits()
+DEFAULT_LIMITS: Final = ConnectionLimits()
 
 log = logging.getLogger("webhook.serve")
 
@@ -180,7 +180,7 @@ def build_uvicorn_config(
     host: str,
     port: int,
     ssl_context: ssl.SSLContext,
-    limits: Limits = DEFAULT_LIMITS,
+    limits: ConnectionLimits = DEFAULT_LIMITS,
     drain: Drain | None = None,
 ) -> uvicorn.Config:
     """One worker, uvloop when installed, httptools under `limits` (`webhook.guard`), no
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
             mps=args.mps,
             memory_enforcement=args.memory_enforcement,
         )
-        limits = Limits(
+        limits = ConnectionLimits(
             request_seconds=args.request_timeout,
             idle_seconds=args.idle_timeout,
             keep_alive_seconds=args.keep_alive_timeout,

@@ -76,7 +76,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from exporter.agent import Agent, Allocation, node_pods
+from exporter.agent import Agent, PodDevices, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector, Scrape
 from exporter.exposition import text as exposition_text
@@ -330,7 +330,7 @@ class NodeApi:
 class NoPodResources:
     """kubelet's pod-resources API; a scrape never asks it."""
 
-    def list(self) -> Sequence[Allocation]:
+    def list(self) -> Sequence[PodDevices]:
         return []
 
 

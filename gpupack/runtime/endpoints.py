@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable
 from typing import Final
 
-from gpupack.runtime.httpserver import Limits, Request, Response, Server
+from gpupack.runtime.httpserver import ClientLimits, HttpRequest, Response, Server
 
 ANY: Final = "::"  # every address, IPv4 and IPv6
 Render = Callable[[], tuple[bytes, str]]  # (body, content type)
@@ -71,7 +71,7 @@ def listening_socket(address: str, port: int, backlog: int = 128) -> socket.sock
     return sock
 
 
-PROBE_LIMITS: Final = Limits(body_bytes=64 * 1024, idle_seconds=90.0)  # GETs only
+PROBE_LIMITS: Final = ClientLimits(body_bytes=64 * 1024, idle_seconds=90.0)  # GETs only
 
 
 class Endpoints:
@@ -86,13 +86,13 @@ class Endpoints:
         render: Render,
         ready: Callable[[], str | None],
         alive: Callable[[], bool] = lambda: True,
-        limits: Limits = PROBE_LIMITS,
+        limits: ClientLimits = PROBE_LIMITS,
     ) -> None:
-        def metrics(_: Request) -> Response:
+        def metrics(_: HttpRequest) -> Response:
             body, content_type = render()
             return Response(200, body, content_type)
 
-        def healthz(_: Request) -> Response:
+        def healthz(_: HttpRequest) -> Response:
             return _json(200, {"status": "ok"}) if alive() else _json(503, {"status": "stopping"})
 
         self._server = Server(

@@ -6,7 +6,7 @@ Anything that can reach a port can send it anything, and `http.server` bounds li
 it starts a thread per connection and waits forever for bytes that never come, keeps
 up to a hundred 64 KiB header lines, and a client can hold its threads and memory with
 idle or trickling connections until the pod is OOM-killed or its probes fail. Here
-every connection is held to `Limits`:
+every connection is held to `ClientLimits`:
 
 - **Whole requests in time:** a request (line, headers, body) must arrive within
   `request_seconds` of its first byte, whatever pace its bytes come at; a late one gets
@@ -43,7 +43,7 @@ LINGER_BYTES: Final = 1024 * 1024  # ... and how much of it
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class ClientLimits:
     """What one client may hold of a server (see the module docstring)."""
 
     request_seconds: float = 10.0
@@ -56,14 +56,16 @@ class Limits:
         for name in ("request_seconds", "idle_seconds"):
             value = getattr(self, name)
             if not 0 < value < float("inf"):
-                raise ValueError(f"Limits.{name} must be a positive, finite number of seconds")
+                raise ValueError(
+                    f"ClientLimits.{name} must be a positive, finite number of seconds"
+                )
         for name in ("header_bytes", "body_bytes", "connections"):
             if getattr(self, name) < 1:
-                raise ValueError(f"Limits.{name} must be at least 1")
+                raise ValueError(f"ClientLimits.{name} must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class HttpRequest:
     method: str
     path: str  # without the query
     query: str
@@ -82,7 +84,7 @@ def text(status: int, message: str) -> Response:
     return Response(status, (message.rstrip("\n") + "\n").encode())
 
 
-Handler = Callable[[Request], Response]
+Handler = Callable[[HttpRequest], Response]
 Routes = Mapping[tuple[str, str], Handler]  # (method, path) -> handler
 
 
@@ -117,14 +119,14 @@ class Server:
         sock: socket.socket,
         routes: Routes,
         *,
-        limits: Limits | None = None,
+        limits: ClientLimits | None = None,
         name: str = "http",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sock = sock
         self._routes = routes
         self._paths = {path for _, path in routes}
-        self.limits = limits or Limits()
+        self.limits = limits or ClientLimits()
         self._name = name
         self._clock = clock
         self._lock = threading.Lock()
@@ -230,7 +232,7 @@ class Server:
                 self._open.discard(connection)
             connection.sock.close()
 
-    def _answer(self, request: Request) -> Response:
+    def _answer(self, request: HttpRequest) -> Response:
         handler = self._routes.get((request.method, request.path))
         if handler is None:
             if request.path in self._paths:
@@ -246,9 +248,11 @@ class Server:
 
 
 class _Reader:
-    """Reads requests off one connection within `Limits`, buffering what came early."""
+    """Reads requests off one connection within `ClientLimits`, buffering what came early."""
 
-    def __init__(self, sock: socket.socket, limits: Limits, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, sock: socket.socket, limits: ClientLimits, clock: Callable[[], float]
+    ) -> None:
         self._sock = sock
         self._limits = limits
         self._clock = clock
@@ -271,7 +275,7 @@ class _Reader:
         self._deadline = self._clock() + self._limits.request_seconds
         return True
 
-    def read_request(self) -> tuple[Request, bool]:
+    def read_request(self) -> tuple[HttpRequest, bool]:
         limits = self._limits
         while b"\r\n\r\n" not in self._buffer:
             if len(self._buffer) > limits.header_bytes:
@@ -299,7 +303,7 @@ class _Reader:
         keep_alive = (
             "keep-alive" in connection if version == "HTTP/1.0" else "close" not in connection
         )
-        return Request(method, path, query, headers, body), keep_alive
+        return HttpRequest(method, path, query, headers, body), keep_alive
 
     def send(self, data: bytes) -> None:
         """Send an answer; the client has `request_seconds` to take it."""

@@ -4,7 +4,7 @@ The exporter talks to the kubelet (pod-resources, `exporter.podresources`) and t
 kubelet talks to its CSI driver (`node.csi`), each over a handful of small
 messages. Encoding and decoding them here keeps the agent free of the `protobuf`
 runtime and of generated code. Decoders skip fields they do not model (a newer peer's
-additions) and raise `WireError`, naming the message and the byte, on malformed input.
+additions) and raise `ProtobufError`, naming the message and the byte, on malformed input.
 """
 
 from collections.abc import Iterator, Mapping
@@ -16,7 +16,7 @@ Value: TypeAlias = int | memoryview
 _MAX_VARINT_BITS: Final = 64
 
 
-class WireError(ValueError):
+class ProtobufError(ValueError):
     """Bytes that are not a well-formed protobuf message; the message says where."""
 
 
@@ -55,7 +55,7 @@ def _read_varint(data: memoryview, pos: int, message: str) -> tuple[int, int]:
     start, result = pos, 0
     for shift in range(0, 70, 7):  # at most 10 bytes
         if pos >= len(data):
-            raise WireError(f"{message}: truncated varint at byte {pos}")
+            raise ProtobufError(f"{message}: truncated varint at byte {pos}")
         byte = data[pos]
         pos += 1
         result |= (byte & 0x7F) << shift
@@ -63,7 +63,7 @@ def _read_varint(data: memoryview, pos: int, message: str) -> tuple[int, int]:
             if result >> _MAX_VARINT_BITS:
                 break
             return result, pos
-    raise WireError(f"{message}: varint longer than 64 bits at byte {start}")
+    raise ProtobufError(f"{message}: varint longer than 64 bits at byte {start}")
 
 
 def fields(data: memoryview | bytes, message: str) -> Iterator[tuple[int, int, Value]]:
@@ -74,42 +74,42 @@ def fields(data: memoryview | bytes, message: str) -> Iterator[tuple[int, int, V
         key, pos = _read_varint(data, pos, message)
         number, wire_type = key >> 3, key & 7
         if number == 0:
-            raise WireError(f"{message}: field number 0 at byte {pos - 1}")
+            raise ProtobufError(f"{message}: field number 0 at byte {pos - 1}")
         value: Value
         if wire_type == VARINT:
             value, pos = _read_varint(data, pos, message)
         elif wire_type in (I64, I32):
             size = 8 if wire_type == I64 else 4
             if pos + size > len(data):
-                raise WireError(f"{message}: field {number}: truncated fixed{size * 8}")
+                raise ProtobufError(f"{message}: field {number}: truncated fixed{size * 8}")
             value = int.from_bytes(data[pos : pos + size], "little")
             pos += size
         elif wire_type == LEN:
             length, pos = _read_varint(data, pos, message)
             if length > len(data) - pos:
-                raise WireError(
+                raise ProtobufError(
                     f"{message}: field {number}: length {length} runs past the end "
                     f"({len(data) - pos} bytes left)"
                 )
             value = data[pos : pos + length]
             pos += length
         elif wire_type in (SGROUP, EGROUP):
-            raise WireError(f"{message}: field {number}: groups (wire type 3/4) unsupported")
+            raise ProtobufError(f"{message}: field {number}: groups (wire type 3/4) unsupported")
         else:
-            raise WireError(f"{message}: field {number}: invalid wire type {wire_type}")
+            raise ProtobufError(f"{message}: field {number}: invalid wire type {wire_type}")
         yield number, wire_type, value
 
 
 def skip(data: memoryview | bytes, message: str) -> None:
     """Check that a request whose fields we do not read is well formed: fields a newer
-    peer sends are ignored, malformed bytes raise WireError."""
+    peer sends are ignored, malformed bytes raise ProtobufError."""
     for _ in fields(data, message):
         pass
 
 
 def payload(wire_type: int, value: Value, field: str) -> memoryview:
     if wire_type != LEN or not isinstance(value, memoryview):
-        raise WireError(f"{field}: wire type {wire_type}, expected 2 (length-delimited)")
+        raise ProtobufError(f"{field}: wire type {wire_type}, expected 2 (length-delimited)")
     return value
 
 
@@ -117,12 +117,12 @@ def text(wire_type: int, value: Value, field: str) -> str:
     try:
         return str(payload(wire_type, value, field), "utf-8")
     except UnicodeDecodeError as error:
-        raise WireError(f"{field}: not valid UTF-8 ({error.reason})") from None
+        raise ProtobufError(f"{field}: not valid UTF-8 ({error.reason})") from None
 
 
 def flag(wire_type: int, value: Value, field: str) -> bool:
     if wire_type != VARINT or not isinstance(value, int):
-        raise WireError(f"{field}: wire type {wire_type}, expected 0 (varint)")
+        raise ProtobufError(f"{field}: wire type {wire_type}, expected 0 (varint)")
     return value != 0
 
 

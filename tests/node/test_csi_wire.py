@@ -81,7 +81,7 @@ def test_the_kubelets_registration_verdicts_decode() -> None:
     ],
 )
 def test_a_malformed_publish_request_is_an_error_naming_the_message(data: bytes) -> None:
-    with pytest.raises(protowire.WireError, match="NodePublishVolumeRequest"):
+    with pytest.raises(protowire.ProtobufError, match="NodePublishVolumeRequest"):
         csi.decode_publish(data)
 
 
@@ -107,12 +107,12 @@ def corrupted(message: bytes) -> st.SearchStrategy[bytes]:
     | corrupted(GO_REGISTRATION_REFUSED)
 )
 def test_no_bytes_the_kubelet_could_send_break_a_decoder(data: bytes) -> None:
-    """Whatever arrives on the socket decodes or is a WireError naming the message (the
+    """Whatever arrives on the socket decodes or is a ProtobufError naming the message (the
     server answers INVALID_ARGUMENT); never another exception."""
     for decode in (csi.decode_publish, csi.decode_unpublish, csi.decode_registration_status):
         try:
             decode(data)
-        except protowire.WireError as error:
+        except protowire.ProtobufError as error:
             assert str(error)
 
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from gpupack.runtime.httpserver import Limits, Server
+from gpupack.runtime.httpserver import ClientLimits, Server
 from scheduler import wire
 from scheduler.server import LIMITS, MAX_BODY, make_server
 
@@ -30,7 +30,7 @@ class Verbs:
 
 
 @contextmanager
-def serving(ready: bool = True, limits: Limits = LIMITS) -> Iterator[tuple[Server, Verbs]]:
+def serving(ready: bool = True, limits: ClientLimits = LIMITS) -> Iterator[tuple[Server, Verbs]]:
     verbs = Verbs()
     server = make_server("127.0.0.1", 0, verbs, lambda: ready, limits).start()
     try:

@@ -12,21 +12,21 @@ from contextlib import contextmanager
 import pytest
 
 from gpupack.runtime.endpoints import listening_socket
-from gpupack.runtime.httpserver import Limits, Request, Response, Server, text
+from gpupack.runtime.httpserver import ClientLimits, HttpRequest, Response, Server, text
 
-FAST = Limits(request_seconds=0.5, idle_seconds=0.5, header_bytes=2048, body_bytes=4096)
+FAST = ClientLimits(request_seconds=0.5, idle_seconds=0.5, header_bytes=2048, body_bytes=4096)
 
 
-def echo(request: Request) -> Response:
+def echo(request: HttpRequest) -> Response:
     return Response(200, request.body, "application/octet-stream")
 
 
-def boom(request: Request) -> Response:
+def boom(request: HttpRequest) -> Response:
     raise RuntimeError("a bug")
 
 
 @contextmanager
-def serving(limits: Limits = FAST) -> Iterator[Server]:
+def serving(limits: ClientLimits = FAST) -> Iterator[Server]:
     server = Server(
         listening_socket("127.0.0.1", 0),
         {
@@ -148,7 +148,7 @@ def test_idle_connections_are_closed() -> None:
 
 
 def test_a_flood_of_idle_connections_neither_holds_threads_nor_locks_probes_out() -> None:
-    limits = Limits(request_seconds=5, idle_seconds=60, connections=8)
+    limits = ClientLimits(request_seconds=5, idle_seconds=60, connections=8)
     with serving(limits) as server:
         before = threading.active_count()  # other tests' threads may still be winding down
         # Each newcomer evicts the oldest, often a connection whose thread has not reached
@@ -165,7 +165,7 @@ def test_a_flood_of_idle_connections_neither_holds_threads_nor_locks_probes_out(
 
 
 def test_when_every_connection_is_in_a_request_a_newcomer_is_told_to_come_back() -> None:
-    limits = Limits(request_seconds=5, idle_seconds=60, connections=2)
+    limits = ClientLimits(request_seconds=5, idle_seconds=60, connections=2)
     with serving(limits) as server:
         busy = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
         try:
@@ -183,7 +183,7 @@ def test_when_every_connection_is_in_a_request_a_newcomer_is_told_to_come_back()
 
 
 def test_an_answer_nobody_reads_does_not_hold_the_server() -> None:
-    limits = Limits(request_seconds=0.5, idle_seconds=5, body_bytes=8 * 2**20)
+    limits = ClientLimits(request_seconds=0.5, idle_seconds=5, body_bytes=8 * 2**20)
     with serving(limits) as server, socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         body = b"x" * (8 * 2**20)
@@ -208,5 +208,5 @@ def test_an_answer_nobody_reads_does_not_hold_the_server() -> None:
     ],
 )
 def test_limits_refuse_values_that_bound_nothing(limits: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="Limits"):
-        Limits(**limits)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ClientLimits"):
+        ClientLimits(**limits)  # type: ignore[arg-type]
