@@ -8,7 +8,7 @@ real one; tests pass an in-memory fake.
 from collections.abc import Mapping
 from typing import Protocol
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import WatchStream
 
 

@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from gpupack import codec, keys
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.objects import JSON, annotations_of, labels_of
 from gpupack.shares import gpu_memory, pod_allocation
 
 UID_INDEX: Final = "uid"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from gpupack import keys, mps
-from gpupack.kube import JSON, labels_of
+from gpupack.objects import JSON, labels_of
 from gpupack.pool import is_mps
 
 FULL_GPU: Final = 1000  # compute millis in one GPU

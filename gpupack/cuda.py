@@ -21,7 +21,7 @@ library only: the webhook, the node agent and the scheduler agree on these.
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 DRIVER: Final = f"cuda.{keys.DOMAIN}"  # the CSI driver that serves the shim
 VOLUME: Final = "gpupack-cuda"  # the volume's name in a pod

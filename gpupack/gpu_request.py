@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gpupack import keys
 from gpupack.codec import read_optimize
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Container, PodSpec, labels_of
+from gpupack.objects import JSON, Container, PodSpec, labels_of
 from gpupack.quantity import parse_count
 
 CONTAINER_FIELDS = ("containers", "initContainers")

@@ -25,7 +25,7 @@ pods) and the driver agree on these names and shapes.
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 DRIVER: Final = f"mps.{keys.DOMAIN}"  # the CSI driver's name
 # The word for MPS sharing: the `gpupack.io/sharing` label of an MPS pool's capacity pods

@@ -12,8 +12,8 @@ import hashlib
 import json
 from typing import Any, Final
 
-from gpupack.kube import JSON, PodSpec
 from gpupack.mps import SHARING_MPS
+from gpupack.objects import JSON, PodSpec
 
 KEY_LENGTH: Final = 16  # hex characters; fits in a label value and a pod name
 # Not a pod field: an MPS pool's metadata says so, which gives it a key of its own (its

@@ -13,7 +13,7 @@ from typing import Final, cast
 from gpupack import codec, cuda, keys
 from gpupack.capacity import Allocation
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, PodSpec, annotations_of, workload_of
+from gpupack.objects import JSON, Pod, PodSpec, annotations_of, workload_of
 from gpupack.policy import BUILTIN, Sharing
 from gpupack.pool import metadata_key, scheduling_metadata
 

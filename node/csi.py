@@ -38,7 +38,7 @@ from typing import Final, Protocol
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime import protowire as wire
 from gpupack.runtime import shell
 

@@ -31,7 +31,7 @@ import grpc
 
 from gpupack import codec, cuda, keys
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, annotations_of
+from gpupack.objects import JSON, annotations_of
 from node.csi import (
     PodGetter,
     PublishRequest,

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import grpc
 
 from gpupack import mps
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime import shell
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.args import conventions, version

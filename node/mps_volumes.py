@@ -37,7 +37,7 @@ import grpc
 from gpupack import cuda, keys, mps
 from gpupack.capacity import SHARING, runs_mps_daemon
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.objects import JSON, annotations_of, labels_of
 from gpupack.quantity import parse_bytes
 from node.csi import (
     PodGetter,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TextIO
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from ops.explain import open_input
 from webhook.audit import AUDIT_MARKER
 from webhook.decision import Outcome

@@ -18,7 +18,7 @@ import jsonpatch
 import yaml
 
 from gpupack import cuda, keys, mps
-from gpupack.kube import JSON, Pod
+from gpupack.objects import JSON, Pod
 from gpupack.quantity import format_memory
 from webhook.decision import Decision, Outcome
 from webhook.mutate import MutationContext, decide, mps_limits

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.policy import effective_policies

@@ -26,7 +26,7 @@ from gpupack.capacity import Allocation, plan
 from gpupack.codec import read_original_resources
 from gpupack.errors import ContractError
 from gpupack.gpu_request import escaped, scan_gpus
-from gpupack.kube import JSON, Pod, PodSpec, annotations_of, labels_of
+from gpupack.objects import JSON, Pod, PodSpec, annotations_of, labels_of
 from gpupack.policy import PolicySet
 from gpupack.quantity import parse_compute, parse_count, parse_memory
 from gpupack.runtime.informer import object_key

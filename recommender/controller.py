@@ -24,7 +24,7 @@ from typing import Final, Protocol
 
 from gpupack import keys
 from gpupack.codec import rfc3339
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import DEFAULT_POLICY, Policy, PolicySet, UpdateMode, effective_policies
 from gpupack.policy import PLURAL as POLICY_PLURAL

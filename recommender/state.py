@@ -1,6 +1,6 @@
 """What the recommender knows about each workload, and the objects it writes: pure.
 
-A workload is the controlling owner `gpupack.kube.workload_of` names (a Deployment
+A workload is the controlling owner `gpupack.objects.workload_of` names (a Deployment
 behind its ReplicaSet, a StatefulSet, a Job, an operator's kind, or a bare Pod) in one
 namespace: the same key the webhook looks its recommendation up by. `Workload` holds its
 history and what was last published; `status_of` builds the GPURecommendation status
@@ -15,7 +15,7 @@ from typing import Any, Final, cast
 from gpupack import keys
 from gpupack.codec import parse_time, read_compute, read_memory, rfc3339
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, annotations_of, workload_of
+from gpupack.objects import JSON, Pod, annotations_of, workload_of
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import Recommendation, object_name, recommendation_object

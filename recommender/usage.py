@@ -28,10 +28,10 @@ from typing import Any, Final, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupack.kube import JSON, Pod
 from gpupack.metrics import POD_COMPUTE as COMPUTE_METRIC
 from gpupack.metrics import POD_MEMORY_USED as MEMORY_METRIC
 from gpupack.metrics import Use
+from gpupack.objects import JSON, Pod
 from gpupack.runtime import http
 
 

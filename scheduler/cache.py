@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpupack import keys
-from gpupack.kube import JSON, labels_of
+from gpupack.objects import JSON, labels_of
 from gpupack.shares import is_live
 from scheduler.ledger import (
     NotOurs,

@@ -34,7 +34,7 @@ from gpupack.capacity import (
     capacity_names,
     capacity_pod,
 )
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError, Backoff, retry
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON, annotations_of, controller_kind
+from gpupack.objects import JSON, annotations_of, controller_kind
 from gpupack.runtime.api import ApiError
 from scheduler import writer
 from scheduler.cache import Cache

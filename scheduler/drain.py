@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from gpupack import keys
 from gpupack.codec import parse_time, rfc3339
-from gpupack.kube import JSON, annotations_of, controller_kind
+from gpupack.objects import JSON, annotations_of, controller_kind
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
 from gpupack.runtime.api import ApiError
 from gpupack.shares import is_live

@@ -24,7 +24,7 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.gpu_request import escaped
-from gpupack.kube import JSON, labels_of
+from gpupack.objects import JSON, labels_of
 from gpupack.runtime.informer import object_key
 from scheduler.cache import Dirty, Store
 

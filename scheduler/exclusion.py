@@ -36,7 +36,7 @@ from typing import Final
 
 from gpupack import keys
 from gpupack.capacity import selects
-from gpupack.kube import JSON, labels_of
+from gpupack.objects import JSON, labels_of
 from gpupack.runtime.api import ApiError
 from scheduler.kube import MERGE_PATCH, Kube
 

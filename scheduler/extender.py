@@ -38,7 +38,7 @@ from dataclasses import replace
 
 from gpupack.capacity import Allocation, Where
 from gpupack.codec import rfc3339
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import PolicySet, effective_policies
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime.api import ApiError

@@ -10,7 +10,7 @@ capacity pods), patch (the autoscalers' annotations on capacity pods, the
 from collections.abc import Mapping
 from typing import Protocol
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import WatchStream
 from gpupack.runtime.transport import MERGE_PATCH, STRATEGIC_PATCH
 

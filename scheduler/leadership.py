@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.leader import LEASE_API, Record
 

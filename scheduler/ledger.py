@@ -15,7 +15,7 @@ from typing import Final, cast
 
 from gpupack import codec, keys, seal
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, PodSpec, annotations_of, labels_of
+from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from scheduler.mps_health import daemon_ready

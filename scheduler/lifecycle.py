@@ -55,7 +55,7 @@ from gpupack.capacity import (
     shortfall,
 )
 from gpupack.capacity import Gpu as PlanGpu
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.shares import scheduling_of, workload
 from scheduler import writer

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from gpupack.capacity import CONTAINER_NAME, runs_mps_daemon
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from scheduler.snapshot import Booking
 
 RESTARTED: Final = "MPSDaemonRestarted"

@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from gpupack.codec import parse_time
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.escapes import REASON as ESCAPED

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from scheduler.cache import Cache
 from scheduler.placement import Placement
 from scheduler.snapshot import Request

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.args import conventions
 from gpupack.runtime.config import ConfigError

@@ -13,7 +13,7 @@ import logging
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime import events
 from gpupack.runtime.api import ApiError, retry
 from scheduler.kube import STRATEGIC_PATCH, Kube

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 WAIT = 10.0  # a deadline for background threads, never a measured duration
 TOKEN = "test-token"

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, labels_of
+from gpupack.objects import JSON, labels_of
 from gpupack.policy import PolicySet
 from gpupack.recommendation import Recommendation
 from webhook import scope

@@ -13,7 +13,7 @@ from typing import TextIO
 import orjson
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.recommendation import Recommendation
 from webhook.decision import CapacityOutcome, Decision

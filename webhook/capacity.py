@@ -30,7 +30,7 @@ from typing import Final, Protocol, TypeVar
 
 from gpupack import keys
 from gpupack.capacity import Allocation, Gpu, shortfall
-from gpupack.kube import JSON, annotations_of, labels_of
+from gpupack.objects import JSON, annotations_of, labels_of
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
 

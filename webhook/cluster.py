@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import API_VERSION as POLICY_API_VERSION
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.policy import PolicySet

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from gpupack import cuda
 from gpupack.gpu_request import CONTAINER_FIELDS, scan_gpus
-from gpupack.kube import JSON, PodSpec
+from gpupack.objects import JSON, PodSpec
 from webhook import patch
 
 

@@ -8,7 +8,7 @@ The audit line is built from all three.
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.recommendation import Recommendation
 
 

@@ -10,7 +10,7 @@ It creates nothing: capacity pods are the scheduler's.
 from collections.abc import Mapping
 from typing import Protocol
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import WatchStream
 
 

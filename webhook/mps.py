@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpupack import mps
 from gpupack.gpu_request import GpuSlot
-from gpupack.kube import JSON, PodSpec
+from gpupack.objects import JSON, PodSpec
 from webhook import patch
 
 _PATHS = frozenset({mps.MOUNT_PATH, mps.SHM_PATH})

@@ -30,7 +30,7 @@ from gpupack import mps as gpupack_mps
 from gpupack.codec import OriginalResources, read_compute, read_memory, write_original_resources
 from gpupack.errors import ContractError
 from gpupack.gpu_request import GpuScan, GpuSlot, scan_gpus
-from gpupack.kube import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
+from gpupack.objects import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
 from gpupack.policy import MemoryEnforcement, Policy, PolicySet, Sharing, UpdateMode
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory

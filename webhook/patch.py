@@ -7,7 +7,7 @@ Keys like `gpupack.io/policy` or `nvidia.com/gpu` contain `/` and must be escape
 import functools
 from typing import Any
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 
 def escape(token: str) -> str:

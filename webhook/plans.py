@@ -28,7 +28,7 @@ from typing import Final, cast
 
 import orjson
 
-from gpupack.kube import JSON, workload_of
+from gpupack.objects import JSON, workload_of
 from gpupack.policy import PolicySet
 from webhook.decision import Decision
 from webhook.mutate import MutationContext, Planner, plan_decision

@@ -15,7 +15,7 @@ from typing import Final
 from gpupack import keys
 from gpupack.codec import read_policy
 from gpupack.errors import ContractError
-from gpupack.kube import JSON, Pod, annotations_of, labels_of
+from gpupack.objects import JSON, Pod, annotations_of, labels_of
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, Policy, PolicySet
 
 # Owner kinds (of the pod's controlling owner) and what they usually run.

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import orjson
 
-from gpupack.kube import JSON, Pod
+from gpupack.objects import JSON, Pod
 
 MAX_BODY_BYTES: Final = 3 * 2**20
 API_VERSION: Final = "admission.k8s.io/v1"

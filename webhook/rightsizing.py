@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable
 
 from gpupack.errors import ContractError
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import PolicySet, effective_policies
 from gpupack.recommendation import Recommendation, object_name, recommendation_from_object
 from gpupack.runtime.informer import object_key

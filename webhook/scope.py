@@ -8,7 +8,7 @@ from gpupack import keys
 from gpupack.codec import read_optimize
 from gpupack.errors import ContractError
 from gpupack.gpu_request import GpuScan
-from gpupack.kube import JSON, PodSpec, labels_of
+from gpupack.objects import JSON, PodSpec, labels_of
 from webhook.decision import Reason
 
 

@@ -86,7 +86,7 @@ from exporter.pods import PodMap
 from exporter.readings import Reader
 from exporter.sampler import Sampler
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime import shell
 from gpupack.runtime.api import ApiError, WatchStream

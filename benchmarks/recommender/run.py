@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from recommender.controller import Recommender, Settings
 from recommender.usage import Collected, PodUsage, parse_exporter_metrics
 

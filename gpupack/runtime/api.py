@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Protocol
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 log = logging.getLogger(__name__)
 

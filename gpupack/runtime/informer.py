@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError, Backoff, ListWatch, WatchStream
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 import urllib3
 from kubernetes.client import rest as k8s_rest
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime import config
 from gpupack.runtime.api import ApiError, WatchStream, status_error, watch_events
 from gpupack.runtime.serverclock import ServerClock

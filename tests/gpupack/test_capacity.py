@@ -23,7 +23,7 @@ from gpupack.capacity import (
     plan,
     shortfall,
 )
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 
 GiB = 2**30
 POOL = "0123456789abcdef"

@@ -1,7 +1,7 @@
 import pytest
 
 from gpupack.errors import ContractError
-from gpupack.kube import PodSpec
+from gpupack.objects import PodSpec
 from gpupack.policy import BUILTIN, GiB, Policy, Sharing
 from gpupack.pool import metadata_key, pool_key, scheduling_metadata
 

@@ -3,7 +3,7 @@ claimed names count until the informer shows them, AlreadyExists is success, a f
 releases what was not created."""
 
 from gpupack.capacity import capacity_name
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from scheduler.capacity_pods import CapacityCreator, Created
 

@@ -1,6 +1,6 @@
 """The extender keeps house only while the kube-scheduler beside it holds a live Lease."""
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from scheduler.leadership import Follower
 

@@ -3,7 +3,7 @@
 import copy
 from typing import Any, cast
 
-from gpupack.kube import JSON, Pod
+from gpupack.objects import JSON, Pod
 from webhook.review import AdmissionRequest
 
 # Tests build pods as plain dicts; the webhook's TypedDicts describe only what it reads.

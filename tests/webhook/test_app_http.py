@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupack import keys, seal
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
 from gpupack.recommendation import Recommendation
 from gpupack.runtime.api import ApiError

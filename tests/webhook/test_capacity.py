@@ -12,7 +12,7 @@ import pytest
 
 from gpupack import keys
 from gpupack.capacity import Allocation, capacity_name
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import BUILTIN, policy_spec
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.recommendation import Recommendation, list_path, recommendation_object

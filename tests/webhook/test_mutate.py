@@ -12,7 +12,7 @@ import pytest
 
 from gpupack import keys, seal
 from gpupack.codec import read_original_resources
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.recommendation import Recommendation
 from tests.webhook.builders import TestPod as Pod
 from tests.webhook.builders import deployment_pod, gpu_container, namespace, request

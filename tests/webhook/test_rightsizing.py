@@ -15,7 +15,7 @@ import jsonpatch
 import pytest
 
 from gpupack import keys
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.policy import (
     API_VERSION,
     BUILTIN,

@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.informer import Informer, object_key
 from tests.fakes import FakeKube

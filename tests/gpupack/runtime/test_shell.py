@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime import leader, shell
 from gpupack.runtime.api import ApiError, WatchStream
 from gpupack.runtime.informer import Informer

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.kube import JSON
+from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.transport import Transport, connect
 from tests.apistub import TOKEN, WAIT, ApiStub, write_kubeconfig
