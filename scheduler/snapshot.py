@@ -26,7 +26,7 @@ scorer's summary of the state (`profiles`), and why a state's GPUs refuse a GPU 
 (`refusals`).
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any, Final
@@ -135,14 +135,14 @@ class Node:
     state: int = UNKNOWN  # this version's state number (`Snapshot.state_of`)
     position: int = -1  # its place in the snapshot's node order (ties go to the first)
     indexed: int = UNKNOWN  # the state the snapshot's `StateIndex` holds it under
-    changes: set["Node"] | None = None  # the snapshot's `StateIndex.changed`
+    on_change: Callable[["Node"], None] | None = None  # the snapshot's `StateIndex.note`
 
     def touch(self) -> None:
         self.version += 1
         self.memo.clear()
         self.state = UNKNOWN
-        if self.changes is not None:
-            self.changes.add(self)
+        if self.on_change is not None:
+            self.on_change(self)
 
     @property
     def free_cpu(self) -> int:
@@ -217,7 +217,7 @@ class Snapshot:
             old.touch()  # out of the index
         else:
             node.position = next(self._positions)
-        node.changes = self._index.changed
+        node.on_change = self._index.note
         self.nodes[node.name] = node
         for gpu in node.gpus:
             self.gpus[gpu.uuid] = gpu

@@ -3,7 +3,7 @@
 Placement's answers depend on a node only through its state (`snapshot.state_key`), and
 ties go to the node met first. So what a decision needs of the cluster is, per distinct
 state, its first node: `StateIndex` keeps that, updated from the nodes that changed since
-the last decision (`Node.touch` reports them), never by walking every node.
+the last decision (`Node.touch` reports them to `note`), never by walking every node.
 
 A `Frontier` is one pod shape's view of the states: a heap of (cost or lower bound,
 position of the state's first node, state) that placement pops until an exact cost is
@@ -36,7 +36,7 @@ class StateIndex:
     """States with at least one node holding GPUs, and those nodes by position."""
 
     def __init__(self) -> None:
-        self.changed: set[Node] = set()  # `Node.touch` adds itself
+        self._changed: set[Node] = set()  # reported by `note`
         self._members: dict[int, dict[int, Node]] = {}  # state -> position -> node
         self._order: dict[int, list[int]] = {}  # state -> positions, a heap (lazy)
         self._pools: dict[int, frozenset[str]] = {}  # state -> its GPUs' pools
@@ -44,13 +44,17 @@ class StateIndex:
         self.base = 0  # how many entries were dropped from the log's front
         self.dead: list[int] = []  # states their last node left (the snapshot forgets them)
 
+    def note(self, node: "Node") -> None:
+        """A node changed (`Node.touch`): `refresh` moves it."""
+        self._changed.add(node)
+
     def refresh(self, nodes: "dict[str, Node]", state_of: "Callable[[Node], int]") -> None:
         """Move the nodes that changed to their current state (or out: removed nodes,
         nodes without GPUs)."""
-        if not self.changed:
+        if not self._changed:
             return
-        changed = list(self.changed)
-        self.changed.clear()  # the same set: every node holds it
+        changed = list(self._changed)
+        self._changed.clear()
         for node in changed:
             old = node.indexed
             if old != UNKNOWN:
