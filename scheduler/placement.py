@@ -57,7 +57,7 @@ BOUND_FROM: Final = 8  # new states that placement scores outright, without boun
 
 class Scorer(Protocol):
     """Chooses GPUs on one node. `generation` changes when its answers would. A scorer
-    may also set `by_state = True`: its cost depends only on what `snapshot.state_key`
+    may also set `by_state = True`: its cost depends only on what `memo.state_key`
     reads of the node (not its name, labels or GPU UUIDs), so equal nodes share it. Such a
     scorer may also bound its costs: `profile(node, pool) -> object` summarises a node
     state, and `bounder(request)` returns None or a function from a profile to a lower
@@ -188,24 +188,24 @@ def place(
     """Where `request` should go. Does not book it: the caller `assume`s the result.
     `nodes`: the only nodes it may go to (those kube-scheduler found feasible); None:
     every node of the snapshot (the trace replay, which has no kube-scheduler)."""
-    shape = snapshot.shape_of(request)
-    epoch = snapshot.scorer_epoch(scorer, scorer.generation)
+    shape = snapshot.memo.shape_of(request)
+    epoch = snapshot.memo.scorer_epoch(scorer, scorer.generation)
     hosts = snapshot.check_hosts
-    eligible = snapshot.eligible(request)
+    eligible = snapshot.memo.eligible(request)
     excluded: frozenset[str] = frozenset()
     if nodes is not None:
         allowed = nodes if isinstance(nodes, (set, frozenset)) else frozenset(nodes)
-        excluded = snapshot.eligible_names(request) - allowed
+        excluded = snapshot.memo.eligible_names(request) - allowed
     by_state = getattr(scorer, "by_state", False) and not request.exclusive
     if by_state and 2 * len(excluded) <= len(eligible):
-        answers = snapshot.answers(shape)
+        answers = snapshot.memo.answers(shape)
         best_node = _best_indexed(snapshot, request, scorer, shape, answers, excluded)
         if best_node is None:
             return _unfit(snapshot, request)
     else:
         candidates = [n for n in eligible if n.name not in excluded] if excluded else eligible
         if by_state:
-            answers = snapshot.answers(shape)
+            answers = snapshot.memo.answers(shape)
             best_node = _best_shared(snapshot, request, scorer, answers, candidates)
         else:
             best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
@@ -279,7 +279,7 @@ def _best_shared(
     candidates: one answer (cost or reason) per state in `answers`, shared by the nodes
     in that state."""
     get = answers.get
-    state_of = snapshot.state_of
+    state_of = snapshot.memo.state_of
     best: float | None = None
     best_node: Node | None = None
     for node in candidates:
@@ -312,9 +312,9 @@ def _best_indexed(
     earlier node. A state whose GPUs refuse the pod leaves the frontier for good; one
     whose first node is `excluded` competes at its first node that is not, for this
     decision only."""
-    index = snapshot.states()
-    frontier = snapshot.frontier(shape)
-    bounds = snapshot.bounds(shape)
+    index = snapshot.memo.states()
+    frontier = snapshot.memo.frontier(shape)
+    bounds = snapshot.memo.bounds(shape)
     pool = request.pool
     unknown: list[int] = []
     for state in frontier.news(index):
@@ -332,7 +332,7 @@ def _best_indexed(
     if unknown:
         _bound_all(snapshot, request, scorer, bounds, frontier, unknown)
     heap, current = frontier.heap, frontier.current
-    refused = snapshot.refusals(request)
+    refused = snapshot.memo.refusals(request)
     hosts = snapshot.check_hosts
     aside: list[int] = []  # states whose first node is excluded
     own: list[Entry] = []  # their entries at their first allowed node, this decision only
@@ -409,7 +409,7 @@ def _bound_all(
     their lower bound when the scorer bounds and there are more than `BOUND_FROM` (a
     bound is kept in `bounds` for the next pod of this shape; an infinite one means the
     pod cannot fit there and the state is left out), else at -inf (scored when popped)."""
-    index = snapshot.states()
+    index = snapshot.memo.states()
     bound: Callable[[object], float] | None = None
     if len(states) > BOUND_FROM and hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
         bound = scorer.bounder(request)
@@ -418,7 +418,7 @@ def _bound_all(
             frontier.push((-math.inf, index.first_position(state), state))
         return
     profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
-    profiles = snapshot.profiles()
+    profiles = snapshot.memo.profiles()
     for state in states:
         summary = profiles.get(state)
         if summary is None:
@@ -443,14 +443,14 @@ def why_unfit(
     allowed = None if nodes is None else frozenset(nodes)
     reasons: Counter[str] = Counter()
     candidates = 0
-    for node in snapshot.eligible(request):
+    for node in snapshot.memo.eligible(request):
         if allowed is not None and node.name not in allowed:
             continue
         candidates += 1
         answer = _evaluate(node, request, scorer, None, snapshot.check_hosts)
         if type(answer) is str:
             reasons[answer] += 1
-    excluded = snapshot.gpu_nodes() - candidates
+    excluded = snapshot.memo.gpu_nodes() - candidates
     if excluded > 0:
         reasons["no GPU of the pod's pool"] += excluded
     return Reasons(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))))
@@ -461,6 +461,6 @@ def _unfit(snapshot: Snapshot, request: Request) -> Unfit:
         gpu.pool == request.pool
         and gpu.compute >= request.compute
         and (not gpu.memory or gpu.memory >= request.gpu_memory)
-        for gpu in snapshot.coming()
+        for gpu in snapshot.memo.coming()
     )
     return Unfit(coming)

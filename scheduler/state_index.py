@@ -1,6 +1,6 @@
 """The live node states and the nodes in each, so a decision costs O(states), not O(nodes).
 
-Placement's answers depend on a node only through its state (`snapshot.state_key`), and
+Placement's answers depend on a node only through its state (`memo.state_key`), and
 ties go to the node met first. So what a decision needs of the cluster is, per distinct
 state, its first node: `StateIndex` keeps that, updated from the nodes that changed since
 the last decision (`Node.touch` reports them to `note`), never by walking every node.

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
+from scheduler import memo as memo_module
 from scheduler import placement as placement_module
-from scheduler import snapshot as snapshot_module
 from scheduler.fragmentation import DeepFragmentation, TaskType
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, Weights, _take
@@ -68,7 +68,7 @@ def test_a_new_pod_shape_scores_few_of_many_node_states(monkeypatch: pytest.Monk
         placed = place(snap, request, scorer)
         if isinstance(placed, Placement):
             snap.assume(request, placed.node, placed.gpus)
-    states = {snap.state_of(n) for n in snap.nodes.values()}
+    states = {snap.memo.state_of(n) for n in snap.nodes.values()}
     scored: list[str] = []
     choose = scorer.choose
 
@@ -90,7 +90,7 @@ def test_bounds_profiles_and_refusals_start_over_with_the_answers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)
-    monkeypatch.setattr(snapshot_module, "ANSWER_LIMIT", 40)
+    monkeypatch.setattr(memo_module, "ANSWER_LIMIT", 40)
     rng_a, rng_b = random.Random(3), random.Random(3)
     bounded, own = (
         Snapshot(busy_cluster(random.Random(3))),
@@ -107,10 +107,10 @@ def test_bounds_profiles_and_refusals_start_over_with_the_answers(
             bounded.assume(request, a.node, a.gpus)
             own.assume(request, a.node, a.gpus)
         kept = (
-            sum(map(len, bounded._answers.values()))
-            + sum(map(len, bounded._bounds.values()))
-            + len(bounded._profiles)
-            + sum(map(len, bounded._refusals.values()))
+            sum(map(len, bounded.memo._answers.values()))
+            + sum(map(len, bounded.memo._bounds.values()))
+            + len(bounded.memo._profiles)
+            + sum(map(len, bounded.memo._refusals.values()))
         )
         assert kept <= 40 + 64 * 4 * len(bounded.nodes), step  # checked every 64 calls
 
@@ -119,7 +119,7 @@ def test_another_scorer_drops_the_bounds_and_profiles() -> None:
     snap = Snapshot(busy_cluster(random.Random(1)))
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     place(snap, request, FragmentationScorer(MIX))
-    assert snap._profiles or snap._bounds or snap._answers
+    assert snap.memo._profiles or snap.memo._bounds or snap.memo._answers
 
     other = FragmentationScorer(MIX[1:])
     expected = place(Snapshot(busy_cluster(random.Random(1))), request, OnItsOwn(other))

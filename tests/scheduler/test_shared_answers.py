@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from scheduler import snapshot as snapshot_module
+from scheduler import memo as memo_module
 from scheduler import state_index as state_index_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
 from scheduler.placement import Placement, Scorer, Unfit, place, why_unfit
@@ -227,7 +227,7 @@ def test_shape_and_state_tables_that_start_over_keep_decisions(
     """Every bound on what placement keeps (shapes, states, answers, the log of new
     states, what is kept of states no node is in) changes no decision."""
     for name, value in limits.items():
-        module = state_index_module if name == "LOG_MIN" else snapshot_module
+        module = state_index_module if name == "LOG_MIN" else memo_module
         monkeypatch.setattr(module, name, value)
     rng_a, rng_b = random.Random(7), random.Random(7)
     shared, own = Snapshot(cluster()), Snapshot(cluster())
