@@ -3,7 +3,7 @@
 Pure and standard-library only: part of the contract, because the scheduler (which
 creates capacity when a pod fits nowhere), the webhook (which plans at admission, for
 its audit line) and `kubectl gpupack` reports must agree on names and packing. Each
-turns its caches into `Gpu`s and `Allocation`s and asks `plan` how many GPUs the pool
+turns its caches into `PlanGpu`s and `Allocation`s and asks `plan` how many GPUs the pool
 lacks; the scheduler names them with `capacity_names` and builds them with
 `capacity_pod`, placed where `Where` says.
 
@@ -70,7 +70,7 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
-class Gpu:
+class PlanGpu:
     """A capacity pod: one whole GPU, running or pending, and what is already on it."""
 
     name: str
@@ -188,7 +188,7 @@ def _fill(open_bin: _OpenBin, pending: list[Allocation]) -> list[Allocation]:
 
 
 def plan(
-    gpus: Sequence[Gpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
+    gpus: Sequence[PlanGpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
 ) -> Plan:
     """Pack `unplaced` onto `gpus` (first fit, largest first), opening new GPUs as needed.
 
@@ -251,7 +251,7 @@ class _Group:
 
 
 def shortfall(
-    gpus: Sequence[Gpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
+    gpus: Sequence[PlanGpu], unplaced: Iterable[Allocation], *, new_gpu_memory: int | None
 ) -> Shortfall:
     """`plan(...)`'s `missing` and `oversized`, at the cost of the pool's distinct shapes
     and GPUs rather than of its allocations: the webhook asks it for every admission, of

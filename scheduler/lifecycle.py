@@ -48,13 +48,13 @@ from gpupack import keys
 from gpupack.capacity import (
     MAX_NODES,
     Allocation,
+    PlanGpu,
     Where,
     affinity_to_others,
     holding_nodes,
     placement_of,
     shortfall,
 )
-from gpupack.capacity import Gpu as PlanGpu
 from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.shares import scheduling_of, workload

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar
 
 from gpupack import keys
-from gpupack.capacity import Allocation, Gpu, shortfall
+from gpupack.capacity import Allocation, PlanGpu, shortfall
 from gpupack.objects import JSON, annotations_of, labels_of
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
@@ -112,7 +112,7 @@ class _PoolState:
 class PoolView:
     """A pool as the planner needs it: GPUs and allocations waiting."""
 
-    gpus: tuple[Gpu, ...]
+    gpus: tuple[PlanGpu, ...]
     unplaced: tuple[Allocation, ...]
     new_gpu_memory: int | None
 
@@ -224,7 +224,7 @@ class CapacityManager:
             if decision != demand.decision_id:
                 unplaced.append(reservation.allocation)
         gpus = [
-            Gpu(name=name, memory=memory, running=running, allocations=tuple(placed[name]))
+            PlanGpu(name=name, memory=memory, running=running, allocations=tuple(placed[name]))
             for name, (memory, running) in live.items()
         ]
         known = [memory for memory, _ in live.values() if memory is not None]

@@ -11,7 +11,7 @@ from gpupack.capacity import (
     FULL_GPU,
     Allocation,
     Bin,
-    Gpu,
+    PlanGpu,
     Shortfall,
     Where,
     affinity_to_others,
@@ -49,35 +49,35 @@ def mps(count: int, compute: int, owner: str) -> list[Allocation]:
         pytest.param([], pods(4, 100, 8 * GiB), 16 * GiB, 2, id="memory-bound-two-per-16gi-gpu"),
         pytest.param([], pods(4, 100, 8 * GiB), None, 1, id="unknown-memory-checks-compute-only"),
         pytest.param(
-            [Gpu("g0", memory=16 * GiB, allocations=tuple(pods(1, 100, 12 * GiB)))],
+            [PlanGpu("g0", memory=16 * GiB, allocations=tuple(pods(1, 100, 12 * GiB)))],
             pods(1, 100, 8 * GiB, owner="ml/Deployment/b"),
             None,
             1,
             id="known-memory-of-an-existing-gpu-is-respected",
         ),
         pytest.param(
-            [Gpu("g0", allocations=tuple(pods(1, 100, 12 * GiB)))],
+            [PlanGpu("g0", allocations=tuple(pods(1, 100, 12 * GiB)))],
             pods(1, 100, 8 * GiB, owner="ml/Deployment/b"),
             None,
             0,
             id="unknown-memory-of-an-existing-gpu-is-not-checked",
         ),
         pytest.param(
-            [Gpu("g0", running=True, allocations=tuple(pods(1, 700)))],
+            [PlanGpu("g0", running=True, allocations=tuple(pods(1, 700)))],
             pods(1, 300, owner="ml/Job/x"),
             None,
             0,
             id="partly-filled-gpu-absorbs-a-pod",
         ),
         pytest.param(
-            [Gpu("g0", running=True, allocations=tuple(pods(1, 700)))],
+            [PlanGpu("g0", running=True, allocations=tuple(pods(1, 700)))],
             pods(2, 300, owner="ml/Job/x"),
             None,
             1,
             id="partly-filled-gpu-absorbs-what-fits",
         ),
         pytest.param(
-            [Gpu("g0"), Gpu("g1")], pods(6, 300), None, 0, id="pending-capacity-pods-count"
+            [PlanGpu("g0"), PlanGpu("g1")], pods(6, 300), None, 0, id="pending-capacity-pods-count"
         ),
         pytest.param(
             [], mps(2, 300, "ml/Deployment/a") + pods(1, 300), None, 2, id="mps-is-not-shared"
@@ -97,21 +97,21 @@ def mps(count: int, compute: int, owner: str) -> list[Allocation]:
             id="mps-pods-of-one-workload-share",
         ),
         pytest.param(
-            [Gpu("g0", allocations=tuple(pods(1, 100)))],
+            [PlanGpu("g0", allocations=tuple(pods(1, 100)))],
             mps(1, 100, "ml/Deployment/a"),
             None,
             1,
             id="mps-pod-does-not-join-a-shared-gpu",
         ),
         pytest.param(
-            [Gpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
+            [PlanGpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
             pods(1, 100),
             None,
             1,
             id="shared-pod-does-not-join-an-mps-gpu",
         ),
         pytest.param(
-            [Gpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
+            [PlanGpu("g0", allocations=tuple(mps(1, 100, "ml/Deployment/a")))],
             [Allocation("new", 100, GiB, "ml/Deployment/a", exclusive=True)],
             None,
             0,
@@ -121,7 +121,7 @@ def mps(count: int, compute: int, owner: str) -> list[Allocation]:
     ],
 )
 def test_plan_counts_the_missing_gpus(
-    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None, missing: int
+    gpus: list[PlanGpu], unplaced: list[Allocation], new_gpu_memory: int | None, missing: int
 ) -> None:
     assert plan(gpus, unplaced, new_gpu_memory=new_gpu_memory).missing == missing
 
@@ -150,7 +150,7 @@ def test_an_allocation_larger_than_the_assumed_gpu_is_reported() -> None:
 @given(st.permutations(pods(5, 300) + pods(3, 450, 6 * GiB, "b/Job/x") + mps(2, 200, "c/D/y")))
 def test_plan_does_not_depend_on_input_order(unplaced: list[Allocation]) -> None:
     reference = pods(5, 300) + pods(3, 450, 6 * GiB, "b/Job/x") + mps(2, 200, "c/D/y")
-    gpus = [Gpu("g1", memory=16 * GiB), Gpu("g0", running=True)]
+    gpus = [PlanGpu("g1", memory=16 * GiB), PlanGpu("g0", running=True)]
 
     assert plan(gpus, unplaced, new_gpu_memory=16 * GiB) == plan(
         list(reversed(gpus)), reference, new_gpu_memory=16 * GiB
@@ -170,7 +170,7 @@ gpu_memories = st.one_of(st.none(), st.sampled_from([16 * GiB, 24 * GiB, 80 * Gi
 
 
 @st.composite
-def existing_gpus(draw: st.DrawFn) -> list[Gpu]:
+def existing_gpus(draw: st.DrawFn) -> list[PlanGpu]:
     """GPUs whose current allocations respect their capacity (as the scheduler keeps them)."""
     gpus = []
     for index in range(draw(st.integers(0, 4))):
@@ -178,7 +178,7 @@ def existing_gpus(draw: st.DrawFn) -> list[Gpu]:
         on_it = draw(allocations)
         fits = memory is None or on_it.memory <= memory
         gpus.append(
-            Gpu(
+            PlanGpu(
                 f"g{index}",
                 memory=memory,
                 running=draw(st.booleans()),
@@ -190,7 +190,7 @@ def existing_gpus(draw: st.DrawFn) -> list[Gpu]:
 
 @given(existing_gpus(), st.lists(allocations, max_size=25), gpu_memories)
 def test_planned_gpus_always_suffice(
-    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+    gpus: list[PlanGpu], unplaced: list[Allocation], new_gpu_memory: int | None
 ) -> None:
     result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
 
@@ -356,7 +356,7 @@ def test_capacity_pod_takes_only_scheduling_fields_and_does_not_alias_them() -> 
 
 
 def one_at_a_time(
-    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+    gpus: list[PlanGpu], unplaced: list[Allocation], new_gpu_memory: int | None
 ) -> list[list[str]]:
     """Plain first-fit decreasing, one allocation at a time: the specification that the
     planner's run-at-a-time packing must reproduce exactly."""
@@ -410,7 +410,7 @@ mixed_runs = st.lists(
 
 @given(existing_gpus(), st.lists(allocations, max_size=25) | same_shapes | mixed_runs, gpu_memories)
 def test_packing_runs_of_equal_shapes_equals_first_fit_one_at_a_time(
-    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+    gpus: list[PlanGpu], unplaced: list[Allocation], new_gpu_memory: int | None
 ) -> None:
     result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
     assert [[a.key for a in b.allocations] for b in result.bins] == one_at_a_time(
@@ -586,7 +586,7 @@ shared = st.builds(  # no real-time-mps: the shortfall's own path; 30Gi > some G
     gpu_memories,
 )
 def test_the_shortfall_is_what_the_plan_lacks(
-    gpus: list[Gpu], unplaced: list[Allocation], new_gpu_memory: int | None
+    gpus: list[PlanGpu], unplaced: list[Allocation], new_gpu_memory: int | None
 ) -> None:
     result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
 
