@@ -257,10 +257,9 @@ def _serve(work: Work, stop: threading.Event) -> None:
 def settle_heap() -> None:
     """Take what start-up made (modules, parsers, clients, the first cache lists) out of
     the cyclic garbage collector's way (`gc.freeze`), so that its full collections scan
-    only what the process made since. On an exporter of 8 GPUs x 64 processes a full
-    collection took up to 22 ms, inside a scrape: the scrape's p99 was 37 ms, 15 ms
-    after (`benchmarks/exporter/run.py`). Frozen objects are still freed by reference
-    counting; only cycles among them would stay."""
+    only what the process made since: a full collection inside a scrape was most of the
+    exporter's p99 (`benchmarks/exporter/run.py` measures it). Frozen objects are still
+    freed by reference counting; only cycles among them would stay."""
     gc.collect()
     gc.freeze()
 
