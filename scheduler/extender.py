@@ -130,7 +130,7 @@ class Extender:
                 return wire.refused({})
             result = place(self.cache.snapshot, request, self._scorer, nodes)
             if isinstance(result, Placement):
-                self._reserve(key, pod, request, result, now)
+                self.reservations.reserve(key, pod, request, result, now)
                 self.waiting.pop(key, None)
                 self._count("placed")
                 return wire.chosen(result.node)
@@ -278,11 +278,6 @@ class Extender:
             return now - waiting.since < WAITING_FORGET
         return not (pod.get("spec") or {}).get("nodeName") and not self.reservations.booked(key)
 
-    def _reserve(
-        self, key: str, pod: JSON, request: Request, placement: Placement, now: float
-    ) -> None:
-        self.reservations.reserve(key, pod, request, placement, now)
-
     def _release(self, key: str, why: str) -> None:
         if self.reservations.release(key, why):
             self._changed = True
@@ -304,7 +299,7 @@ class Extender:
         if not isinstance(result, Placement):
             why = refusal(self.cache.snapshot, request, args.node)
             return f"the GPU reserved for {args.key} was released and {args.node} has {why}"
-        self._reserve(args.key, pod, request, result, now)
+        self.reservations.reserve(args.key, pod, request, result, now)
         return None
 
     # Pods that wait for a GPU.

@@ -48,15 +48,14 @@ class PlacementMemo:
         self._frontiers: dict[int, Frontier] = {}  # shape -> its heap over the states
         self._used: dict[int, int] = {}  # shape -> the `answers` call that last used it
         self._index = StateIndex()
+        # What a node of the ledger calls when it changes (`Node.on_change`): the index's
+        # own method, one call on every booking's path.
+        self.note = self._index.note
         self._coming: tuple[int, list[Gpu]] | None = None  # (topology, GPUs coming)
         self._gpu_nodes: tuple[int, int] | None = None  # (topology, nodes holding GPUs)
         self._answers_of: tuple[object, int] | None = None  # (scorer, its generation)
         self._answer_calls = 0
         self._epoch = 0
-
-    def note(self, node: Node) -> None:
-        """A node of the ledger changed (`Node.touch`): the state index moves it."""
-        self._index.note(node)
 
     def eligible(self, request: Request) -> list[Node]:
         """Nodes that hold GPUs of the pod's pool (cached until the topology changes).

@@ -2,9 +2,10 @@
 
 kube-scheduler filters the next pod before the previous one is bound, so the share
 chosen at filter must count at once, as kube-scheduler's cache assumes a pod. A
-reservation is that share, and this class is the only writer of every structure that
-says so: its own table, the snapshot's booking (`Snapshot.assume` / `forget`), the
-cache's `assumed` set, and the pod's place among the cache's `pending` pods.
+reservation is that share, and only this class makes and gives back reservations: its
+own table, the snapshot's booking (`Snapshot.assume` / `forget`), the cache's `assumed`
+set and the pod's place among the cache's `pending` pods change together here. The
+cache's informer side keeps `assumed` in step with the cluster (below).
 
 ```
                reserve (filter chose a GPU)
