@@ -30,7 +30,7 @@ from hack.localcluster.nodes import (
     node_manifest,
     schedulable,
 )
-from hack.localcluster.processes import Process, free_port, log, stop_pid
+from hack.localcluster.processes import Process, Restarter, free_port, log, stop_pid
 from hack.localcluster.realnode import RealNode
 
 SERVICE_CIDR: Final = "10.96.0.0/16"
@@ -55,6 +55,7 @@ class ControlPlane:
     api_port: int = 0
     node: RealNode | None = field(default=None, repr=False)
     _admin: Kube | None = field(default=None, repr=False)
+    _kubelet: Restarter | None = field(default=None, repr=False)
 
     @property
     def address(self) -> str:
@@ -98,6 +99,7 @@ class ControlPlane:
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
+            self._supervise()
             self._create_nodes()
             if self.node is not None:
                 self.node.start(self.node_images)
@@ -109,6 +111,9 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
+        if self._kubelet is not None:
+            self._kubelet.__exit__(None, None, None)
+            self._kubelet = None
         if self.node is not None:
             self.node.stop()
             self.node = None
@@ -129,7 +134,7 @@ class ControlPlane:
 
     def write_state(self) -> None:
         """Where a later `hack/demo stop` finds the processes to stop."""
-        state = {name: p.pid for name, p in self.processes.items()}
+        state = {name: p.pid for name, p in list(self.processes.items())}
         (self.workdir / "state.json").write_text(json.dumps(state))
 
     @staticmethod
@@ -145,6 +150,19 @@ class ControlPlane:
             realnode.clean_host(host_state.parent)  # a real node's changes to the host
         state_file.unlink()
         return list(state)
+
+    def _supervise(self) -> None:
+        """Start again the components that exit on their own, as the kubelet restarts
+        their static pods: kube-scheduler exits when it finds its cache corrupted (an
+        event missed while the API server restarted), kube-controller-manager when it
+        cannot sync, kwok on a fatal watch error. A test that stops one on purpose
+        (`Process.stop`) keeps it stopped. Not for a detached cluster (the demo's), which
+        outlives this process."""
+        if self.detach:
+            return
+        names = ["kube-controller-manager", "kube-scheduler", "kwok"]
+        self._kubelet = Restarter(self.processes, names, restarted=self.write_state)
+        self._kubelet.__enter__()
 
     def _launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(name, args, self.workdir / "logs" / f"{name}.log")

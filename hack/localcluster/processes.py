@@ -11,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -34,9 +34,16 @@ class Process:
     log: Path
     popen: subprocess.Popen[bytes] | None = None
     env: dict[str, str] | None = None  # the environment it was first started with
+    # Held while it is started or stopped, so that a `Restarter` never starts again one
+    # that is being stopped on purpose.
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     def start(self, env: dict[str, str] | None = None, *, detach: bool = False) -> None:
         """Start it; a restart without `env` gets the environment of the first start."""
+        with self._lock:
+            self._start(env, detach)
+
+    def _start(self, env: dict[str, str] | None, detach: bool) -> None:
         if env is None:
             env = self.env
         self.env = env
@@ -58,6 +65,16 @@ class Process:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def restart_if_exited(self) -> int | None:
+        """Start it again if it was started and exited since (not stopped): its exit
+        status, or None when it runs or was stopped."""
+        with self._lock:
+            if self.popen is None or self.popen.poll() is None:
+                return None
+            status = self.popen.returncode
+            self._start(None, detach=False)
+            return status
+
     def tail(self, lines: int = 25) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -66,31 +83,42 @@ class Process:
 
     def kill(self) -> None:
         """SIGKILL to its process group, as when a node dies: nothing is released."""
-        if self.popen is None:
-            return
-        os.killpg(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(timeout=10)
-        self.popen = None
+        with self._lock:
+            if self.popen is None:
+                return
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=10)
+            self.popen = None
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.popen is None:
-            return
-        stop_pid(self.popen.pid, grace)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=1)
-        self.popen = None
+        with self._lock:
+            if self.popen is None:
+                return
+            stop_pid(self.popen.pid, grace)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=1)
+            self.popen = None
 
 
 class Restarter:
     """What the kubelet does for a pod's containers (restartPolicy: Always), for host
     processes: each of `names` that exits is started again after `delay` seconds (a
     kube-scheduler that loses its Lease exits, and its pod restarts it). Restarts are
-    counted per name; `paused()` stops watching while a test stops one on purpose."""
+    counted per name; `paused()` stops watching while a test stops one on purpose (one
+    stopped with `Process.stop` is never started again); `restarted` is called after
+    each restart."""
 
-    def __init__(self, processes: dict[str, Process], names: list[str], delay: float = 1.0):
+    def __init__(
+        self,
+        processes: dict[str, Process],
+        names: list[str],
+        delay: float = 1.0,
+        restarted: Callable[[], None] = lambda: None,
+    ):
         self._processes = processes
         self._names = names
         self._delay = delay
+        self._restarted = restarted
         self.restarts: dict[str, int] = dict.fromkeys(names, 0)
         self._stop = threading.Event()
         self._paused = threading.Lock()
@@ -114,10 +142,11 @@ class Restarter:
             with self._paused:
                 for name in self._names:
                     process = self._processes.get(name)
-                    if process is not None and process.popen is not None and not process.alive():
-                        log(f"{name} exited ({process.popen.returncode}): starting it again")
-                        process.start()
+                    status = process.restart_if_exited() if process is not None else None
+                    if status is not None:
+                        log(f"{name} exited ({status}): started it again")
                         self.restarts[name] += 1
+                        self._restarted()
 
 
 def stop_pid(pid: int, grace: float = 10.0) -> None:

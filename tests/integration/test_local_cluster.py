@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.localcluster import LocalCluster, NodePool
+from hack.localcluster import Kube, LocalCluster, NodePool
 
 pytestmark = pytest.mark.integration
 ONE_NODE = (NodePool("gpu-t4", 1, 1, "Tesla-T4", 15360, "8", "32Gi"),)
@@ -82,3 +82,34 @@ def test_killing_the_owner_takes_the_cluster_down_with_it(tmp_path: Path) -> Non
     child.stdout.close()
     assert settle(lambda: not any(alive(pid) for pid in started["pids"]))
     assert settle(lambda: all(port_free(port) for port in started["ports"]))
+
+
+def test_a_component_that_exits_on_its_own_is_started_again(
+    local_cluster: LocalCluster, kube: Kube, plain_namespace: str
+) -> None:
+    """kube-scheduler exits when it finds its cache corrupted (an event missed while the
+    API server restarted): the kubelet restarts its static pod, and so does the local
+    cluster. The restarted one schedules the next pod."""
+    scheduler = local_cluster.processes["kube-scheduler"]
+    before = scheduler.pid
+    os.killpg(before, signal.SIGKILL)
+    assert settle(lambda: scheduler.alive() and scheduler.pid != before)
+
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "after-restart", "namespace": plain_namespace},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    kube.create(f"/api/v1/namespaces/{plain_namespace}/pods", pod)
+    bound = kube.wait_for(
+        "the restarted kube-scheduler to bind the pod",
+        lambda: kube.get(f"/api/v1/namespaces/{plain_namespace}/pods/after-restart")["spec"].get(
+            "nodeName"
+        ),
+        timeout=60,
+    )
+    assert bound
