@@ -66,6 +66,10 @@ REQUEUE_EVERY: float = 2.0  # seconds between two requeues of one pod, at least
 # Seconds after its last filter by which kube-scheduler has written its verdict on a pod:
 # a verdict that does not name gpupack then is one it reached without the extender.
 VERDICT_WRITTEN: float = 5.0
+# Seconds after the GPU nodes changed by which kube-scheduler has judged a pod no node
+# could take against the new ones: a node event moves it out of its unschedulable queue,
+# and its backoff is at most ten seconds (`podMaxBackoffSeconds`).
+VERDICT_RENEWED: float = 30.0
 
 
 class Extender:
@@ -105,6 +109,7 @@ class Extender:
         self.notices = Notices(kube, cache, self._pool.submit, settings.namespace, escapes)
         self.reservations = Reservations(cache)
         self.waiting: dict[str, Waiting] = {}
+        self._gpu_nodes_seen = (0, 0.0)  # `Cache.gpu_nodes_changed`, and since when
         # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
         # until the informer brings the labelled copy, the next binds need not label again.
         self._marked: dict[str, str] = {}
@@ -322,6 +327,7 @@ class Extender:
             rejected,
             required.key,
             self.cache.gpu_nodes_changed,
+            unschedulable(pod),
         )
         return required
 
@@ -345,8 +351,16 @@ class Extender:
         ask the extender about it. So is a pod filtered before whose feasible nodes have
         all gone since (kube-scheduler's verdict, written after the filter, names no
         gpupack reason): what it was waiting for, a GPU on those nodes, can no longer
-        help it, and would otherwise be kept for it."""
+        help it, and would otherwise be kept for it.
+
+        Judged again only once kube-scheduler has judged it against the changed nodes (its
+        verdict is new, or `VERDICT_RENEWED` passed): until then its verdict is about the
+        nodes before, and a node just added for it, which it can use, would count as one
+        it cannot, and its GPU be asked for a second time elsewhere."""
         generation = self.cache.gpu_nodes_changed
+        if generation != self._gpu_nodes_seen[0]:
+            self._gpu_nodes_seen = (generation, now)
+        settled = now - self._gpu_nodes_seen[1] >= VERDICT_RENEWED
         for key, entry in self.cache.pending.items():
             if self.reservations.booked(key):
                 continue
@@ -359,6 +373,8 @@ class Extender:
             why = unschedulable(entry.pod)
             if not isinstance(request, Request) or why is None or "gpupack:" in why:
                 continue
+            if known is not None and not known.nodes and why == known.verdict and not settled:
+                continue  # kube-scheduler has not judged it against the changed nodes yet
             required = self._wait(key, entry.pod, request, frozenset(), now)
             if known is not None and not known.nodes and known.placement == required.key:
                 self.waiting[key] = replace(self.waiting[key], since=known.since)

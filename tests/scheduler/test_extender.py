@@ -18,7 +18,7 @@ from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API
-from scheduler.extender import VERDICT_WRITTEN, Extender
+from scheduler.extender import VERDICT_RENEWED, VERDICT_WRITTEN, Extender
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
@@ -980,13 +980,16 @@ def test_a_pod_no_node_can_take_is_judged_again_when_a_gpu_node_arrives() -> Non
     """Two replicas that each need a node of their own wait at once, off n1: one capacity
     pod is planned for both, and an autoscaler's node n2 comes for it. One replica runs
     there; the other is still refused by kube-scheduler (its anti-affinity), which never
-    asks the extender. When the GPU nodes change, the leader judges it again: its GPU
-    must now stay off n2 too, a requirement no coming GPU meets, so it asks for one."""
+    asks the extender. When the GPU nodes change and kube-scheduler has said so of the
+    new ones, the leader judges it again: its GPU must now stay off n2 too, a requirement
+    no coming GPU meets, so it asks for one."""
     message = "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
     extender, pods, api, _ = setup(nodes={"n1": 8})
     extender.leading = True
+    replicas = {}
     for name in ("r1", "r2"):
-        pending(pods, name, "500m")["status"] = unschedulable(message)
+        replicas[name] = pending(pods, name, "500m")
+        replicas[name]["status"] = unschedulable(message)
         extender.cache.dirty.pod(f"ml/{name}")
     extender.tick()
     extender.flush()
@@ -997,9 +1000,67 @@ def test_a_pod_no_node_can_take_is_judged_again_when_a_gpu_node_arrives() -> Non
     extender.flush()
     assert len([p for p, _ in api.created if p.endswith("/pods")]) == 1
 
-    api.nodes.objects["n2"] = node("n2")
-    api.nodes.objects["n2"]["status"]["allocatable"][keys.NVIDIA_GPU] = "2"
-    extender.cache.dirty.node("n2")
+    add_gpu_node(extender, api, "n2")
+    extender.tick()  # kube-scheduler's verdict is still about n1 alone
+    extender.flush()
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 1
+
+    replicas["r2"]["status"] = unschedulable(message.replace("1", "2"))
+    extender.cache.dirty.pod("ml/r2")
+    extender.tick()
+
+    assert len(created_capacity(extender, api)) == 2
+    second = [b for p, b in api.created if p.endswith("/pods")][1]
+    assert _avoided(second) == ["n1", "n2"]
+
+
+def add_gpu_node(extender: Extender, api: Api, name: str, gpus: int = 2) -> None:
+    api.nodes.objects[name] = node(name)
+    api.nodes.objects[name]["status"]["allocatable"][keys.NVIDIA_GPU] = str(gpus)
+    extender.cache.dirty.node(name)
+
+
+def test_a_node_added_for_pods_no_node_could_take_is_not_counted_against_them() -> None:
+    """Three pods of a pool scaled to zero wait; their three capacity pods are asked for,
+    and an autoscaler's node comes for them. Until kube-scheduler judges the pods against
+    it (it lets them go there, and asks the extender), their verdict is about the nodes
+    before: the new node is not one they cannot use, and no GPU is asked for again."""
+    message = "0/1 nodes are available: 1 node(s) had untolerated taint {cpu-only: }."
+    extender, pods, api, clock = setup(nodes={"cpu": 0})
+    extender.leading = True
+    for name in ("a", "b", "c"):
+        pending(pods, name, "900m")["status"] = unschedulable(message)
+        extender.cache.dirty.pod(f"ml/{name}")
+    extender.tick()
+    extender.flush()
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 3
+
+    add_gpu_node(extender, api, "gpu-1", gpus=8)
+    for _ in range(5):
+        clock.now += 2
+        extender.tick()
+        extender.flush()
+
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 3
+
+
+def test_a_verdict_kube_scheduler_never_renews_is_judged_again_in_the_end() -> None:
+    """kube-scheduler may not write a new verdict on a pod after the GPU nodes change (one
+    node went as another came: the same words). After `VERDICT_RENEWED` its verdict
+    counts as judged against the nodes there are."""
+    message = "0/1 nodes are available: 1 node(s) didn't match pod anti-affinity rules."
+    extender, pods, api, clock = setup(nodes={"n1": 8})
+    extender.leading = True
+    pending(pods, "r", "500m")["status"] = unschedulable(message)
+    extender.cache.dirty.pod("ml/r")
+    extender.tick()
+    extender.flush()
+    add_gpu_node(extender, api, "n2")
+    extender.tick()
+    extender.flush()
+    assert len([p for p, _ in api.created if p.endswith("/pods")]) == 1
+
+    clock.now += VERDICT_RENEWED
     extender.tick()
 
     assert len(created_capacity(extender, api)) == 2
