@@ -11,6 +11,11 @@ with `ConnectionLimits`:
   closed, before the parser has buffered more than one read past the limit.
 - **Request time:** a request must arrive whole (headers and body) within
   `request_seconds` of its first byte; a slow one gets `408` and is closed.
+- **Closing:** a connection the server closes (a refusal, a timeout, an eviction) has
+  its TLS session ended at once and its TCP connection dropped `CLOSE_LINGER` seconds
+  later unless the client closed it first, as nginx and Go's server close theirs;
+  asyncio would otherwise keep it open, and counted, up to 30 s for the client's
+  close_notify.
 - **Idle connections:** a connection that sends nothing for `idle_seconds` after its
   handshake is closed (uvicorn arms no timer before a first answer); one idle for
   `keep_alive_seconds` after an answer is closed too. That is longer than the API
@@ -53,6 +58,10 @@ REQUEST_SECONDS: Final = 10.0
 IDLE_SECONDS: Final = 5.0
 KEEP_ALIVE_SECONDS: Final = 120.0
 CONNECTIONS: Final = 512
+# Seconds between closing a connection (its TLS session: close_notify sent) and
+# dropping its TCP connection, unless the client closes first; asyncio would otherwise
+# wait up to 30 s for the client's close_notify, the connection open and counted.
+CLOSE_LINGER: Final = 1.0
 TRIM_AFTER: Final = 64
 TRIM_DELAY: Final = 1.0
 
@@ -132,6 +141,7 @@ class GuardedProtocol(HttpToolsProtocol):
         # uvicorn's keep-alive timer (`timeout_keep_alive` = `keep_alive_seconds`).
         self._deadline: asyncio.TimerHandle | None = None
         self._idle_since = 0.0
+        self._dropping: asyncio.TimerHandle | None = None  # `_close`'s
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits, drain: Drain) -> type["GuardedProtocol"]:
@@ -142,6 +152,7 @@ class GuardedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.limits.connections and not self._evict_idlest():
             transport.close()  # every open connection is answering a request
+            self.loop.call_later(CLOSE_LINGER, transport.abort)
             return
         super().connection_made(transport)
         # uvicorn arms no timer before a first answer: a silent connection is closed as
@@ -153,6 +164,9 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel()
+        if self._dropping is not None:
+            self._dropping.cancel()
+            self._dropping = None
         _TRIMMER.closed(self.loop)
         if self.transport is not None:  # None when refused in connection_made
             super().connection_lost(exc)
@@ -164,8 +178,20 @@ class GuardedProtocol(HttpToolsProtocol):
             return False
         oldest = min(idle, key=lambda c: c._idle_since)
         oldest.connections.discard(oldest)  # counted out now, closed on the next turn
-        oldest.transport.close()
+        oldest._close()
         return True
+
+    def _close(self) -> None:
+        """Close the connection: its TLS session now, its TCP connection `CLOSE_LINGER`
+        seconds later at most (time for the client to read what it was sent)."""
+        self.transport.close()
+        if self._dropping is None:
+            self._dropping = self.loop.call_later(CLOSE_LINGER, self.transport.abort)
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's (an idle connection is closed), with `_close`."""
+        if not self.transport.is_closing():
+            self._close()
 
     def _is_idle(self) -> bool:
         return (self.cycle is None or self.cycle.response_complete) and not self.pipeline
@@ -185,12 +211,12 @@ class GuardedProtocol(HttpToolsProtocol):
             seconds = self.limits.request_seconds
             self._refuse(408, "Request Timeout", f"the request did not arrive within {seconds}s")
         else:  # the app is reading the body: it sees the disconnect
-            self.transport.close()
+            self._close()
 
     def _refuse(self, status: int, reason: str, detail: str) -> None:
         self._cancel()
         self.transport.write(_answer(status, reason, detail))
-        self.transport.close()
+        self._close()
 
     # Reading.
 

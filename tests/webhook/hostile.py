@@ -127,6 +127,24 @@ def closed_by_server(conn: ssl.SSLSocket, within: float) -> bool:
     return False
 
 
+def tcp_closed_by_server(conn: ssl.SSLSocket, within: float) -> bool:
+    """Whether the server drops the TCP connection under `conn` within `within` seconds,
+    not only its TLS session (a close_notify, after which `recv` answers b""): what the
+    kernel, a load balancer and the server's connection limit count. The client sends no
+    close_notify of its own, as a hostile one would not."""
+    deadline = time.monotonic() + within
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            if socket.socket.recv(conn, 4096) == b"":  # the raw bytes under TLS
+                return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return False
+
+
 def read_response(conn: ssl.SSLSocket) -> bytes:
     """One whole HTTP response (headers and a Content-Length body) from `conn`."""
     data = b""

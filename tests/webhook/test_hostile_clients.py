@@ -21,6 +21,7 @@ from .hostile import (
     idle_connections,
     read_response,
     serve,
+    tcp_closed_by_server,
 )
 
 VALUES = Path(__file__).parents[2] / "charts" / "gpupack" / "values.yaml"
@@ -62,6 +63,8 @@ def test_a_trickled_request_is_cut_off(tmp_path: Path) -> None:
                 slow.sendall(b"x")
             slow.settimeout(10)
             assert slow.recv(4096).startswith(b"HTTP/1.1 408")
+            assert slow.recv(4096) == b""  # the TLS session ended
+            assert tcp_closed_by_server(slow, within=5), "the TCP connection stayed open"
 
         with served.connect() as body:
             body.sendall(b"POST /mutate HTTP/1.1\r\nhost: w\r\ncontent-length: 100\r\n\r\n{")
@@ -81,6 +84,8 @@ def test_idle_connections_are_closed(tmp_path: Path) -> None:
 
         assert closed_by_server(never, within=10)
         assert closed_by_server(kept, within=10)
+        assert tcp_closed_by_server(never, within=5)
+        assert tcp_closed_by_server(kept, within=5)
 
 
 def test_floods_of_idle_tls_connections_neither_grow_it_nor_lock_the_api_server_out(
