@@ -17,7 +17,7 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +151,36 @@ class Kube:
 
     def get(self, path: str, **params: str) -> Any:
         return self.request("GET", path, params=params or None)
+
+    def watch(
+        self, path: str, resource_version: str, *, timeout: float = 3600.0, **params: str
+    ) -> Iterator[tuple[str, JSON]]:
+        """The events of a watch on the collection `path` from `resource_version`, as
+        (type, object), on a connection of its own, until the server ends it (after
+        `timeout` seconds at most) or the caller stops iterating."""
+        url = urllib.parse.urlsplit(self.server)
+        query = {
+            **params,
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(int(timeout)),
+        }
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        connection = http.client.HTTPSConnection(
+            url.hostname or "127.0.0.1", url.port or 443, context=self.context, timeout=timeout
+        )
+        try:
+            connection.request("GET", f"{path}?{urllib.parse.urlencode(query)}", headers=headers)
+            response = connection.getresponse()
+            if response.status >= 300:
+                raise ApiError(response.status, response.read().decode())
+            for line in response:
+                event = json.loads(line)
+                yield event["type"], event["object"]
+        finally:
+            connection.close()
 
     def create(self, path: str, body: JSON, *, dry_run: bool = False) -> Any:
         return self.request("POST", path, body, params={"dryRun": "All"} if dry_run else None)

@@ -4,9 +4,15 @@ import contextlib
 import http.client
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
 from hack.localcluster.chart import SYSTEM_NAMESPACE
 from hack.localcluster.client import ApiError, Kube
+
+# Writers of GPU UUIDs at once: a burst's capacity pods are named by as many nodes'
+# exporters at a time in a cluster, not one after the other.
+WRITERS: Final = 8
 
 
 class SimulatedGpuAssigner:
@@ -30,6 +36,8 @@ class SimulatedGpuAssigner:
         self._writer = writer or kube
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
+        self._labels: dict[str, dict[str, str]] = {}  # node -> its labels, read once
+        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpu-assigner")
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="simulated-gpu-assigner", daemon=True
@@ -62,6 +70,7 @@ class SimulatedGpuAssigner:
                 with contextlib.suppress(ApiError, OSError, http.client.HTTPException):
                     self.assign_once()
         finally:
+            self._writers.shutdown(wait=True)
             self._kube.close()
             if self._writer is not self._kube:
                 self._writer.close()
@@ -75,7 +84,7 @@ class SimulatedGpuAssigner:
             uuid_ = (pod["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid")
             if uuid_ and pod["spec"].get("nodeName"):
                 used.setdefault(pod["spec"]["nodeName"], set()).add(uuid_)
-        count = 0
+        patches: list[tuple[str, dict[str, str]]] = []
         for pod in pods:
             node = pod["spec"].get("nodeName")
             annotations = pod["metadata"].get("annotations") or {}
@@ -86,7 +95,11 @@ class SimulatedGpuAssigner:
                 or "gpupack.io/gpu-uuid" in annotations
             ):
                 continue
-            labels = self._kube.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]
+            labels = self._labels.get(node)
+            if labels is None:  # GPU count and memory: a node's never change
+                labels = self._labels[node] = self._kube.get(f"/api/v1/nodes/{node}")["metadata"][
+                    "labels"
+                ]
             gpus = int(labels.get("nvidia.com/gpu.count", "1"))
             free = [i for i in range(gpus) if self.fake_uuid(node, i) not in used.get(node, set())]
             if not free:
@@ -96,9 +109,13 @@ class SimulatedGpuAssigner:
             patch = {"gpupack.io/gpu-uuid": chosen}
             if "nvidia.com/gpu.memory" in labels:
                 patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
+            patches.append((pod["metadata"]["name"], patch))
+
+        def write(name: str, patch: dict[str, str]) -> None:
             self._writer.merge_patch(
-                f"/api/v1/namespaces/{self._namespace}/pods/{pod['metadata']['name']}",
+                f"/api/v1/namespaces/{self._namespace}/pods/{name}",
                 {"metadata": {"annotations": patch}},
             )
-            count += 1
-        return count
+
+        list(self._writers.map(lambda item: write(*item), patches))
+        return len(patches)

@@ -1,0 +1,334 @@
+"""A burst at cluster scale: gpupack's whole path against kube-scheduler, in one run.
+
+On one local cluster (hack/localcluster/: `--nodes` kwok A100 nodes of 8 GPUs, no
+capacity at start; the webhook and the gpupack scheduler run as the chart runs them; the
+simulated GPU assigner stands in for the nodes' agents):
+
+1. gpupack: `--pods` pods asking `nvidia.com/gpu: 1` with `250m` / `10Gi` shares are
+   created at once (`--threads` clients) in an opted-in namespace; timed from the first
+   create to the last pod bound. Each pod and capacity pod is followed through a watch,
+   and the timeline of its stages is reported as percentiles of seconds after the first
+   create: a pod `admitted` (created, as the webhook rewrote it), `refused` (the first
+   verdict kube-scheduler wrote on it: no GPU had room yet), `placed` (bound); a capacity
+   pod `created`, `bound` (kube-scheduler chose its node), `named` (its GPU's UUID
+   written).
+2. kube-scheduler: as many pods asking one whole GPU each (same CPU and memory) are
+   created in a namespace that is not opted in, on the same nodes (their GPUs minus the
+   capacity pods'), and timed the same way.
+
+Reports both paces, `ratio` = gpupack's pods per second / kube-scheduler's (target 0.5,
+goal 0.8), the capacity pods made against the lower bound (the GPUs the shares need)
+and the most that existed at once, and the peak resident memory (VmHWM) of the extender
+and of the webhook.
+
+The stand-in for the node agents: one thread lists the capacity pods every 0.3 s and
+names every running one without a UUID, eight writes at a time, each node's labels read
+once; the timeline's `named` minus `bound` shows what it costs.
+
+Usage: .venv/bin/python -m benchmarks.scale.run [--nodes 500] [--pods 2000]
+(needs the binaries: run hack/test or hack/demo once). The last line is one JSON object.
+"""
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from gpupack import keys
+from hack.localcluster import (
+    SYSTEM_NAMESPACE,
+    Kube,
+    LocalCluster,
+    NodePool,
+    SimulatedGpuAssigner,
+)
+from hack.localcluster.client import ApiError
+
+TARGET: Final = 0.5
+GOAL: Final = 0.8
+GPUS_PER_NODE: Final = 8
+GPU_MEMORY_MIB: Final = 81920
+COMPUTE: Final = "250m"
+MEMORY: Final = "10Gi"
+CAPACITY_ROLE: Final = "gpupack.io/role"
+
+
+def pod(name: str, gpu_share: bool) -> dict[str, Any]:
+    """A pod asking one GPU: shared (`COMPUTE`, `MEMORY`) where the namespace is opted in."""
+    annotations = (
+        {keys.GPU_COMPUTE: COMPUTE, keys.GPU_MEMORY: MEMORY, "gpupack.io/policy": "batch"}
+        if gpu_share
+        else {}
+    )
+    limits = {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "burst"}, "annotations": annotations},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+
+
+@dataclass
+class Timeline:
+    """What the watch saw, as seconds on this process's monotonic clock."""
+
+    # namespace -> pod uid -> stage -> when
+    pods: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    capacity: dict[str, dict[str, float]] = field(default_factory=dict)
+    capacity_alive: set[str] = field(default_factory=set)
+    capacity_most: int = 0
+    bound: dict[str, int] = field(default_factory=dict)  # namespace -> pods bound
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def see(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        metadata = obj["metadata"]
+        uid, namespace = metadata["uid"], metadata["namespace"]
+        labels = metadata.get("labels") or {}
+        is_capacity = namespace == SYSTEM_NAMESPACE and labels.get(CAPACITY_ROLE) == "capacity"
+        with self.lock:
+            if is_capacity:
+                self._see_capacity(kind, uid, obj, now)
+                return
+            stages = self.pods.setdefault(namespace, {}).setdefault(uid, {})
+            stages.setdefault("admitted", now)
+            if kind == "DELETED":
+                return
+            if "refused" not in stages and _refused(obj):
+                stages["refused"] = now
+            if "placed" not in stages and obj["spec"].get("nodeName"):
+                stages["placed"] = now
+                self.bound[namespace] = self.bound.get(namespace, 0) + 1
+
+    def _see_capacity(self, kind: str, uid: str, obj: dict[str, Any], now: float) -> None:
+        if kind == "DELETED":
+            self.capacity_alive.discard(uid)
+            return
+        stages = self.capacity.setdefault(uid, {})
+        stages.setdefault("created", now)
+        self.capacity_alive.add(uid)
+        self.capacity_most = max(self.capacity_most, len(self.capacity_alive))
+        if "bound" not in stages and obj["spec"].get("nodeName"):
+            stages["bound"] = now
+        annotations = obj["metadata"].get("annotations") or {}
+        if "named" not in stages and keys.GPU_UUID in annotations:
+            stages["named"] = now
+
+    def bound_in(self, namespace: str) -> int:
+        with self.lock:
+            return self.bound.get(namespace, 0)
+
+    def pods_of(self, namespace: str) -> list[dict[str, float]]:
+        with self.lock:
+            return list(self.pods.get(namespace, {}).values())
+
+
+def _refused(obj: dict[str, Any]) -> bool:
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            return True
+    return False
+
+
+def follow(kube: Kube, timeline: Timeline, stop: threading.Event) -> threading.Thread:
+    """Watch every pod from now on into `timeline`, until `stop`."""
+    start = kube.get("/api/v1/pods", limit="1")["metadata"]["resourceVersion"]
+    ready = threading.Event()
+
+    def run() -> None:
+        version = start
+        while not stop.is_set():
+            try:
+                ready.set()
+                for kind, obj in kube.watch("/api/v1/pods", version, timeout=60):
+                    if kind == "BOOKMARK":
+                        version = obj["metadata"]["resourceVersion"]
+                        continue
+                    if kind == "ERROR":
+                        raise RuntimeError(f"the watch failed: {obj}")
+                    version = obj["metadata"]["resourceVersion"]
+                    timeline.see(kind, obj, time.monotonic())
+                    if stop.is_set():
+                        return
+            except (ApiError, OSError) as error:
+                print(f"  watch: {error}; watching again", file=sys.stderr)
+
+    thread = threading.Thread(target=run, name="timeline", daemon=True)
+    thread.start()
+    ready.wait(10)
+    return thread
+
+
+def burst(
+    kube: Kube, namespace: str, count: int, threads: int, gpu_share: bool
+) -> tuple[float, float]:
+    """Create `count` pods at once; (first create, last create) on the monotonic clock."""
+    started = time.monotonic()
+
+    def one(index: int) -> None:
+        kube.create(f"/api/v1/namespaces/{namespace}/pods", pod(f"p-{index}", gpu_share))
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(count)))
+    return started, time.monotonic()
+
+
+def wait_bound(timeline: Timeline, namespace: str, count: int, timeout: float) -> float:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if timeline.bound_in(namespace) >= count:
+            return time.monotonic()
+        time.sleep(0.05)
+    raise TimeoutError(
+        f"only {timeline.bound_in(namespace)} of {count} pods bound in {namespace} "
+        f"after {timeout:g} s"
+    )
+
+
+def percentiles(values: list[float]) -> dict[str, float | int]:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)], 2)
+
+    return {"count": len(ordered), "p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": at(1.0)}
+
+
+def stages(records: list[dict[str, float]], names: list[str], origin: float) -> dict[str, Any]:
+    return {n: percentiles([r[n] - origin for r in records if n in r]) for n in names}
+
+
+def peak_mib(pid: int) -> float:
+    """The process's peak resident set (VmHWM), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=500, help="A100 nodes of 8 GPUs (500)")
+    parser.add_argument("--pods", type=int, default=2000, help="pods in each burst (2000)")
+    parser.add_argument("--threads", type=int, default=16, help="clients creating pods (16)")
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds a burst may take to bind (1800)"
+    )
+    args = parser.parse_args(argv)
+    for name in ("nodes", "pods", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    needed_gpus = math.ceil(args.pods / 4)  # 250m: four pods a GPU (10Gi: eight by memory)
+    if needed_gpus + args.pods > args.nodes * GPUS_PER_NODE:
+        parser.error(
+            f"{args.nodes} nodes hold {args.nodes * GPUS_PER_NODE} GPUs: too few for "
+            f"{needed_gpus} capacity pods and {args.pods} whole-GPU pods"
+        )
+    pods_per_node = max(110, 4 * math.ceil(args.pods / args.nodes) + 20)
+    nodes = (
+        NodePool(
+            "gpu-a100",
+            args.nodes,
+            GPUS_PER_NODE,
+            "NVIDIA-A100-SXM4-80GB",
+            GPU_MEMORY_MIB,
+            "96",
+            "1024Gi",
+            pods=pods_per_node,
+        ),
+    )
+    log = sys.stderr
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(Path(tmp), node_pools=nodes) as cluster,
+    ):
+        cluster.install_webhook()
+        kube = cluster.kube()
+        writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
+        with SimulatedGpuAssigner(cluster.kube(), writer=writer):
+            cluster.install_scheduler()  # the chart's arguments
+            timeline, stop = Timeline(), threading.Event()
+            watcher = follow(cluster.kube(), timeline, stop)
+
+            shared = kube.create_namespace("burst-in", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+            first, last = burst(kube, shared, args.pods, args.threads, gpu_share=True)
+            print(f"  gpupack: {args.pods} pods created in {last - first:.1f} s", file=log)
+            done = wait_bound(timeline, shared, args.pods, args.timeout)
+            gpupack_s = done - first
+            print(f"  gpupack: all bound in {gpupack_s:.1f} s", file=log)
+            shared_pods = timeline.pods_of(shared)
+            with timeline.lock:
+                capacity = list(timeline.capacity.values())
+                made, most = len(capacity), timeline.capacity_most
+            gpupack_stages = {
+                **stages(shared_pods, ["admitted", "refused", "placed"], first),
+                **{
+                    f"capacity_{k}": v
+                    for k, v in stages(capacity, ["created", "bound", "named"], first).items()
+                },
+            }
+            extender_mib = peak_mib(cluster.processes["gpupack-scheduler"].pid)
+            webhook_mib = peak_mib(cluster.processes["gpupack-webhook"].pid)
+
+            whole = kube.create_namespace("burst-out", {})
+            k_first, k_last = burst(kube, whole, args.pods, args.threads, gpu_share=False)
+            created = k_last - k_first
+            print(f"  kube-scheduler: {args.pods} pods created in {created:.1f} s", file=log)
+            k_done = wait_bound(timeline, whole, args.pods, args.timeout)
+            kube_s = k_done - k_first
+            print(f"  kube-scheduler: all bound in {kube_s:.1f} s", file=log)
+            whole_pods = timeline.pods_of(whole)
+            stop.set()
+            watcher.join(timeout=5)
+
+    gpupack_pace, kube_pace = args.pods / gpupack_s, args.pods / kube_s
+    ratio = gpupack_pace / kube_pace
+    result = {
+        "benchmark": "scale",
+        "nodes": args.nodes,
+        "gpus": args.nodes * GPUS_PER_NODE,
+        "pods": args.pods,
+        "gpupack_seconds": round(gpupack_s, 1),
+        "gpupack_create_seconds": round(last - first, 1),
+        "gpupack_pods_per_second": round(gpupack_pace, 1),
+        "kube_scheduler_seconds": round(kube_s, 1),
+        "kube_scheduler_create_seconds": round(k_last - k_first, 1),
+        "kube_scheduler_pods_per_second": round(kube_pace, 1),
+        "ratio": round(ratio, 3),
+        "target": TARGET,
+        "goal": GOAL,
+        "meets_target": ratio >= TARGET,
+        "capacity_pods_made": made,
+        "capacity_pods_most_at_once": most,
+        "capacity_lower_bound": needed_gpus,
+        "extender_peak_mib": extender_mib,
+        "webhook_peak_mib": webhook_mib,
+        "gpupack_stages": gpupack_stages,
+        "kube_scheduler_stages": stages(whole_pods, ["admitted", "refused", "placed"], k_first),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
