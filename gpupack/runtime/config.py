@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 SERVICE_ACCOUNT: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+KEPT_CONNECTIONS: Final = 32  # connections to the API server kept alive, at least
 ORDER: Final = (
     "--kubeconfig, then $KUBECONFIG, then the in-cluster service account, then ~/.kube/config"
 )
@@ -70,6 +71,12 @@ def load(
 
     env = os.environ if environ is None else environ
     configuration = k8s_client.Configuration()
+    # Kept-alive connections to the API server: the package's default is five per CPU
+    # of the host, ten on a two-core node, fewer than a burst's concurrent writes; each
+    # one over that was a new TLS handshake ("Connection pool is full, discarding").
+    configuration.connection_pool_maxsize = max(
+        configuration.connection_pool_maxsize, KEPT_CONNECTIONS
+    )
     listed = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
     named = kubeconfig or (os.pathsep.join(listed) if listed else None)
     if named:

@@ -5,7 +5,9 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -112,3 +114,57 @@ def test_answers_set_the_api_servers_clock(client: Transport, stub: ApiStub) -> 
     client.list("/api/v1/namespaces", {})
 
     assert abs(client.server_clock.now() - (time.time() + 3600)) < 2
+
+
+
+class _SlowList(BaseHTTPRequestHandler):
+    """An API server that takes 50 ms to answer a list, and notes each connection."""
+
+    protocol_version = "HTTP/1.1"
+    connections: ClassVar[set[tuple[str, int]]] = set()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.connections.add(self.client_address)
+        time.sleep(0.05)
+        body = b'{"kind": "List", "metadata": {"resourceVersion": "7"}, "items": []}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_burst_of_writers_on_a_small_host_keeps_its_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen threads at once, on a host of two CPUs (where the `kubernetes` package
+    keeps ten connections): each reuses one connection for its requests, rather than
+    six of them being dropped after each request and dialled again (a TLS handshake
+    each, against a real API server)."""
+    monkeypatch.setattr("multiprocessing.cpu_count", lambda: 2)
+    _SlowList.connections.clear()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _SlowList)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    server = f"http://127.0.0.1:{httpd.server_address[1]}"
+    client = connect(str(write_kubeconfig(tmp_path / "c", server)), user_agent="t", environ={})
+    rounds = threading.Barrier(16)
+
+    def writer() -> None:
+        for _ in range(5):  # bursts: all sixteen at once, then all idle
+            rounds.wait(WAIT)
+            client.list("/api/v1/namespaces", {})
+
+    threads = [threading.Thread(target=writer) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    client.close()
+    httpd.shutdown()
+    httpd.server_close()
+
+    assert len(_SlowList.connections) <= 16, f"{len(_SlowList.connections)} connections"
