@@ -116,7 +116,6 @@ def test_answers_set_the_api_servers_clock(client: Transport, stub: ApiStub) -> 
     assert abs(client.server_clock.now() - (time.time() + 3600)) < 2
 
 
-
 class _SlowList(BaseHTTPRequestHandler):
     """An API server that takes 50 ms to answer a list, and notes each connection."""
 
