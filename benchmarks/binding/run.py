@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks.pods import pause_pod
+from gpupack import keys
 from hack.localcluster import (
     SCHEDULER_NAME,
     SYSTEM_NAMESPACE,
@@ -46,25 +48,11 @@ NODES: Final = (
 )
 
 
+SHARE: Final = {keys.GPU_COMPUTE: "50m", keys.GPU_MEMORY: "2Gi"}
+
+
 def pod(name: str, gpu: bool) -> dict[str, Any]:
-    limits = {"cpu": "10m", "memory": "16Mi", **({"nvidia.com/gpu": "1"} if gpu else {})}
-    share = {"gpupack.io/gpu-compute": "50m", "gpupack.io/gpu-memory": "2Gi"}
-    annotations = {**share, "gpupack.io/policy": "batch"} if gpu else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "bench"}, "annotations": annotations},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
+    return pause_pod(name, "bench", gpu=gpu, share=SHARE if gpu else None)
 
 
 def namespace(kube: Kube, opted_in: bool) -> str:

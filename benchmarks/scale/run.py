@@ -19,7 +19,9 @@ simulated GPU assigner stands in for the nodes' agents):
 Reports both paces, `ratio` = gpupack's pods per second / kube-scheduler's (target 0.5,
 goal 0.8), the capacity pods made against the lower bound (the GPUs the shares need)
 and the most that existed at once, and the peak resident memory (VmHWM) of the extender
-and of the webhook.
+and of the webhook; where the CPU went during gpupack's burst (each process of the
+cluster, and this benchmark's clients and watch), and the extender's filter results
+and requeues.
 
 The stand-in for the node agents: one thread lists the capacity pods every 0.3 s and
 names every running one without a UUID, eight writes at a time, each node's labels read
@@ -32,15 +34,18 @@ Usage: .venv/bin/python -m benchmarks.scale.run [--nodes 500] [--pods 2000]
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from benchmarks.pods import pause_pod
 from gpupack import keys
 from hack.localcluster import (
     SYSTEM_NAMESPACE,
@@ -62,27 +67,8 @@ CAPACITY_ROLE: Final = "gpupack.io/role"
 
 def pod(name: str, gpu_share: bool) -> dict[str, Any]:
     """A pod asking one GPU: shared (`COMPUTE`, `MEMORY`) where the namespace is opted in."""
-    annotations = (
-        {keys.GPU_COMPUTE: COMPUTE, keys.GPU_MEMORY: MEMORY, "gpupack.io/policy": "batch"}
-        if gpu_share
-        else {}
-    )
-    limits = {"cpu": "10m", "memory": "16Mi", "nvidia.com/gpu": "1"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "burst"}, "annotations": annotations},
-        "spec": {
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
+    share = {keys.GPU_COMPUTE: COMPUTE, keys.GPU_MEMORY: MEMORY} if gpu_share else None
+    return pause_pod(name, "burst", gpu=True, share=share)
 
 
 @dataclass
@@ -216,6 +202,37 @@ def stages(records: list[dict[str, float]], names: list[str], origin: float) -> 
     return {n: percentiles([r[n] - origin for r in records if n in r]) for n in names}
 
 
+def cpu_seconds(processes: dict[str, Any]) -> dict[str, float]:
+    """CPU time (user and system) each process of the cluster has used so far, and this
+    benchmark's own (the clients creating pods and the watch)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = {name: p.pid for name, p in processes.items() if getattr(p, "pid", 0)}
+    pids["benchmark"] = os.getpid()
+    used = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        used[name] = (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
+def extender_counts(args: list[str]) -> dict[str, float]:
+    """The extender's filter results and requeues, from its metrics endpoint."""
+    port = next(a.split("=", 1)[1] for a in args if a.startswith("--metrics-port="))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    counts = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name.startswith(
+            ("gpupack_scheduler_filters_total", "gpupack_scheduler_pods_requeued_total")
+        ):
+            counts[name.removeprefix("gpupack_scheduler_")] = float(value)
+    return counts
+
+
 def peak_mib(pid: int) -> float:
     """The process's peak resident set (VmHWM), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -271,10 +288,17 @@ def main(argv: list[str] | None = None) -> int:
             watcher = follow(cluster.kube(), timeline, stop)
 
             shared = kube.create_namespace("burst-in", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+            cpu_before = cpu_seconds(cluster.processes)
             first, last = burst(kube, shared, args.pods, args.threads, gpu_share=True)
             print(f"  gpupack: {args.pods} pods created in {last - first:.1f} s", file=log)
             done = wait_bound(timeline, shared, args.pods, args.timeout)
             gpupack_s = done - first
+            cpu_after = cpu_seconds(cluster.processes)
+            gpupack_cpu = {
+                name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1)
+                for name in sorted(cpu_after, key=lambda n: cpu_before.get(n, 0.0) - cpu_after[n])
+            }
+            counts = extender_counts(cluster.processes["gpupack-scheduler"].args)
             print(f"  gpupack: all bound in {gpupack_s:.1f} s", file=log)
             shared_pods = timeline.pods_of(shared)
             with timeline.lock:
@@ -324,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         "extender_peak_mib": extender_mib,
         "webhook_peak_mib": webhook_mib,
         "gpupack_stages": gpupack_stages,
+        "gpupack_cpu_seconds": gpupack_cpu,
+        "extender_counts": counts,
         "kube_scheduler_stages": stages(whole_pods, ["admitted", "refused", "placed"], k_first),
     }
     print(json.dumps(result))
