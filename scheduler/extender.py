@@ -389,25 +389,42 @@ class Extender:
         kube-scheduler keeps such a pod parked until an event its own plugins care about,
         or its five-minute flush. A pod may go to the nodes kube-scheduler found feasible
         at its last filter and to nodes that were not there then. Only when the books
-        changed, and at most once per `REQUEUE_EVERY` seconds per pod."""
+        changed, and at most once per `REQUEUE_EVERY` seconds per pod.
+
+        Only as many pods as the room takes, the longest waiting first: each one that
+        would be placed is booked for the round (and forgotten at its end), so the next
+        sees the room it leaves. A pod asked within `REQUEUE_EVERY` holds its room too:
+        its filter is coming. (Asking every pod that fits on its own asked thousands of
+        pods, a write each, for the room of a few.)"""
         if not self._changed:
             return
         self._changed = False
         snapshot = self.cache.snapshot
-        for key, waiting in self.waiting.items():
-            if self.reservations.booked(key):
-                continue
-            if now - self._requeued.get(key, -REQUEUE_EVERY) < REQUEUE_EVERY:
-                self._changed = True  # look again next round
-                continue
-            pod = self.cache.pod(key)
-            request = self.cache.request(pod) if pod is not None else None
-            if pod is None or not isinstance(request, Request):
-                continue
-            nodes = [n for n in snapshot.nodes if n not in waiting.rejected]
-            if isinstance(place(snapshot, request, self._scorer, nodes), Placement):
+        promised: list[str] = []
+        try:
+            for key, waiting in self.waiting.items():
+                if self.reservations.booked(key):
+                    continue
+                pod = self.cache.pod(key)
+                request = self.cache.request(pod) if pod is not None else None
+                if pod is None or not isinstance(request, Request):
+                    continue
+                nodes = None
+                if waiting.rejected:
+                    nodes = [n for n in snapshot.nodes if n not in waiting.rejected]
+                result = place(snapshot, request, self._scorer, nodes)
+                if not isinstance(result, Placement):
+                    continue
+                snapshot.assume(request, result.node, result.gpus)
+                promised.append(key)
+                if now - self._requeued.get(key, -REQUEUE_EVERY) < REQUEUE_EVERY:
+                    self._changed = True  # look again next round
+                    continue
                 self._requeued[key] = now
                 self._pool.submit(self._requeue_pod, pod)
+        finally:
+            for key in promised:
+                snapshot.forget(key)
 
     def _requeue_pod(self, pod: JSON) -> None:
         when = rfc3339(self._wall())  # wall time, not the clock

@@ -762,6 +762,30 @@ def test_a_refused_pod_is_requeued_as_soon_as_a_gpu_it_may_use_has_room() -> Non
     assert requeued(extender, api) == ["web"]
 
 
+def test_a_gpu_freed_for_one_pod_requeues_one_waiting_pod_not_all_of_them() -> None:
+    """Four pods of 900m wait behind `first`; when its share frees, the GPU has room for
+    one of them: one is asked to try again (the one waiting longest), not four, and not
+    the others at the next rounds while its filter is coming. Each request is a write
+    on the API server; at 2,000 pods, the requests for room that one pod takes were
+    most of the burst's writes."""
+    extender, pods, api, clock = setup(0)
+    extender.leading = True
+    assert filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))["NodeNames"]
+    for name in ("w1", "w2", "w3", "w4"):
+        assert not filter_(extender, pending(pods, name, "900m"), nodes=("n1",)).get("NodeNames")
+        clock.now += 0.1
+    extender.tick()
+
+    del pods.objects["ml/first"]
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+    clock.now += 1
+    extender.tick()
+
+    assert requeued(extender, api) == ["w1"]
+
+
 def test_a_refused_pod_is_not_requeued_for_room_on_a_node_it_may_not_use() -> None:
     extender, pods, api, clock = refused_behind(("n2",))  # kube-scheduler excluded n1
 
