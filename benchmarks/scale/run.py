@@ -167,11 +167,15 @@ def burst(
     """Create `count` pods at once; (first create, last create) on the monotonic clock."""
     started = time.monotonic()
 
-    def one(index: int) -> None:
-        kube.create(f"/api/v1/namespaces/{namespace}/pods", pod(f"p-{index}", gpu_share))
+    def client(indexes: range) -> None:
+        try:
+            for index in indexes:
+                kube.create(f"/api/v1/namespaces/{namespace}/pods", pod(f"p-{index}", gpu_share))
+        finally:
+            kube.close()  # this thread's connection
 
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(one, range(count)))
+        list(pool.map(client, [range(i, count, threads) for i in range(threads)]))
     return started, time.monotonic()
 
 

@@ -117,5 +117,13 @@ class SimulatedGpuAssigner:
                 {"metadata": {"annotations": patch}},
             )
 
-        list(self._writers.map(lambda item: write(*item), patches))
+        def write_all(items: list[tuple[str, dict[str, str]]]) -> None:
+            try:
+                for name, patch in items:
+                    write(name, patch)
+            finally:
+                self._writer.close()  # this worker thread's connection: it may not last
+
+        chunks = [patches[i::WRITERS] for i in range(WRITERS)]
+        list(self._writers.map(write_all, [c for c in chunks if c]))
         return len(patches)
