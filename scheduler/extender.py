@@ -310,10 +310,17 @@ class Extender:
     # Pods that wait for a GPU.
 
     def _wait(
-        self, key: str, pod: JSON, request: Request, feasible: frozenset[str], now: float
+        self,
+        key: str,
+        pod: JSON,
+        request: Request,
+        feasible: frozenset[str],
+        now: float,
+        verdict: str | None = None,
     ) -> Where:
         """Record a pod that fits on no GPU of `feasible`, the nodes kube-scheduler let it
-        go to; the requirements a GPU for it must meet."""
+        go to, with kube-scheduler's `verdict` when no node was (`_adopt_unplaceable`);
+        the requirements a GPU for it must meet."""
         allocation = Allocation(
             key, request.compute, request.gpu_memory, request.owner, request.exclusive
         )
@@ -327,7 +334,7 @@ class Extender:
             rejected,
             required.key,
             self.cache.gpu_nodes_changed,
-            unschedulable(pod),
+            verdict,
         )
         return required
 
@@ -375,7 +382,7 @@ class Extender:
                 continue
             if known is not None and not known.nodes and why == known.verdict and not settled:
                 continue  # kube-scheduler has not judged it against the changed nodes yet
-            required = self._wait(key, entry.pod, request, frozenset(), now)
+            required = self._wait(key, entry.pod, request, frozenset(), now, why)
             if known is not None and not known.nodes and known.placement == required.key:
                 self.waiting[key] = replace(self.waiting[key], since=known.since)
                 continue  # asked for already, with the same requirements

@@ -81,7 +81,7 @@ class Waiting:
     rejected: frozenset[str] = frozenset()  # the nodes it would not (others are new)
     placement: str = ""  # the key of where a GPU for it may land (`Lifecycle.requirements`)
     gpu_nodes: int = 0  # `Cache.gpu_nodes_changed` when `placement` was judged
-    verdict: str | None = None  # kube-scheduler's word on it then (`unschedulable`)
+    verdict: str | None = None  # kube-scheduler's word when no node was feasible
 
 
 class Lifecycle:
