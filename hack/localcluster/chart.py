@@ -74,12 +74,16 @@ def service_account_user(name: str, namespace: str = SYSTEM_NAMESPACE) -> tuple[
 
 
 def chart_scheduler_config(
-    helm: Path, namespace: str = SYSTEM_NAMESPACE, sets: Sequence[str] = ()
+    helm: Path,
+    namespace: str = SYSTEM_NAMESPACE,
+    sets: Sequence[str] = (),
+    key: str = "config.yaml",
 ) -> JSON:
-    """The KubeSchedulerConfiguration the chart gives the gpupack kube-scheduler (the
-    `config.yaml` of its ConfigMap), so the local kube-scheduler runs exactly that."""
+    """A KubeSchedulerConfiguration the chart gives one of gpupack's kube-schedulers (the
+    `key` of its ConfigMap: `config.yaml` for fractional pods, `capacity.yaml` for
+    capacity pods), so the local kube-scheduler runs exactly that."""
     for doc in yaml.safe_load_all(render_chart(helm, "templates/scheduler.yaml", namespace, sets)):
-        if doc and doc["kind"] == "ConfigMap" and "config.yaml" in (doc.get("data") or {}):
-            config: JSON = yaml.safe_load(doc["data"]["config.yaml"])
+        if doc and doc["kind"] == "ConfigMap" and key in (doc.get("data") or {}):
+            config: JSON = yaml.safe_load(doc["data"][key])
             return config
-    raise LookupError("templates/scheduler.yaml renders no kube-scheduler ConfigMap")
+    raise LookupError(f"templates/scheduler.yaml renders no ConfigMap with {key}")

@@ -411,11 +411,12 @@ class LocalCluster(ControlPlane):
     ) -> Process:
         """Run the gpupack scheduler as the chart does (`name` tells replicas apart): the
         extender (`python -m scheduler.cli`, with `extra_args` and the node's `node_env`,
-        e.g. `clock.skewed`) and the pinned
-        kube-scheduler with exactly the KubeSchedulerConfiguration the chart renders
-        (with `sets`), pointed at this extender's port, plus a local kubeconfig. Both run
-        as the local user `gpupack-scheduler` with the RBAC the chart renders. Returns
-        the extender; the kube-scheduler is the process `<name>-kube-scheduler`.
+        e.g. `clock.skewed`) and the pinned kube-scheduler twice, with exactly the two
+        KubeSchedulerConfigurations the chart renders (with `sets`), the first pointed at
+        this extender's port, plus a local kubeconfig. All run as the local user
+        `gpupack-scheduler` with the RBAC the chart renders. Returns
+        the extender; the kube-schedulers are the processes `<name>-kube-scheduler`
+        (fractional pods) and `<name>-capacity-scheduler` (capacity pods).
 
         The extender follows the Lease of the kube-scheduler beside it by hostname, as
         in a pod; here every replica shares this machine's hostname, so each replica's
@@ -438,25 +439,38 @@ class LocalCluster(ControlPlane):
         )
         service = self.metrics_service("templates/scheduler.yaml")
         self.metrics_targets[name] = Target(service, name, metrics_port)
-        config = chart.chart_scheduler_config(Path(self.binary("helm")), self.namespace, sets)
-        config.setdefault("clientConnection", {})["kubeconfig"] = str(
-            self.service_account_kubeconfig(chart.SCHEDULER_NAME)
-        )
         folder = self.workdir / f"{name}-kube-scheduler"
         folder.mkdir(exist_ok=True)
-        (folder / "config.yaml").write_text(yaml.safe_dump(config))
+        kubeconfig = str(self.service_account_kubeconfig(chart.SCHEDULER_NAME))
+        for key in ("config.yaml", "capacity.yaml"):
+            config = chart.chart_scheduler_config(
+                Path(self.binary("helm")), self.namespace, sets, key
+            )
+            config.setdefault("clientConnection", {})["kubeconfig"] = kubeconfig
+            (folder / key).write_text(yaml.safe_dump(config))
         self._wait_extender_ready(extender, port)
-        argv, _ = self.chart_command(
-            "templates/scheduler.yaml",
-            "kube-scheduler",
-            sets=sets,
-            mounts={"/etc/gpupack-scheduler": folder},
-        )
-        # A pod's 10259 is its own; on this host every kube-scheduler shares one network,
-        # so the probe port is off (the pod's probes are tested on the real node).
-        self._launch(f"{name}-kube-scheduler", [*argv, "--secure-port=0"])
+        for container, process in self._kube_schedulers(name):
+            argv, _ = self.chart_command(
+                "templates/scheduler.yaml",
+                container,
+                sets=sets,
+                mounts={"/etc/gpupack-scheduler": folder},
+            )
+            # A pod's ports are its own; on this host every kube-scheduler shares one
+            # network, so the probe port is off (the pod's probes are tested on the real
+            # node).
+            self._launch(process, [*argv, "--secure-port=0"])
         self.write_state()
         return extender
+
+    @staticmethod
+    def _kube_schedulers(name: str) -> list[tuple[str, str]]:
+        """The chart's kube-scheduler containers of scheduler replica `name`, and the local
+        processes that run them: fractional pods', and capacity pods'."""
+        return [
+            ("kube-scheduler", f"{name}-kube-scheduler"),
+            ("capacity-scheduler", f"{name}-capacity-scheduler"),
+        ]
 
     def _wait_extender_ready(self, process: Process, port: int) -> None:
         """Until the extender's caches have synced (its /readyz), so the first pods a test
@@ -467,10 +481,13 @@ class LocalCluster(ControlPlane):
     def stop_scheduler(
         self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False, extender_only: bool = False
     ) -> None:
-        """Stop a scheduler replica, kube-scheduler and extender: SIGTERM (kube-scheduler
-        releases its Lease), or SIGKILL. `extender_only`: stop the extender alone, as when
-        its container crashes (`processes[name].start()` brings it back)."""
-        names = [name] if extender_only else [name, f"{name}-kube-scheduler"]
+        """Stop a scheduler replica, its kube-schedulers and extender: SIGTERM (each
+        kube-scheduler releases its Lease), or SIGKILL. `extender_only`: stop the
+        extender alone, as when its container crashes (`processes[name].start()` brings
+        it back)."""
+        names = [name]
+        if not extender_only:
+            names += [process for _, process in self._kube_schedulers(name)]
         for process_name in names:
             process = self.processes.get(process_name)
             if kill and process is not None:

@@ -399,7 +399,9 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     assert ("", "secrets") not in verbs
     (local,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
     lease_updates = [r for r in local["rules"] if "update" in r["verbs"]]
-    assert all(r.get("resourceNames") == ["gpupack-scheduler"] for r in lease_updates)
+    # Its two kube-schedulers' own Leases only.
+    expected = ["gpupack-scheduler", "gpupack-scheduler-capacity"]
+    assert all(r.get("resourceNames") == expected for r in lease_updates)
 
 
 @pytest.mark.parametrize(
@@ -452,34 +454,50 @@ def test_an_autoscaler_the_chart_does_not_know_is_refused_by_its_schema() -> Non
     assert "autoscaler" in error.value.stderr
 
 
-def test_the_gpupack_kube_scheduler_runs_its_profiles_with_the_extender_that_cannot_be_skipped() -> (
-    None
-):
+def test_the_gpupack_kube_schedulers_run_shares_with_the_extender_and_capacity_apart() -> None:
     docs = render()
     (config_map,) = [
         d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"] == "gpupack-scheduler-config"
     ]
-    config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert [p["schedulerName"] for p in config["profiles"]] == [
-        "gpupack-scheduler",
-        "gpupack-capacity",
-    ]
-    packing = config["profiles"][1]
+    shares = yaml.safe_load(config_map["data"]["config.yaml"])
+    capacity = yaml.safe_load(config_map["data"]["capacity.yaml"])
+    for config in (shares, capacity):
+        assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+        assert config["percentageOfNodesToScore"] == 100
+        assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    assert [p["schedulerName"] for p in shares["profiles"]] == ["gpupack-scheduler"]
+    (extender,) = shares["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
+    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
+    assert extender["nodeCacheCapable"] is True
+    assert extender["ignorable"] is False
+    # Capacity pods have a queue of their own: one kube-scheduler's queue would put them
+    # behind every share queued before them.
+    (packing,) = capacity["profiles"]
+    assert packing["schedulerName"] == "gpupack-capacity"
+    assert "extenders" not in capacity
     assert packing["plugins"]["score"]["enabled"] == [{"name": "NodeResourcesFit", "weight": 5}]
     (fit,) = packing["pluginConfig"]
     assert fit["args"]["scoringStrategy"] == {
         "type": "MostAllocated",
         "resources": [{"name": "nvidia.com/gpu", "weight": 1}],
     }
-    assert config["percentageOfNodesToScore"] == 100
-    (extender,) = config["extenders"]
-    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
-    assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")
-    assert extender["nodeCacheCapable"] is True
-    assert extender["ignorable"] is False
-    assert config["leaderElection"]["resourceName"] == "gpupack-scheduler"
-    assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
+    leases = [c["leaderElection"]["resourceName"] for c in (shares, capacity)]
+    assert leases == ["gpupack-scheduler", "gpupack-scheduler-capacity"]
+    (role,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-scheduler"]
+    lease_rules = [r for r in role["rules"] if r["resources"] == ["leases"]]
+    assert {tuple(r.get("resourceNames", ())) for r in lease_rules} == {(), tuple(leases)}
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert containers["kube-scheduler"]["args"][0] == "--config=/etc/gpupack-scheduler/config.yaml"
+    second = containers["capacity-scheduler"]
+    assert second["image"] == containers["kube-scheduler"]["image"]
+    assert second["args"][:2] == [
+        "--config=/etc/gpupack-scheduler/capacity.yaml",
+        "--secure-port=10260",  # the pod's network is shared: 10259 is the other one's
+    ]
     bindings = {
         d["roleRef"]["name"]
         for d in of_kind(docs, "ClusterRoleBinding")

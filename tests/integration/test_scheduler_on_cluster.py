@@ -5,11 +5,13 @@ and failover happen within a test. Each test isolates its pool with a toleration
 own, so capacity pods of one test never serve another.
 """
 
+import contextlib
 import time
 
 import pytest
 
 from gpupack import keys
+from gpupack.capacity import capacity_name, capacity_pod
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
 from tests.integration.scheduling import (
     FAST,
@@ -127,6 +129,36 @@ def test_the_scheduler_adds_capacity_when_the_pool_is_full_and_releases_it_when_
         lambda: not (holders & set(capacity_pods(kube))),
         timeout=60,
     )
+
+
+def test_capacity_pods_are_placed_by_a_kube_scheduler_of_their_own(
+    kube: Kube, scheduler: LocalCluster
+) -> None:
+    """Capacity pods never queue behind fractional pods: the chart places them with a
+    kube-scheduler of their own, which binds one while the fractional pods' is stopped.
+    (With both profiles in one kube-scheduler, a capacity pod created for a burst waited
+    behind every share queued before it: `benchmarks/scale`.)"""
+    shares = scheduler.processes["gpupack-scheduler-kube-scheduler"]
+    name = capacity_name("0123456789abcdef", 0)
+    path = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{name}"
+    shares.stop()
+    try:
+        manifest = capacity_pod(
+            "0123456789abcdef",
+            {"nodeSelector": {keys.GFD_PRODUCT: "NVIDIA-L4"}},
+            index=0,
+            created_for="test/Pod/alone",
+        )
+        kube.create(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", manifest)
+        node = kube.wait_for(
+            "the capacity pod bound", lambda: kube.get(path)["spec"].get("nodeName"), timeout=30
+        )
+        assert node.startswith("gpu-l4-")
+        assert not shares.alive()
+    finally:
+        with contextlib.suppress(ApiError):
+            kube.delete(path)
+        shares.start()
 
 
 def test_real_time_mps_pods_never_share_a_gpu_with_another_workload(

@@ -179,27 +179,56 @@ older).
 {{ .Values.scheduler.kubeScheduler.image.repository }}:{{ include "gpupack.kubeScheduler.version" . }}
 {{- end -}}
 
-{{/* The KubeSchedulerConfiguration of the gpupack kube-scheduler (templates/scheduler.yaml). */}}
-{{- define "gpupack.scheduler.config" -}}
+{{/* What both of gpupack's kube-schedulers share: the client's rate limit, leader
+election (the Lease named in `lease`), every node scored. Called with (dict "root" $
+"lease" name). */}}
+{{- define "gpupack.scheduler.common" -}}
+{{- $values := .root.Values -}}
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 clientConnection:
-  qps: {{ .Values.scheduler.kubeScheduler.qps }}
-  burst: {{ .Values.scheduler.kubeScheduler.burst }}
+  qps: {{ $values.scheduler.kubeScheduler.qps }}
+  burst: {{ $values.scheduler.kubeScheduler.burst }}
 leaderElection:
-  leaderElect: {{ .Values.scheduler.leaderElection.enabled }}
-  resourceNamespace: {{ .Release.Namespace }}
-  resourceName: {{ include "gpupack.scheduler.name" . }}
-  leaseDuration: {{ .Values.scheduler.leaderElection.leaseDurationSeconds }}s
-  renewDeadline: {{ .Values.scheduler.leaderElection.renewDeadlineSeconds }}s
-  retryPeriod: {{ .Values.scheduler.leaderElection.retryPeriodSeconds }}s
+  leaderElect: {{ $values.scheduler.leaderElection.enabled }}
+  resourceNamespace: {{ .root.Release.Namespace }}
+  resourceName: {{ .lease }}
+  leaseDuration: {{ $values.scheduler.leaderElection.leaseDurationSeconds }}s
+  renewDeadline: {{ $values.scheduler.leaderElection.renewDeadlineSeconds }}s
+  retryPeriod: {{ $values.scheduler.leaderElection.retryPeriodSeconds }}s
 percentageOfNodesToScore: 100
+{{- end -}}
+
+{{/* The KubeSchedulerConfiguration of the kube-scheduler that places fractional pods,
+with the extender (templates/scheduler.yaml, config.yaml). */}}
+{{- define "gpupack.scheduler.config" -}}
+{{ include "gpupack.scheduler.common" (dict "root" . "lease" (include "gpupack.scheduler.name" .)) }}
 profiles:
   - schedulerName: gpupack-scheduler
-  # Capacity pods: kube-scheduler's own rules (they carry the waiting pods' node
-  # constraints), scored to fill the GPU nodes already in use before touching others, so
-  # an autoscaler can remove the idle ones. The extender is not called for them: they
-  # ask none of its managedResources.
+extenders:
+  - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extenderPort }}
+    filterVerb: filter
+    bindVerb: bind
+    nodeCacheCapable: true
+    ignorable: false
+    httpTimeout: 30s
+    # The share as the webhook charges it for ResourceQuotas: no node advertises these,
+    # so kube-scheduler must not fit them (the kubelet drops them the same way).
+    managedResources:
+      - {name: gpupack.io/gpu-compute-milli, ignoredByScheduler: true}
+      - {name: gpupack.io/gpu-memory, ignoredByScheduler: true}
+{{- end -}}
+
+{{/* The KubeSchedulerConfiguration of the kube-scheduler that places capacity pods
+(templates/scheduler.yaml, capacity.yaml): kube-scheduler's own rules (capacity pods
+carry the waiting pods' node constraints), scored to fill the GPU nodes already in use
+before touching others, so an autoscaler can remove the idle ones. A process of its own,
+not a second profile beside gpupack-scheduler: one kube-scheduler has one queue, ordered
+by priority and then by age, and a capacity pod created for a burst of shares would wait
+behind every share queued before it (docs/scheduler.md, "Scale"). No extender. */}}
+{{- define "gpupack.scheduler.capacityConfig" -}}
+{{ include "gpupack.scheduler.common" (dict "root" . "lease" (printf "%s-capacity" (include "gpupack.scheduler.name" .))) }}
+profiles:
   - schedulerName: gpupack-capacity
     plugins:
       score:
@@ -214,18 +243,6 @@ profiles:
             type: MostAllocated
             resources:
               - {name: nvidia.com/gpu, weight: 1}
-extenders:
-  - urlPrefix: http://127.0.0.1:{{ .Values.scheduler.extenderPort }}
-    filterVerb: filter
-    bindVerb: bind
-    nodeCacheCapable: true
-    ignorable: false
-    httpTimeout: 30s
-    # The share as the webhook charges it for ResourceQuotas: no node advertises these,
-    # so kube-scheduler must not fit them (the kubelet drops them the same way).
-    managedResources:
-      - {name: gpupack.io/gpu-compute-milli, ignoredByScheduler: true}
-      - {name: gpupack.io/gpu-memory, ignoredByScheduler: true}
 {{- end -}}
 
 {{- /* The namespaces the webhook never rewrites: kube-system, the release's, and the
