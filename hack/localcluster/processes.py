@@ -12,8 +12,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# The thread every process is started from. The kernel sends a child its parent-death
+# signal when the *thread* that forked it ends, not the process: a process a short-lived
+# thread started (a `Restarter`'s, which ends with its test) got SIGTERM then. This one
+# lives as long as this Python process.
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="process-spawner")
 
 
 def free_port() -> int:
@@ -48,15 +55,16 @@ class Process:
             env = self.env
         self.env = env
         with open(self.log, "ab") as log:
-            self.popen = subprocess.Popen(  # noqa: S603 (our own binaries, fixed arguments)
+            self.popen = _SPAWNER.submit(
+                subprocess.Popen,  # our own binaries, fixed arguments
                 self.args,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=None if detach else _die_with_parent,  # noqa: PLW1509
-            )
+                preexec_fn=None if detach else _die_with_parent,
+            ).result()
 
     @property
     def pid(self) -> int:
