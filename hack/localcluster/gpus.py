@@ -1,18 +1,24 @@
 """The node agent's stand-in for kwok nodes, which have no kubelet and no GPUs."""
 
-import contextlib
 import http.client
+import queue
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Any, Final
 
 from hack.localcluster.chart import SYSTEM_NAMESPACE
 from hack.localcluster.client import ApiError, Kube
 
 # Writers of GPU UUIDs at once: a burst's capacity pods are named by as many nodes'
 # exporters at a time in a cluster, not one after the other.
-WRITERS: Final = 8
+WRITERS: Final = 4
+# Seconds one watch lasts before it is opened again from the last version seen: how long
+# `stop` may take to be noticed.
+WATCH_SECONDS: Final = 2
+CAPACITY: Final = "gpupack.io/role=capacity"
+GPU_UUID: Final = "gpupack.io/gpu-uuid"
+
+JSON = dict[str, Any]
 
 
 class SimulatedGpuAssigner:
@@ -22,7 +28,12 @@ class SimulatedGpuAssigner:
     Running capacity pod gets a fake but stable GPU UUID of a free device on its node, and
     the node's GPU memory. It reads with `kube` and writes with `writer` (the exporter's
     ServiceAccount, whose annotations the chart's admission policy allows), by default
-    `kube`."""
+    `kube`.
+
+    Event-driven, as the node agents it stands for: it lists the capacity pods once and
+    then watches them, naming a pod as soon as the event that shows it Running arrives
+    (`WRITERS` writes at a time); after a broken watch or an expired version (an API
+    server restarting, in a fault test) it lists again after `interval` seconds."""
 
     def __init__(
         self,
@@ -32,12 +43,18 @@ class SimulatedGpuAssigner:
         namespace: str = SYSTEM_NAMESPACE,
     ) -> None:
         self._namespace = namespace
+        self._path = f"/api/v1/namespaces/{namespace}/pods"
         self._kube = kube
         self._writer = writer or kube
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
         self._labels: dict[str, dict[str, str]] = {}  # node -> its labels, read once
-        self._writers = ThreadPoolExecutor(WRITERS, thread_name_prefix="gpu-assigner")
+        self._pods: dict[str, JSON] = {}  # capacity pod name -> as last seen
+        self._lock = threading.Lock()
+        self._asked: dict[str, tuple[str, str]] = {}  # pod -> (node, UUID) being written
+        self._writes: queue.Queue[tuple[str, JSON] | None] = queue.Queue()
+        self._failed = threading.Event()  # a write failed: list again, and name it then
+        self._version: str | None = None  # the last resourceVersion the watch saw
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="simulated-gpu-assigner", daemon=True
@@ -49,7 +66,7 @@ class SimulatedGpuAssigner:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=WATCH_SECONDS + 10)
 
     def stop(self) -> None:
         self._stop.set()
@@ -63,67 +80,121 @@ class SimulatedGpuAssigner:
         return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.gpupack.test"))
 
     def _run(self) -> None:
+        writers = [
+            threading.Thread(target=self._write_loop, name=f"gpu-assigner-{i}", daemon=True)
+            for i in range(WRITERS)
+        ]
+        for thread in writers:
+            thread.start()
         try:
-            while not self._stop.wait(self._interval):
+            while not self._stop.is_set():
                 # An API server restarting (a fault test) breaks reads every way: the
                 # thread must outlive it, as the exporter it stands for does.
-                with contextlib.suppress(ApiError, OSError, http.client.HTTPException):
-                    self.assign_once()
+                try:
+                    if self._version is None or self._failed.is_set():
+                        self._failed.clear()
+                        self._version = self._relist()
+                    self._follow(self._version)
+                except TimeoutError:
+                    continue  # a quiet watch: open it again from the last version seen
+                except (ApiError, OSError, http.client.HTTPException, ValueError):
+                    self._version = None
+                if self._version is None:
+                    self._stop.wait(self._interval)
         finally:
-            self._writers.shutdown(wait=True)
+            for _ in writers:
+                self._writes.put(None)
+            for thread in writers:
+                thread.join(timeout=10)
             self._kube.close()
-            if self._writer is not self._kube:
-                self._writer.close()
 
-    def assign_once(self) -> int:
-        pods = self._kube.get(
-            f"/api/v1/namespaces/{self._namespace}/pods", labelSelector="gpupack.io/role=capacity"
-        )["items"]
-        used: dict[str, set[str]] = {}
-        for pod in pods:
-            uuid_ = (pod["metadata"].get("annotations") or {}).get("gpupack.io/gpu-uuid")
-            if uuid_ and pod["spec"].get("nodeName"):
-                used.setdefault(pod["spec"]["nodeName"], set()).add(uuid_)
-        patches: list[tuple[str, dict[str, str]]] = []
-        for pod in pods:
+    def _relist(self) -> str:
+        listing = self._kube.get(self._path, labelSelector=CAPACITY)
+        pods = {p["metadata"]["name"]: p for p in listing["items"]}
+        with self._lock:
+            self._pods = pods
+            self._asked = {k: v for k, v in self._asked.items() if k in pods}
+        for name in pods:
+            self._assign(name)
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _follow(self, version: str) -> None:
+        """Watch from `version` for `WATCH_SECONDS`, keeping the last version seen (None
+        when the watch says it is gone: list again)."""
+        events = self._kube.watch(
+            self._path,
+            version,
+            timeout=WATCH_SECONDS,
+            labelSelector=CAPACITY,
+            allowWatchBookmarks="true",
+        )
+        for kind, pod in events:
+            if kind == "ERROR":
+                self._version = None  # 410 Gone: the version is too old
+                return
+            self._version = str(pod["metadata"]["resourceVersion"])
+            if kind == "BOOKMARK":
+                continue
+            name = pod["metadata"]["name"]
+            with self._lock:
+                if kind == "DELETED":
+                    self._pods.pop(name, None)
+                    self._asked.pop(name, None)
+                    continue
+                self._pods[name] = pod
+            self._assign(name)
+            if self._stop.is_set():
+                break
+
+    def _assign(self, name: str) -> None:
+        """Name capacity pod `name` if it runs and has no GPU yet: a free device of its
+        node, none of the node's pods holding or being given it."""
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None or name in self._asked:
+                return
             node = pod["spec"].get("nodeName")
             annotations = pod["metadata"].get("annotations") or {}
             if (
                 not node
                 or node in self.skip_nodes
                 or pod.get("status", {}).get("phase") != "Running"
-                or "gpupack.io/gpu-uuid" in annotations
+                or GPU_UUID in annotations
             ):
-                continue
-            labels = self._labels.get(node)
-            if labels is None:  # GPU count and memory: a node's never change
-                labels = self._labels[node] = self._kube.get(f"/api/v1/nodes/{node}")["metadata"][
-                    "labels"
-                ]
-            gpus = int(labels.get("nvidia.com/gpu.count", "1"))
-            free = [i for i in range(gpus) if self.fake_uuid(node, i) not in used.get(node, set())]
-            if not free:
-                continue
-            chosen = self.fake_uuid(node, free[0])
-            used.setdefault(node, set()).add(chosen)
-            patch = {"gpupack.io/gpu-uuid": chosen}
-            if "nvidia.com/gpu.memory" in labels:
-                patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
-            patches.append((pod["metadata"]["name"], patch))
+                return
+            used = {at for held, at in self._asked.values() if held == node}
+            for other in self._pods.values():
+                held = (other["metadata"].get("annotations") or {}).get(GPU_UUID)
+                if held and other["spec"].get("nodeName") == node:
+                    used.add(held)
+        labels = self._labels.get(node)
+        if labels is None:  # GPU count and memory: a node's never change
+            labels = self._labels[node] = self._kube.get(f"/api/v1/nodes/{node}")["metadata"][
+                "labels"
+            ]
+        gpus = int(labels.get("nvidia.com/gpu.count", "1"))
+        free = [i for i in range(gpus) if self.fake_uuid(node, i) not in used]
+        if not free:
+            return
+        chosen = self.fake_uuid(node, free[0])
+        patch = {GPU_UUID: chosen}
+        if "nvidia.com/gpu.memory" in labels:
+            patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
+        with self._lock:
+            self._asked[name] = (node, chosen)
+        self._writes.put((name, patch))
 
-        def write(name: str, patch: dict[str, str]) -> None:
-            self._writer.merge_patch(
-                f"/api/v1/namespaces/{self._namespace}/pods/{name}",
-                {"metadata": {"annotations": patch}},
-            )
-
-        def write_all(items: list[tuple[str, dict[str, str]]]) -> None:
-            try:
-                for name, patch in items:
-                    write(name, patch)
-            finally:
-                self._writer.close()  # this worker thread's connection: it may not last
-
-        chunks = [patches[i::WRITERS] for i in range(WRITERS)]
-        list(self._writers.map(write_all, [c for c in chunks if c]))
-        return len(patches)
+    def _write_loop(self) -> None:
+        try:
+            while (item := self._writes.get()) is not None:
+                name, patch = item
+                try:
+                    self._writer.merge_patch(
+                        f"{self._path}/{name}", {"metadata": {"annotations": patch}}
+                    )
+                except (ApiError, OSError, http.client.HTTPException):
+                    with self._lock:  # gone, or the API server restarting: ask again later
+                        self._asked.pop(name, None)
+                    self._failed.set()
+        finally:
+            self._writer.close()  # this thread's connection
