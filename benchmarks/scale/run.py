@@ -18,14 +18,17 @@ simulated GPU assigner stands in for the nodes' agents):
 
 Reports both paces, `ratio` = gpupack's pods per second / kube-scheduler's (target 0.5,
 goal 0.8), the capacity pods made against the lower bound (the GPUs the shares need)
-and the most that existed at once, and the peak resident memory (VmHWM) of the extender
-and of the webhook; where the CPU went during gpupack's burst (each process of the
-cluster, and this benchmark's clients and watch), and the extender's filter results
-and requeues.
+and the most that existed at once, and the peak resident memory (VmHWM) of the extender,
+of the webhook and of gpupack's two kube-schedulers (fractional pods', capacity pods');
+where the CPU went during gpupack's burst (each process of the cluster, and this
+benchmark's clients and watch), the extender's filter results and requeues, and the
+writes the API server answered during each burst (by verb and resource, from its
+`apiserver_request_total`).
 
-The stand-in for the node agents: one thread lists the capacity pods every 0.3 s and
-names every running one without a UUID, eight writes at a time, each node's labels read
-once; the timeline's `named` minus `bound` shows what it costs.
+The stand-in for the node agents (`SimulatedGpuAssigner`) is event-driven: it watches
+the capacity pods and names each one when the event that shows it Running arrives, four
+writes at a time, each node's labels read once; the timeline's `named` minus `bound`
+shows what it costs.
 
 Usage: .venv/bin/python -m benchmarks.scale.run [--nodes 500] [--pods 2000]
 (needs the binaries: run hack/test or hack/demo once). The last line is one JSON object.
@@ -237,6 +240,38 @@ def extender_counts(args: list[str]) -> dict[str, float]:
     return counts
 
 
+def api_requests(kube: Kube) -> dict[str, float]:
+    """The API server's requests so far (`apiserver_request_total`), by verb, resource
+    and subresource: "PATCH pods/status"."""
+    counts: dict[str, float] = {}
+    for line in kube.text("GET", "/metrics", content_type="text/plain").splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, _, value = line[len("apiserver_request_total{") :].rpartition("} ")
+        labels = dict(part.split("=", 1) for part in labels_text.split(",") if "=" in part)
+        label = {k: v.strip('"') for k, v in labels.items()}
+        resource = label.get("resource", "")
+        if label.get("subresource"):
+            resource += "/" + label["subresource"]
+        if not resource:
+            continue
+        key = f"{label.get('verb', '')} {resource}"
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def writes_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The requests that change something (not reads or watches) between two
+    `api_requests`, most first."""
+    reads = ("GET ", "LIST ", "WATCH ")
+    grown = {
+        key: round(after[key] - before.get(key, 0.0))
+        for key in after
+        if not key.startswith(reads) and after[key] > before.get(key, 0.0)
+    }
+    return dict(sorted(grown.items(), key=lambda item: -item[1]))
+
+
 def peak_mib(pid: int) -> float:
     """The process's peak resident set (VmHWM), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -293,11 +328,13 @@ def main(argv: list[str] | None = None) -> int:
 
             shared = kube.create_namespace("burst-in", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
             cpu_before = cpu_seconds(cluster.processes)
+            requests_before = api_requests(kube)
             first, last = burst(kube, shared, args.pods, args.threads, gpu_share=True)
             print(f"  gpupack: {args.pods} pods created in {last - first:.1f} s", file=log)
             done = wait_bound(timeline, shared, args.pods, args.timeout)
             gpupack_s = done - first
             cpu_after = cpu_seconds(cluster.processes)
+            requests_after = api_requests(kube)
             gpupack_cpu = {
                 name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1)
                 for name in sorted(cpu_after, key=lambda n: cpu_before.get(n, 0.0) - cpu_after[n])
@@ -317,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             extender_mib = peak_mib(cluster.processes["gpupack-scheduler"].pid)
             webhook_mib = peak_mib(cluster.processes["gpupack-webhook"].pid)
+            schedulers_mib = {
+                kind: peak_mib(cluster.processes[f"gpupack-scheduler-{kind}-scheduler"].pid)
+                for kind in ("kube", "capacity")
+            }
 
             whole = kube.create_namespace("burst-out", {})
             k_first, k_last = burst(kube, whole, args.pods, args.threads, gpu_share=False)
@@ -324,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  kube-scheduler: {args.pods} pods created in {created:.1f} s", file=log)
             k_done = wait_bound(timeline, whole, args.pods, args.timeout)
             kube_s = k_done - k_first
+            kube_writes = writes_between(requests_after, api_requests(kube))
             print(f"  kube-scheduler: all bound in {kube_s:.1f} s", file=log)
             whole_pods = timeline.pods_of(whole)
             stop.set()
@@ -351,9 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         "capacity_lower_bound": needed_gpus,
         "extender_peak_mib": extender_mib,
         "webhook_peak_mib": webhook_mib,
+        "kube_scheduler_peak_mib": schedulers_mib["kube"],
+        "capacity_scheduler_peak_mib": schedulers_mib["capacity"],
         "gpupack_stages": gpupack_stages,
         "gpupack_cpu_seconds": gpupack_cpu,
         "extender_counts": counts,
+        "gpupack_api_writes": writes_between(requests_before, requests_after),
+        "kube_scheduler_api_writes": kube_writes,
         "kube_scheduler_stages": stages(whole_pods, ["admitted", "refused", "placed"], k_first),
     }
     print(json.dumps(result))

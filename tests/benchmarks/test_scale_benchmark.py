@@ -26,6 +26,8 @@ def test_a_small_burst_reports_both_paces_the_timeline_and_the_capacity(
     assert report["kube_scheduler_stages"]["placed"]["count"] == 8
     assert report["extender_peak_mib"] > 0
     assert report["webhook_peak_mib"] > 0
+    assert report["kube_scheduler_peak_mib"] > 0
+    assert report["capacity_scheduler_peak_mib"] > 0
 
 
 def test_more_pods_than_the_nodes_hold_is_a_usage_error(
