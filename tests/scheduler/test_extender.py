@@ -18,7 +18,7 @@ from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API
-from scheduler.extender import VERDICT_RENEWED, VERDICT_WRITTEN, Extender
+from scheduler.extender import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN, Extender
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
@@ -575,17 +575,20 @@ def test_a_node_whose_labels_change_is_judged_again_for_the_pool() -> None:
     extender, pods, api, _ = setup(
         0, nodes={"n1": 8, "other": 8}, labels={"n1": l4, "other": {keys.GFD_PRODUCT: "A100"}}
     )
-    pinned = []
-    for name in ("web", "more"):
+
+    def pinned(name: str) -> JSON:
         pod = pending(pods, name, "900m")
         pod["spec"]["nodeSelector"] = dict(l4)
-        pinned.append(pod)
-    filter_(extender, pinned[0], nodes=("n1",))  # "other" is excluded by the selector
+        extender.cache.dirty.pod(f"ml/{name}")
+        return pod
+
+    # One at a time: a twin pending at the first refusal would be counted with it.
+    filter_(extender, pinned("web"), nodes=("n1",))  # "other" is excluded by the selector
     relabelled = dict(api.nodes.objects["other"])
     relabelled["metadata"] = {**relabelled["metadata"], "labels": {**l4}}
     api.nodes.objects["other"] = relabelled  # a new object, as the informer stores one
     extender.cache.dirty.node("other")
-    filter_(extender, pinned[1], nodes=("n1",))  # now infeasible for other reasons
+    filter_(extender, pinned("more"), nodes=("n1",))  # now infeasible for other reasons
 
     assert len(created_capacity(extender, api)) == 2
     first, second = [b for p, b in api.created if p.endswith("/pods")]
@@ -1203,3 +1206,113 @@ def test_capacity_never_lands_on_a_node_whose_gpus_are_too_small_for_the_pod() -
         "operator": "NotIn",
         "values": ["l4"],
     }
+
+
+def burst(pods: Store, extender: Extender, count: int, **spec: Any) -> list[JSON]:
+    """`count` pending pods of 300m (with `spec` added), created before any is filtered,
+    as a Deployment scaled up or a burst of Jobs makes them."""
+    made = []
+    for i in range(count):
+        pod = pending(pods, f"p{i}")
+        pod["spec"].update(spec)
+        extender.cache.dirty.pod(f"ml/p{i}")
+        made.append(pod)
+    return made
+
+
+def test_a_refused_pod_asks_capacity_for_its_twins_queued_behind_it_at_once() -> None:
+    """cap-0 takes three of nine pods; the fourth is refused. The five behind it would be
+    too, each at its own filter, and each would wait for a GPU asked for only then: their
+    GPUs are asked for with its own (two GPUs for six pods), and their refusals ask no more."""
+    extender, pods, api, _ = setup(0)
+    made = burst(pods, extender, 9)
+    assert all(filter_(extender, pod)["NodeNames"] == ["n1"] for pod in made[:3])
+
+    assert filter_(extender, made[3])["NodeNames"] == []
+    assert len(created_capacity(extender, api)) == 2
+    assert all(filter_(extender, pod)["NodeNames"] == [] for pod in made[4:])
+    assert len(created_capacity(extender, api)) == 2
+
+
+def test_pods_kube_scheduler_judges_by_other_pods_are_not_counted_as_twins() -> None:
+    """Anti-affinity (or topology spread, a host port, a volume claim) makes each pod's
+    verdict its own: only the refused pod's GPU is asked for."""
+    spread = {"labelSelector": {"matchLabels": {"app": "llm"}}, "topologyKey": HOSTNAME}
+    extender, pods, api, _ = setup(0)
+    made = burst(
+        pods,
+        extender,
+        9,
+        affinity={
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "podAffinityTerm": spread}
+                ]
+            }
+        },
+    )
+    for pod in made[:3]:
+        filter_(extender, pod)
+
+    assert filter_(extender, made[3])["NodeNames"] == []
+    assert len(created_capacity(extender, api)) == 1
+
+
+def test_twins_are_not_requeued_and_are_forgotten_once_gone() -> None:
+    """Room for two pods frees: only the refused pod is asked to try again (a twin was
+    never refused; its first filter is coming anyway). Twins deleted before their filter
+    are no longer counted."""
+    extender, pods, api, clock = setup(0)
+    extender.leading = True
+    made = burst(pods, extender, 6)
+    for pod in made[:3]:
+        filter_(extender, pod)
+    filter_(extender, made[3])
+    assert {k for k, w in extender.waiting.items() if w.expected} == {"ml/p4", "ml/p5"}
+
+    def delete(*names: str) -> None:
+        for name in names:
+            del pods.objects[f"ml/{name}"]
+            extender.cache.dirty.pod(f"ml/{name}")
+        clock.now += 1
+        extender.tick()
+
+    delete("p0", "p1")
+    assert requeued(extender, api) == ["p3"]
+
+    delete("p4", "p5")
+    assert set(extender.waiting) == {"ml/p3"}
+
+
+def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
+    """In a burst a requeued pod may wait many seconds behind the pods queued before it:
+    asked again every 2 s meanwhile, each request another write. It is asked again once
+    filtered (and refused) again, or after `REQUEUE_AGAIN` (an update kube-scheduler
+    missed)."""
+    extender, pods, api, clock = refused_behind(("n1", "n2"))
+    del pods.objects["ml/first"]
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+
+    def asked() -> list[str]:
+        extender.flush()  # the writes submitted so far are done
+        return [
+            path.split("/")[-2]
+            for path, body in api.patched
+            if path.endswith("/status")
+            and [c["type"] for c in body["status"]["conditions"]] == [keys.REQUEUE_CONDITION]
+        ]
+
+    assert asked() == ["web"]
+
+    for _ in range(5):  # ten seconds of a busy cluster, no filter of web
+        clock.now += 2
+        extender.cache.dirty.pod("ml/web")  # its own update (the request), others'
+        extender.tick()
+    assert asked() == ["web"]
+
+    clock.now += REQUEUE_AGAIN
+    extender.cache.dirty.pod("ml/web")
+    extender.tick()
+    assert asked() == ["web", "web"]
