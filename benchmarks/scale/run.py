@@ -10,8 +10,8 @@ simulated GPU assigner stands in for the nodes' agents):
    and the timeline of its stages is reported as percentiles of seconds after the first
    create: a pod `admitted` (created, as the webhook rewrote it), `refused` (the first
    verdict kube-scheduler wrote on it: no GPU had room yet), `placed` (bound); a capacity
-   pod `created`, `bound` (kube-scheduler chose its node), `named` (its GPU's UUID
-   written).
+   pod `created`, `bound` (kube-scheduler chose its node), `running` (the node started
+   it: kwok here), `named` (its GPU's UUID written).
 2. kube-scheduler: as many pods asking one whole GPU each (same CPU and memory) are
    created in a namespace that is not opted in, on the same nodes (their GPUs minus the
    capacity pods'), and timed the same way.
@@ -115,6 +115,8 @@ class Timeline:
         self.capacity_most = max(self.capacity_most, len(self.capacity_alive))
         if "bound" not in stages and obj["spec"].get("nodeName"):
             stages["bound"] = now
+        if "running" not in stages and (obj.get("status") or {}).get("phase") == "Running":
+            stages["running"] = now
         annotations = obj["metadata"].get("annotations") or {}
         if "named" not in stages and keys.GPU_UUID in annotations:
             stages["named"] = now
@@ -349,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                 **stages(shared_pods, ["admitted", "refused", "placed"], first),
                 **{
                     f"capacity_{k}": v
-                    for k, v in stages(capacity, ["created", "bound", "named"], first).items()
+                    for k, v in stages(
+                        capacity, ["created", "bound", "running", "named"], first
+                    ).items()
                 },
             }
             extender_mib = peak_mib(cluster.processes["gpupack-scheduler"].pid)

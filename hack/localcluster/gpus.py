@@ -109,6 +109,9 @@ class SimulatedGpuAssigner:
             self._kube.close()
 
     def _relist(self) -> str:
+        if not self._labels:  # every node's at once: one read, not one per node in a burst
+            for node in self._kube.get("/api/v1/nodes")["items"]:
+                self._labels[node["metadata"]["name"]] = node["metadata"].get("labels") or {}
         listing = self._kube.get(self._path, labelSelector=CAPACITY)
         pods = {p["metadata"]["name"]: p for p in listing["items"]}
         with self._lock:
