@@ -66,6 +66,26 @@ class Autoscaler(enum.StrEnum):
     NONE = "none"  # as cluster-autoscaler: hostnames, no node labels written
 
 
+# Taints a node carries until it takes pods (one an autoscaler just added registers,
+# its cloud provider initializes it, its kubelet turns Ready): kube-scheduler refuses
+# every pod there meanwhile, which says nothing about the pod.
+STARTING_TAINTS: Final = frozenset(
+    {
+        "karpenter.sh/unregistered",
+        "node.cloudprovider.kubernetes.io/uninitialized",
+        "node.kubernetes.io/not-ready",
+    }
+)
+
+
+def starting(node: JSON | None) -> bool:
+    """Whether `node` does not take pods yet for being new (or not ready): a taint of
+    `STARTING_TAINTS`. A pod kube-scheduler found infeasible there meanwhile may well
+    run there once it is ready."""
+    taints = ((node or {}).get("spec") or {}).get("taints") or []
+    return any(t.get("key") in STARTING_TAINTS for t in taints)
+
+
 # Node selection.
 
 

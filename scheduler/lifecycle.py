@@ -61,7 +61,7 @@ from gpupack.shares import scheduling_of, workload
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.capacity_pods import CapacityCreator
-from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
+from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded, starting
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -133,7 +133,11 @@ class Lifecycle:
         yet is fine), nor on one whose GPUs are known to be smaller than that, and next to
         the pods its required pod affinity names. Nodes the capacity pod's inherited
         constraints keep it off already are not named (`scheduler.exclusion`); that
-        verdict is kept per pool and node object, since every refused filter asks."""
+        verdict is kept per pool and node object, since every refused filter asks. Nor
+        is a node still starting (`scheduler.exclusion.starting`, one an autoscaler just
+        added, maybe for this very pod): kube-scheduler refuses every pod there until it
+        is ready, and naming it would ask a GPU elsewhere for pods whose GPU is coming
+        there, and change where their GPUs may land while it starts."""
         verdicts = self._excluded.setdefault(pool, {})
         scheduling: JSON | None = None
         avoid = []
@@ -141,6 +145,8 @@ class Lifecycle:
             if name in feasible and not 0 < size < memory:
                 continue
             node = self.cache.node(name)
+            if name not in feasible and starting(node):
+                continue
             known = verdicts.get(name)
             if known is None or known[0] is not node:
                 if scheduling is None:

@@ -1316,3 +1316,23 @@ def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
     extender.cache.dirty.pod("ml/web")
     extender.tick()
     assert asked() == ["web", "web"]
+
+
+def test_a_node_still_starting_is_not_a_node_the_capacity_must_avoid() -> None:
+    """A node an autoscaler just added is tainted `node.kubernetes.io/not-ready` until its
+    kubelet is ready, and kube-scheduler refuses every pod there meanwhile: no verdict on
+    the pod. Named among the nodes to avoid, it changed where the waiting pods' GPUs may
+    land and asked one more GPU elsewhere for pods whose GPUs were coming there (Karpenter
+    bought a third node for ten pods that needed two)."""
+    extender, pods, api, _ = setup(0, nodes={"n1": 8, "new": 8, "other": 8})
+    api.nodes.objects["new"]["spec"]["taints"] = [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+    ]
+    extender.cache.dirty.node("new")
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
+
+    filter_(extender, pending(pods, "web", "900m"), nodes=("n1",))
+
+    assert len(created_capacity(extender, api)) == 1
+    [body] = [b for path, b in api.created if path.endswith("/pods")]
+    assert _avoided(body) == ["other"]
