@@ -71,7 +71,7 @@ REQUEUE_AGAIN: float = 30.0
 VERDICT_WRITTEN: float = 5.0
 # Seconds after the GPU nodes changed by which kube-scheduler has judged a pod no node
 # could take against the new ones: a node event moves it out of its unschedulable queue,
-# and its backoff is at most ten seconds (`podMaxBackoffSeconds`: 3 as the chart runs it).
+# and its backoff is at most ten seconds (`podMaxBackoffSeconds`).
 VERDICT_RENEWED: float = 30.0
 # Twins of a refused pod counted with it for capacity at most (`Extender._expect_twins`):
 # the pods of a burst queued next behind it.

@@ -466,8 +466,6 @@ def test_the_gpupack_kube_schedulers_run_shares_with_the_extender_and_capacity_a
         assert config["percentageOfNodesToScore"] == 100
         assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
     assert [p["schedulerName"] for p in shares["profiles"]] == ["gpupack-scheduler"]
-    assert shares["podMaxBackoffSeconds"] == 3
-    assert "podMaxBackoffSeconds" not in capacity  # kube-scheduler's default, 10 s
     (extender,) = shares["extenders"]
     assert extender["urlPrefix"] == "http://127.0.0.1:8888"
     assert (extender["filterVerb"], extender["bindVerb"]) == ("filter", "bind")

@@ -203,10 +203,6 @@ percentageOfNodesToScore: 100
 with the extender (templates/scheduler.yaml, config.yaml). */}}
 {{- define "gpupack.scheduler.config" -}}
 {{ include "gpupack.scheduler.common" (dict "root" . "lease" (include "gpupack.scheduler.name" .)) }}
-# A share refused because no GPU had room is asked to try again (by the extender, or by a
-# capacity pod's events) once one has; kube-scheduler's default backoff of up to 10 s
-# after repeated refusals only delayed it then.
-podMaxBackoffSeconds: 3
 profiles:
   - schedulerName: gpupack-scheduler
 extenders:
