@@ -73,9 +73,6 @@ VERDICT_WRITTEN: float = 5.0
 # could take against the new ones: a node event moves it out of its unschedulable queue,
 # and its backoff is at most ten seconds (`podMaxBackoffSeconds`).
 VERDICT_RENEWED: float = 30.0
-# Twins of a refused pod counted with it for capacity at most (`Extender._expect_twins`):
-# the pods of a burst queued next behind it.
-TWINS_AT_MOST: int = 256
 
 
 class Extender:
@@ -156,7 +153,6 @@ class Extender:
                     f"gpupack: the GPU of capacity pod {starting.holder} on {starting.node} "
                     f"is starting; it will take this pod {asks}"
                 )
-            self._expect_twins(key, pod, request, now)
             self._ask_capacity(pod, request, required, nodes, now)
             return wire.refused(reasons)
 
@@ -286,8 +282,8 @@ class Extender:
         """Whether a pod that fit nowhere still waits: unbound, not reserved, and known
         to the informer (or filtered too recently for it to have seen the pod)."""
         pod = self.cache.pod(key)
-        if pod is None:  # a twin came from the informer: gone from it, it is gone
-            return not waiting.expected and now - waiting.since < WAITING_FORGET
+        if pod is None:
+            return now - waiting.since < WAITING_FORGET
         return not (pod.get("spec") or {}).get("nodeName") and not self.reservations.booked(key)
 
     def _release(self, key: str, why: str) -> None:
@@ -344,40 +340,6 @@ class Extender:
             verdict,
         )
         return required
-
-    def _expect_twins(self, key: str, pod: JSON, request: Request, now: float) -> None:
-        """Count for capacity, with a pod that fit on no GPU (`key`, just recorded by
-        `_wait`), its twins kube-scheduler has not filtered yet: pending pods of its pool
-        and shape that, like it, carry no rule about other pods, host ports or volume
-        topology, so kube-scheduler judges them by the pool's node rules and their
-        resources alone, as it judged this one. Their GPUs are asked for now, with its own,
-        instead of one refusal at a time as each reaches the filter: in a burst, the
-        capacity for the pods queued behind a refused one is coming before they are
-        filtered, and they are placed at their first filter. At most `TWINS_AT_MOST`, in
-        the order the informer saw them (kube-scheduler's queue order, by age). A twin is
-        never requeued (it was never refused); it is judged for real at its own filter,
-        and forgotten once placed, bound elsewhere or gone."""
-        if not judged_alike(pod):
-            return
-        first = self.waiting[key]
-        shape, found = request.shape, 0
-        for other, entry in self.cache.pending.items():
-            if found >= TWINS_AT_MOST:
-                return
-            twin = entry.request
-            if (
-                other in self.waiting
-                or not isinstance(twin, Request)
-                or twin.shape != shape
-                or self.reservations.booked(other)
-                or not judged_alike(entry.pod)
-            ):
-                continue
-            allocation = Allocation(
-                other, twin.compute, twin.gpu_memory, twin.owner, twin.exclusive
-            )
-            self.waiting[other] = replace(first, allocation=allocation, since=now, expected=True)
-            found += 1
 
     def _ask_capacity(
         self, pod: JSON, request: Request, required: Where, feasible: Sequence[str], now: float
@@ -454,8 +416,8 @@ class Extender:
         promised: list[str] = []
         try:
             for key, waiting in self.waiting.items():
-                if waiting.expected or self.reservations.booked(key):
-                    continue  # a twin was never refused: its first filter is coming
+                if self.reservations.booked(key):
+                    continue
                 pod = self.cache.pod(key)
                 request = self.cache.request(pod) if pod is not None else None
                 if pod is None or not isinstance(request, Request):
@@ -523,27 +485,6 @@ class Extender:
     def _count_bind(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.attempts.labels(result=result).inc()
-
-
-def judged_alike(pod: JSON) -> bool:
-    """Whether kube-scheduler judges `pod` by its node rules and resources alone, as any
-    other pod of its pool and shape: no rule about other pods (pod affinity or
-    anti-affinity, topology spread), no host port, no volume claim (its topology), no
-    device claim, no node named."""
-    spec = pod.get("spec") or {}
-    affinity = spec.get("affinity") or {}
-    if (
-        spec.get("nodeName")
-        or affinity.get("podAffinity")
-        or affinity.get("podAntiAffinity")
-        or spec.get("topologySpreadConstraints")
-        or spec.get("resourceClaims")
-    ):
-        return False
-    if any(v.get("persistentVolumeClaim") or v.get("ephemeral") for v in spec.get("volumes") or ()):
-        return False
-    containers = [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
-    return not any(p.get("hostPort") for c in containers for p in c.get("ports") or ())
 
 
 def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:

@@ -82,8 +82,6 @@ class Waiting:
     placement: str = ""  # the key of where a GPU for it may land (`Lifecycle.requirements`)
     gpu_nodes: int = 0  # `Cache.gpu_nodes_changed` when `placement` was judged
     verdict: str | None = None  # kube-scheduler's word when no node was feasible
-    # Not filtered yet: a twin of a refused pod, counted with it (`Extender._expect_twins`).
-    expected: bool = False
 
 
 class Lifecycle:

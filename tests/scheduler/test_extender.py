@@ -582,7 +582,7 @@ def test_a_node_whose_labels_change_is_judged_again_for_the_pool() -> None:
         extender.cache.dirty.pod(f"ml/{name}")
         return pod
 
-    # One at a time: a twin pending at the first refusal would be counted with it.
+    # One at a time, each filtered as it comes.
     filter_(extender, pinned("web"), nodes=("n1",))  # "other" is excluded by the selector
     relabelled = dict(api.nodes.objects["other"])
     relabelled["metadata"] = {**relabelled["metadata"], "labels": {**l4}}
@@ -1208,82 +1208,6 @@ def test_capacity_never_lands_on_a_node_whose_gpus_are_too_small_for_the_pod() -
     }
 
 
-def burst(pods: Store, extender: Extender, count: int, **spec: Any) -> list[JSON]:
-    """`count` pending pods of 300m (with `spec` added), created before any is filtered,
-    as a Deployment scaled up or a burst of Jobs makes them."""
-    made = []
-    for i in range(count):
-        pod = pending(pods, f"p{i}")
-        pod["spec"].update(spec)
-        extender.cache.dirty.pod(f"ml/p{i}")
-        made.append(pod)
-    return made
-
-
-def test_a_refused_pod_asks_capacity_for_its_twins_queued_behind_it_at_once() -> None:
-    """cap-0 takes three of nine pods; the fourth is refused. The five behind it would be
-    too, each at its own filter, and each would wait for a GPU asked for only then: their
-    GPUs are asked for with its own (two GPUs for six pods), and their refusals ask no more."""
-    extender, pods, api, _ = setup(0)
-    made = burst(pods, extender, 9)
-    assert all(filter_(extender, pod)["NodeNames"] == ["n1"] for pod in made[:3])
-
-    assert filter_(extender, made[3])["NodeNames"] == []
-    assert len(created_capacity(extender, api)) == 2
-    assert all(filter_(extender, pod)["NodeNames"] == [] for pod in made[4:])
-    assert len(created_capacity(extender, api)) == 2
-
-
-def test_pods_kube_scheduler_judges_by_other_pods_are_not_counted_as_twins() -> None:
-    """Anti-affinity (or topology spread, a host port, a volume claim) makes each pod's
-    verdict its own: only the refused pod's GPU is asked for."""
-    spread = {"labelSelector": {"matchLabels": {"app": "llm"}}, "topologyKey": HOSTNAME}
-    extender, pods, api, _ = setup(0)
-    made = burst(
-        pods,
-        extender,
-        9,
-        affinity={
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {"weight": 1, "podAffinityTerm": spread}
-                ]
-            }
-        },
-    )
-    for pod in made[:3]:
-        filter_(extender, pod)
-
-    assert filter_(extender, made[3])["NodeNames"] == []
-    assert len(created_capacity(extender, api)) == 1
-
-
-def test_twins_are_not_requeued_and_are_forgotten_once_gone() -> None:
-    """Room for two pods frees: only the refused pod is asked to try again (a twin was
-    never refused; its first filter is coming anyway). Twins deleted before their filter
-    are no longer counted."""
-    extender, pods, api, clock = setup(0)
-    extender.leading = True
-    made = burst(pods, extender, 6)
-    for pod in made[:3]:
-        filter_(extender, pod)
-    filter_(extender, made[3])
-    assert {k for k, w in extender.waiting.items() if w.expected} == {"ml/p4", "ml/p5"}
-
-    def delete(*names: str) -> None:
-        for name in names:
-            del pods.objects[f"ml/{name}"]
-            extender.cache.dirty.pod(f"ml/{name}")
-        clock.now += 1
-        extender.tick()
-
-    delete("p0", "p1")
-    assert requeued(extender, api) == ["p3"]
-
-    delete("p4", "p5")
-    assert set(extender.waiting) == {"ml/p3"}
-
-
 def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
     """In a burst a requeued pod may wait many seconds behind the pods queued before it:
     asked again every 2 s meanwhile, each request another write. It is asked again once
@@ -1321,9 +1245,8 @@ def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
 def test_a_node_still_starting_is_not_a_node_the_capacity_must_avoid() -> None:
     """A node an autoscaler just added is tainted `node.kubernetes.io/not-ready` until its
     kubelet is ready, and kube-scheduler refuses every pod there meanwhile: no verdict on
-    the pod. Named among the nodes to avoid, it changed where the waiting pods' GPUs may
-    land and asked one more GPU elsewhere for pods whose GPUs were coming there (Karpenter
-    bought a third node for ten pods that needed two)."""
+    the pod. Named among the nodes to avoid, it would change where the waiting pods' GPUs
+    may land, and ask theirs again elsewhere while they are coming there."""
     extender, pods, api, _ = setup(0, nodes={"n1": 8, "new": 8, "other": 8})
     api.nodes.objects["new"]["spec"]["taints"] = [
         {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
