@@ -51,7 +51,9 @@ class SimulatedGpuAssigner:
         self._labels: dict[str, dict[str, str]] = {}  # node -> its labels, read once
         self._pods: dict[str, JSON] = {}  # capacity pod name -> as last seen
         self._lock = threading.Lock()
-        self._asked: dict[str, tuple[str, str]] = {}  # pod -> (node, UUID) being written
+        # pod -> (its uid, node, UUID) being written: a pod deleted and made again under
+        # its name (a capacity pod whose node went) is another pod.
+        self._asked: dict[str, tuple[str, str, str]] = {}
         self._writes: queue.Queue[tuple[str, JSON] | None] = queue.Queue()
         self._failed = threading.Event()  # a write failed: list again, and name it then
         self._version: str | None = None  # the last resourceVersion the watch saw
@@ -116,7 +118,11 @@ class SimulatedGpuAssigner:
         pods = {p["metadata"]["name"]: p for p in listing["items"]}
         with self._lock:
             self._pods = pods
-            self._asked = {k: v for k, v in self._asked.items() if k in pods}
+            self._asked = {
+                k: v
+                for k, v in self._asked.items()
+                if k in pods and pods[k]["metadata"].get("uid") == v[0]
+            }
         for name in pods:
             self._assign(name)
         return str(listing["metadata"]["resourceVersion"])
@@ -154,7 +160,9 @@ class SimulatedGpuAssigner:
         node, none of the node's pods holding or being given it."""
         with self._lock:
             pod = self._pods.get(name)
-            if pod is None or name in self._asked:
+            uid = str(pod["metadata"].get("uid", "")) if pod is not None else ""
+            asked = self._asked.get(name)
+            if pod is None or (asked is not None and asked[0] == uid):
                 return
             node = pod["spec"].get("nodeName")
             annotations = pod["metadata"].get("annotations") or {}
@@ -165,7 +173,7 @@ class SimulatedGpuAssigner:
                 or GPU_UUID in annotations
             ):
                 return
-            used = {at for held, at in self._asked.values() if held == node}
+            used = {at for _, held, at in self._asked.values() if held == node}
             for other in self._pods.values():
                 held = (other["metadata"].get("annotations") or {}).get(GPU_UUID)
                 if held and other["spec"].get("nodeName") == node:
@@ -184,7 +192,7 @@ class SimulatedGpuAssigner:
         if "nvidia.com/gpu.memory" in labels:
             patch["gpupack.io/gpu-memory"] = f"{labels['nvidia.com/gpu.memory']}Mi"
         with self._lock:
-            self._asked[name] = (node, chosen)
+            self._asked[name] = (uid, node, chosen)
         self._writes.put((name, patch))
 
     def _write_loop(self) -> None:
