@@ -30,6 +30,7 @@ two decisions ever see the same free share.
 """
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -118,6 +119,7 @@ class Extender:
         self._marked: dict[str, str] = {}
         self._mark_gates: dict[str, threading.Lock] = {}  # one label write per capacity pod
         self._changed = True  # whether the books changed since the last requeue round
+        self._next_round = math.inf  # when a pod asked before may be asked again
         self._requeued: dict[str, float] = {}  # pod -> when it was last requeued
         self.leading = False  # whether the kube-scheduler beside us leads (`leadership`)
         self.usage = Usage(0, 0, 0, 0, 0, leader=False)
@@ -408,10 +410,12 @@ class Extender:
         pods, a write each, for the room of a few.) A pod asked and not filtered since is
         asked again only after `REQUEUE_AGAIN`: in a burst its filter may be many seconds
         away, behind the pods queued before it, and each request is a write (asking it
-        every `REQUEUE_EVERY` meanwhile made 1,649 requests for 331 refusals)."""
-        if not self._changed:
+        every `REQUEUE_EVERY` meanwhile made 1,649 requests for 331 refusals). Such a pod
+        sets when the next round comes if nothing changes before: every round places each
+        waiting pod under the lock kube-scheduler's filters wait on."""
+        if not self._changed and now < self._next_round:
             return
-        self._changed = False
+        self._changed, self._next_round = False, math.inf
         snapshot = self.cache.snapshot
         promised: list[str] = []
         try:
@@ -431,10 +435,12 @@ class Extender:
                 snapshot.assume(request, result.node, result.gpus)
                 promised.append(key)
                 asked = self._requeued.get(key, -REQUEUE_AGAIN)
-                if now - asked < (REQUEUE_AGAIN if asked >= waiting.since else REQUEUE_EVERY):
-                    self._changed = True  # look again next round
+                again = asked + (REQUEUE_AGAIN if asked >= waiting.since else REQUEUE_EVERY)
+                if now < again:
+                    self._next_round = min(self._next_round, again)
                     continue
                 self._requeued[key] = now
+                self._next_round = min(self._next_round, now + REQUEUE_AGAIN)
                 self._pool.submit(self._requeue_pod, pod)
         finally:
             for key in promised:

@@ -14,13 +14,16 @@ from gpupack.capacity import CREATED_FOR, Allocation, plan
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from gpupack.shares import pool_of
+from scheduler import extender as extender_module
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API
 from scheduler.extender import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN, Extender
+from scheduler.placement import place
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
+from scheduler.snapshot import Request, Snapshot
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
 
 JSON = dict[str, Any]
@@ -731,6 +734,16 @@ def test_an_mps_daemon_that_restarts_is_reported_on_its_gpu_and_its_pods_and_tak
 def requeued(extender: Extender, api: Api) -> list[str]:
     """The pods the extender asked kube-scheduler to try again, once its writes finished."""
     created_capacity(extender, api)
+    return requests_to_requeue(api)
+
+
+def requeued_so_far(extender: Extender, api: Api) -> list[str]:
+    """`requeued`, for an extender that goes on: the writes submitted so far are done."""
+    extender.flush()
+    return requests_to_requeue(api)
+
+
+def requests_to_requeue(api: Api) -> list[str]:
     return [
         path.split("/")[-2]
         for path, body in api.patched
@@ -1220,13 +1233,7 @@ def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
     extender.tick()
 
     def asked() -> list[str]:
-        extender.flush()  # the writes submitted so far are done
-        return [
-            path.split("/")[-2]
-            for path, body in api.patched
-            if path.endswith("/status")
-            and [c["type"] for c in body["status"]["conditions"]] == [keys.REQUEUE_CONDITION]
-        ]
+        return requeued_so_far(extender, api)
 
     assert asked() == ["web"]
 
@@ -1240,6 +1247,41 @@ def test_a_requeued_pod_is_not_asked_again_before_its_filter_comes() -> None:
     extender.cache.dirty.pod("ml/web")
     extender.tick()
     assert asked() == ["web", "web"]
+
+
+def test_a_pod_waiting_for_its_filter_costs_no_placement_until_it_may_be_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each requeue round places every waiting pod under the lock kube-scheduler's filters
+    wait on. While a requeued pod's filter is coming and nothing changes, no round runs;
+    the next comes when it may be asked again (`REQUEUE_AGAIN`), with no change needed."""
+    extender, pods, api, clock = refused_behind(("n1", "n2"))
+    del pods.objects["ml/first"]
+    extender.cache.dirty.pod("ml/first")
+    clock.now += 1
+    extender.tick()
+    assert requeued_so_far(extender, api) == ["web"]
+
+    placed: list[str] = []
+    real = place
+
+    def counted(snapshot: Snapshot, request: Request, *args: object) -> object:
+        placed.append(request.key)
+        return real(snapshot, request, *args)  # type: ignore[arg-type]
+
+    clock.now += 2
+    extender.cache.dirty.pod("ml/web")  # the update the request made
+    extender.tick()
+    monkeypatch.setattr(extender_module, "place", counted)
+    for _ in range(5):  # ten quiet seconds: web's filter has not come
+        clock.now += 2
+        extender.tick()
+    assert placed == []
+
+    clock.now += REQUEUE_AGAIN
+    extender.tick()
+    assert placed
+    assert requeued_so_far(extender, api) == ["web", "web"]
 
 
 def test_a_node_still_starting_is_not_a_node_the_capacity_must_avoid() -> None:
