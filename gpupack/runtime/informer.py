@@ -9,6 +9,13 @@ first complete list; readers get snapshots under a lock and never see a half-app
 `on_change` hears the key of every changed object, and "" after each (re)list, when any
 object may have changed: a consumer keeps a dirty set instead of rescanning the store.
 
+Objects are stored without `metadata.managedFields`, the API server's record of which
+client set which field (server-side apply's bookkeeping): no gpupack component reads it,
+and on a pod that several controllers wrote it is about a third of the object, kept for
+every pod the cluster runs. (client-go's informers drop it the same way,
+`TransformStripManagedFields`.) A merge or JSON patch built from a stored object leaves
+the server's copy of it as it is.
+
 Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
 reader asks for one pool's pods without scanning every pod in the cluster.
 
@@ -36,6 +43,15 @@ Indexer = Callable[[JSON], Iterable[str]]
 
 WATCH_TIMEOUT_SECONDS: Final = 300
 PAGE_SIZE: Final = 500
+
+
+def trimmed(obj: JSON) -> JSON:
+    """`obj` as the store keeps it: without `metadata.managedFields` (changed in place:
+    the object is the informer's own, parsed from the API server's answer)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
 
 
 def object_key(obj: JSON) -> str:
@@ -249,7 +265,7 @@ class Informer:
             params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
             params["continue"] = str(token)
         self._consistent_list = False
-        store = {object_key(obj): obj for obj in items}
+        store = {object_key(obj): trimmed(obj) for obj in items}
         index: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
         for key, obj in store.items():
             for name in self._indexers:
@@ -309,7 +325,7 @@ class Informer:
         with self._changed:
             if kind in ("ADDED", "MODIFIED"):
                 self._remove_from_index(key)
-                self._store[key] = obj
+                self._store[key] = trimmed(obj)
                 self._add_to_index(key, obj)
             elif kind == "DELETED":
                 self._remove_from_index(key)

@@ -408,3 +408,26 @@ def test_after_a_410_watchers_relist_at_random_moments_within_the_backoffs_base(
 
     assert informer.wait_for(lambda i: i.lists == 2, WAIT)
     assert sleeps[0] == pytest.approx(0.25)  # half of the 0.5 s base
+
+
+def test_objects_are_kept_without_the_field_managers_bookkeeping(
+    kube: FakeKube, make: Callable[..., Informer]
+) -> None:
+    """`metadata.managedFields` (about a third of a pod several controllers wrote) is
+    read by no gpupack component: neither a listed nor a watched object keeps it."""
+    managed = [{"manager": "kube-scheduler", "operation": "Update", "fieldsV1": {"f:status": {}}}]
+    listed = pod("listed", app="x")
+    listed["metadata"]["managedFields"] = managed
+    kube.put(listed)
+    informer = make()
+    assert informer.wait_synced(WAIT)
+
+    watched = pod("watched", app="y")
+    watched["metadata"] |= {"managedFields": managed, "annotations": {"a": "b"}}
+    kube.put(watched)
+    assert informer.wait_for(lambda i: i.get("gpupack-system/watched") is not None, WAIT)
+
+    kept = {obj["metadata"]["name"]: obj["metadata"] for obj in informer.items()}
+    assert not any("managedFields" in meta for meta in kept.values())
+    assert kept["listed"]["labels"] == {"app": "x"}
+    assert kept["watched"]["annotations"] == {"a": "b"}
