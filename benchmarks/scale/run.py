@@ -23,7 +23,9 @@ of the webhook and of gpupack's two kube-schedulers (fractional pods', capacity 
 where the CPU went during gpupack's burst (each process of the cluster, and this
 benchmark's clients and watch), the extender's filter results and requeues, and the
 writes the API server answered during each burst (by verb and resource, from its
-`apiserver_request_total`).
+`apiserver_request_total`). Then `memory` (benchmarks/scale/memory.py): what the
+extender's and the webhook's own classes keep per 10,000 pods and per 1,000 nodes, built
+from the cluster's objects at the end, against the same with `managedFields` kept.
 
 The stand-in for the node agents (`SimulatedGpuAssigner`) is event-driven: it watches
 the capacity pods and names each one when the event that shows it Running arrives, four
@@ -49,7 +51,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.pods import pause_pod
+from benchmarks.scale.memory import footprints
 from gpupack import keys
+from gpupack.runtime.transport import connect
 from hack.localcluster import (
     SYSTEM_NAMESPACE,
     Kube,
@@ -374,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
             whole_pods = timeline.pods_of(whole)
             stop.set()
             watcher.join(timeout=5)
+            print("  memory: the components' stores over the cluster's objects", file=log)
+            memory = footprints(
+                lambda: connect(str(cluster.kubeconfig), user_agent="gpupack-benchmark")
+            )
 
     gpupack_pace, kube_pace = args.pods / gpupack_s, args.pods / kube_s
     ratio = gpupack_pace / kube_pace
@@ -405,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpupack_api_writes": writes_between(requests_before, requests_after),
         "kube_scheduler_api_writes": kube_writes,
         "kube_scheduler_stages": stages(whole_pods, ["admitted", "refused", "placed"], k_first),
+        "memory": memory,
     }
     print(json.dumps(result))
     return 0

@@ -35,6 +35,8 @@ from hack.localcluster.realnode import RealNode
 
 SERVICE_CIDR: Final = "10.96.0.0/16"
 READY_TIMEOUT: Final = 120.0
+# ... and per kwok node (2,000 nodes were not all Ready within READY_TIMEOUT here).
+NODE_READY_SECONDS: Final = 0.15
 
 
 @dataclass
@@ -445,5 +447,7 @@ class ControlPlane:
             return set(names) <= ready
 
         admin.wait_for(
-            f"{len(names)} kwok nodes to be Ready and schedulable", all_ready, timeout=READY_TIMEOUT
+            f"{len(names)} kwok nodes to be Ready and schedulable",
+            all_ready,
+            timeout=READY_TIMEOUT + len(names) * NODE_READY_SECONDS,
         )
