@@ -36,6 +36,7 @@ from webhook.capacity import (
     capacity_pool,
     decision_of,
     fractional_pool,
+    planned,
 )
 from webhook.decision import CapacityOutcome, Demand
 from webhook.kube import KubeClient
@@ -82,6 +83,7 @@ class Cluster:
             name="capacity-pods",
             indexers={POOL_INDEX: capacity_pool},
             watch_timeout_seconds=watch_timeout_seconds,
+            keep=planned,
         )
         self.fractional_pods = Informer(
             client,
@@ -90,6 +92,7 @@ class Cluster:
             name="fractional-pods",
             indexers={POOL_INDEX: fractional_pool, DECISION_INDEX: decision_of},
             watch_timeout_seconds=watch_timeout_seconds,
+            keep=planned,
         )
         self.capacity = CapacityManager(
             self.capacity_pods, self.fractional_pods, ttl=reservation_ttl, clock=clock

@@ -9,12 +9,14 @@ first complete list; readers get snapshots under a lock and never see a half-app
 `on_change` hears the key of every changed object, and "" after each (re)list, when any
 object may have changed: a consumer keeps a dirty set instead of rescanning the store.
 
-Objects are stored without `metadata.managedFields`, the API server's record of which
-client set which field (server-side apply's bookkeeping): no gpupack component reads it,
-and on a pod that several controllers wrote it is about a third of the object, kept for
-every pod the cluster runs. (client-go's informers drop it the same way,
-`TransformStripManagedFields`.) A merge or JSON patch built from a stored object leaves
-the server's copy of it as it is.
+Objects are stored as `keep` makes them: by default without `metadata.managedFields`,
+the API server's record of which client set which field (server-side apply's
+bookkeeping), which no gpupack component reads and which is about a third of a pod
+several controllers wrote, kept for every pod the cluster runs (client-go's informers drop
+it the same way, `TransformStripManagedFields`). A component that reads a few fields of
+many objects keeps only those (the webhook's pod caches). A merge or JSON patch built
+from a stored object leaves the server's copy of the rest as it is; nothing may send a
+stored object back whole.
 
 Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
 reader asks for one pool's pods without scanning every pod in the cluster.
@@ -83,11 +85,13 @@ class Informer:
         page_size: int = PAGE_SIZE,
         on_change: Callable[[str], None] | None = None,
         draw: Callable[[], float] = random.random,
+        keep: Callable[[JSON], JSON] = trimmed,
     ) -> None:
         self._client = client
         self._draw = draw  # a random number in [0, 1), for jitter
         self._consistent_list = False  # the last list was refused with 410: read from etcd
         self._on_change = on_change
+        self._keep = keep  # what of each object the store keeps
         self._path = path
         self._params = dict(params or {})
         self.name = name or path
@@ -256,7 +260,7 @@ class Informer:
         params = self._list_params()
         while True:
             page = self._client.list(self._path, params)
-            items.extend(page.get("items") or [])
+            items.extend(self._keep(obj) for obj in page.get("items") or [])  # page by page
             meta = page.get("metadata") or {}
             token = meta.get("continue")
             if not token:
@@ -265,7 +269,7 @@ class Informer:
             params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
             params["continue"] = str(token)
         self._consistent_list = False
-        store = {object_key(obj): trimmed(obj) for obj in items}
+        store = {object_key(obj): obj for obj in items}
         index: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
         for key, obj in store.items():
             for name in self._indexers:
@@ -322,10 +326,12 @@ class Informer:
             raise ApiError(int(code or 0), str(obj.get("reason", "")), str(obj.get("message", "")))
         version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         key = object_key(obj)
+        if kind in ("ADDED", "MODIFIED"):
+            obj = self._keep(obj)
         with self._changed:
             if kind in ("ADDED", "MODIFIED"):
                 self._remove_from_index(key)
-                self._store[key] = trimmed(obj)
+                self._store[key] = obj
                 self._add_to_index(key, obj)
             elif kind == "DELETED":
                 self._remove_from_index(key)

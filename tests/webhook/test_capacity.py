@@ -1,6 +1,7 @@
 """The capacity planner against the in-memory API server: what a pool lacks, counted once per
 pod, and never a pod created (capacity is gpupack-scheduler's to create)."""
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,14 +17,18 @@ from gpupack.objects import JSON
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube
+from tests.webhook.builders import as_the_api_server_sends_it, vllm_pod
 from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,
     CapacityManager,
+    _holding,
+    _seat,
     allocation_of,
     capacity_pool,
     decision_of,
     fractional_pool,
+    planned,
 )
 from webhook.decision import CapacityOutcome, Demand
 
@@ -375,3 +380,34 @@ def test_a_demand_becomes_an_allocation_of_its_workload() -> None:
     demand = Demand("uid-1", POOL, {}, 300, 8 * GiB, "ml", "Deployment/llm", exclusive=True)
 
     assert allocation_of(demand) == Allocation("uid-1", 300, 8 * GiB, "ml/Deployment/llm", True)
+
+
+def test_the_pod_caches_keep_what_planning_reads_and_little_else() -> None:
+    """The webhook's pod caches keep `planned(pod)`: every reader of capacity planning
+    answers from it as from the pod the API server sent, at a fraction of its size."""
+    spec = vllm_pod()["spec"]
+    share = as_the_api_server_sends_it(fractional_pod("a", on="cap-0", phase="Running"), "x1")
+    share["spec"] |= {"containers": spec["containers"], "affinity": {"nodeAffinity": {}}}
+    share["status"] |= {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "main", "ready": True, "image": "vllm", "started": True}],
+    }
+    waiting = fractional_pod("b", decision="d-b", phase="Pending")
+    leaving = fractional_pod("c", on="cap-0")
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-27T00:00:00Z"
+    held = capacity_pod(0, memory="80Gi")
+    gone = capacity_pod(1, phase="Succeeded")
+
+    for pod in (share, waiting, leaving):
+        kept = planned(pod)
+        assert fractional_pool(kept) == fractional_pool(pod)
+        assert decision_of(kept) == decision_of(pod)
+        assert _seat(kept) == _seat(pod)
+    for pod in (held, gone):
+        kept = planned(pod)
+        assert capacity_pool(kept) == capacity_pool(pod)
+        assert _holding(kept) == _holding(pod)
+    assert _seat(share) is not None
+    assert _seat(leaving) is None
+    assert _holding(held) == (80 * GiB, True)
+    assert len(json.dumps(planned(share))) < len(json.dumps(share)) / 2
