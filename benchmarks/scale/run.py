@@ -25,7 +25,7 @@ benchmark's clients and watch), the extender's filter results and requeues, and 
 writes the API server answered during each burst (by verb and resource, from its
 `apiserver_request_total`). Then `memory` (benchmarks/scale/memory.py): what the
 extender's and the webhook's own classes keep per 10,000 pods and per 1,000 nodes, built
-from the cluster's objects at the end, against the same with `managedFields` kept.
+from the cluster's objects at the end, against the same with every object kept whole.
 
 The stand-in for the node agents (`SimulatedGpuAssigner`) is event-driven: it watches
 the capacity pods and names each one when the event that shows it Running arrives, four
