@@ -260,55 +260,97 @@ def shortfall(
     into at most three), never one by one. Where a real-time-mps allocation is involved
     (owners then matter) it asks `plan` itself. A property test holds it to `plan`."""
     unplaced = list(unplaced)
-    if any(a.exclusive for a in unplaced) or any(a.exclusive for g in gpus for a in g.allocations):
+    packing = Packing.of(gpus, new_gpu_memory)
+    if packing is None or any(a.exclusive for a in unplaced):
         result = plan(gpus, unplaced, new_gpu_memory=new_gpu_memory)
         return Shortfall(result.missing, result.oversized)
-    held = [
-        _Group(
-            1, sum(a.compute for a in g.allocations), sum(a.memory for a in g.allocations), g.memory
-        )
-        for g in sorted(gpus, key=lambda g: (not g.running, g.name))
-    ]
-    created: list[_Group] = []
-    oversized: list[str] = []
-    shapes = Counter((a.compute, a.memory) for a in unplaced)
-    for (compute, memory), count in sorted(shapes.items(), key=lambda s: (-s[0][0], -s[0][1])):
-        n = count
-        for bins in (held, created):
-            index = 0
-            while n and index < len(bins):
-                group = bins[index]
-                room = group.room(compute, memory)
-                if not room:
-                    index += 1
-                    continue
-                full = min(group.count, n // room)
-                rest = n - full * room if full < group.count else 0
-                parts = [
-                    group.taking(full, room, compute, memory),
-                    group.taking(1 if rest else 0, rest, compute, memory),
-                    group.taking(group.count - full - (1 if rest else 0), 0, compute, memory),
-                ]
-                parts = [p for p in parts if p.count]
-                bins[index : index + 1] = parts
-                index += len(parts)
-                n -= full * room + rest
-        if not n:
-            continue
-        too_large = _room(0, 0, new_gpu_memory, compute, memory) == 0  # for the assumed GPU
-        size = None if too_large else new_gpu_memory
-        room = max(_room(0, 0, size, compute, memory), 1)
-        if too_large:  # each GPU created for them names its first
-            run = sorted(
-                (a for a in unplaced if (a.compute, a.memory) == (compute, memory)), key=_decreasing
+    packing.fit(unplaced)
+    return Shortfall(packing.missing, tuple(packing.oversized))
+
+
+@dataclass(slots=True)
+class Packing:
+    """A pool's GPUs as `shortfall` packs them: groups of equal GPUs, those held (first
+    fit's order: running first, then by name) and those to create. `fit` packs more
+    allocations onto them, first fit decreasing within its own allocations only: a
+    packing fitted twice may take a GPU more than one packed once with both sets (the
+    webhook's estimate between two full plans, `webhook.capacity`)."""
+
+    held: list[_Group]
+    created: list[_Group]
+    new_gpu_memory: int | None
+    oversized: list[str]
+
+    @classmethod
+    def of(cls, gpus: Sequence[PlanGpu], new_gpu_memory: int | None) -> "Packing | None":
+        """The packing of `gpus` with nothing to fit yet; None where a GPU holds a
+        real-time-mps allocation (owners matter then: only `plan` packs it)."""
+        if any(a.exclusive for g in gpus for a in g.allocations):
+            return None
+        held = [
+            _Group(
+                1,
+                sum(a.compute for a in g.allocations),
+                sum(a.memory for a in g.allocations),
+                g.memory,
             )
-            oversized += [a.key for a in run[count - n :: room]]
-        empty = _Group(0, 0, 0, size)
-        if n // room:
-            created.append(empty.taking(n // room, room, compute, memory))
-        if n % room:
-            created.append(empty.taking(1, n % room, compute, memory))
-    return Shortfall(sum(g.count for g in created), tuple(oversized))
+            for g in sorted(gpus, key=lambda g: (not g.running, g.name))
+        ]
+        return cls(held, [], new_gpu_memory, [])
+
+    @property
+    def missing(self) -> int:
+        return sum(g.count for g in self.created)
+
+    def copy(self) -> "Packing":
+        """Another packing in the same state (groups are never changed, only replaced)."""
+        return Packing(
+            list(self.held), list(self.created), self.new_gpu_memory, list(self.oversized)
+        )
+
+    def fit(self, unplaced: Sequence[Allocation]) -> None:
+        """Pack `unplaced` (none of them real-time-mps), largest shape first, onto the GPUs
+        held, then those to create, then onto new ones."""
+        created = self.created
+        shapes = Counter((a.compute, a.memory) for a in unplaced)
+        for (compute, memory), count in sorted(shapes.items(), key=lambda s: (-s[0][0], -s[0][1])):
+            n = count
+            for bins in (self.held, created):
+                index = 0
+                while n and index < len(bins):
+                    group = bins[index]
+                    room = group.room(compute, memory)
+                    if not room:
+                        index += 1
+                        continue
+                    full = min(group.count, n // room)
+                    rest = n - full * room if full < group.count else 0
+                    parts = [
+                        group.taking(full, room, compute, memory),
+                        group.taking(1 if rest else 0, rest, compute, memory),
+                        group.taking(group.count - full - (1 if rest else 0), 0, compute, memory),
+                    ]
+                    parts = [p for p in parts if p.count]
+                    bins[index : index + 1] = parts
+                    index += len(parts)
+                    n -= full * room + rest
+            if not n:
+                continue
+            new_gpu_memory = self.new_gpu_memory
+            too_large = _room(0, 0, new_gpu_memory, compute, memory) == 0  # for the assumed GPU
+            size = None if too_large else new_gpu_memory
+            room = max(_room(0, 0, size, compute, memory), 1)
+            if too_large:  # each GPU created for them names its first
+                run = sorted(
+                    (a for a in unplaced if (a.compute, a.memory) == (compute, memory)),
+                    key=_decreasing,
+                )
+                self.oversized += [a.key for a in run[count - n :: room]]
+            empty = _Group(0, 0, 0, size)
+            if n // room:
+                created.append(empty.taking(n // room, room, compute, memory))
+            if n % room:
+                created.append(empty.taking(1, n % room, compute, memory))
 
 
 def _room(used: int, used_memory: int, size: int | None, compute: int, memory: int) -> int:

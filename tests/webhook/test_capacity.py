@@ -155,13 +155,16 @@ def replicas(kube: FakeKube, clock: Clock) -> Iterator[Callable[..., Replica]]:
             f"/api/v1/namespaces/{SYSTEM}/pods",
             {"labelSelector": f"{keys.ROLE}={keys.ROLE_CAPACITY}"},
             indexers={POOL_INDEX: capacity_pool},
+            keep=planned,  # as webhook.cluster keeps them
         )
         fractional_pods = Informer(
             kube,
             "/api/v1/pods",
             {"fieldSelector": f"spec.schedulerName={keys.SCHEDULER_NAME}"},
             indexers={POOL_INDEX: fractional_pool, DECISION_INDEX: decision_of},
+            keep=planned,
         )
+        kwargs.setdefault("reuse", 0.0)  # every plan reads the pool, unless a test says
         manager = CapacityManager(capacity_pods, fractional_pods, ttl=TTL, clock=clock, **kwargs)
         replica = Replica(manager, capacity_pods, fractional_pods)
         made.append(replica)
@@ -327,7 +330,7 @@ def test_a_bug_becomes_an_error_outcome_not_an_exception(
     def explode(*_: Any, **__: Any) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("webhook.capacity.shortfall", explode)
+    monkeypatch.setattr("webhook.capacity.Packing.of", explode)
 
     outcome = replica.manager.plan(demand("uid-1"), False)
 
@@ -411,3 +414,57 @@ def test_the_pod_caches_keep_what_planning_reads_and_little_else() -> None:
     assert _seat(leaving) is None
     assert _holding(held) == (80 * GiB, True)
     assert len(json.dumps(planned(share))) < len(json.dumps(share)) / 2
+
+
+def test_a_burst_within_the_reuse_window_is_fitted_onto_the_last_plan_without_reading_the_pool(
+    kube: FakeKube, replicas: Callable[..., Replica], clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst into one pool reads the pool once per `reuse` seconds, not once per pod;
+    the pods admitted meanwhile are fitted onto the last plan and count each other, so
+    the answers are the full plans' (one shape: first fit is first fit decreasing)."""
+    kube.put(capacity_pod(0))
+    kube.put(fractional_pod("placed", on=capacity_name(POOL, 0), phase="Running"))
+    reusing, planning = replicas(reuse=1.0), replicas(reuse=0.0)
+    reads: list[str] = []
+    read = reusing.fractional_pods.by_index
+
+    def counted(index: str, value: str) -> list[JSON]:
+        reads.append(index)
+        return read(index, value)
+
+    monkeypatch.setattr(reusing.fractional_pods, "by_index", counted)
+
+    burst = [demand(f"uid-{i}") for i in range(9)]
+    fitted = [missing(reusing.manager.plan(d, False)) for d in burst]
+    planned_in_full = [missing(planning.manager.plan(d, False)) for d in burst]
+
+    assert fitted == planned_in_full == [0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert reads.count(POOL_INDEX) == 1  # the first admission's plan
+
+    clock.now += 1.0  # the window passed: the next plan reads the pool again
+    kube.delete("pods", "ml", "placed")
+    assert reusing.fractional_pods.wait_for(lambda i: i.get("ml/placed") is None, WAIT)
+    assert missing(reusing.manager.plan(demand("uid-9"), False)) == 3  # 300m freed
+    assert reads.count(POOL_INDEX) == 2
+
+
+def test_a_dry_run_within_the_reuse_window_counts_for_no_later_admission(
+    replicas: Callable[..., Replica],
+) -> None:
+    replica = replicas(reuse=1.0)
+    assert missing(replica.manager.plan(demand("uid-a"), False)) == 1
+    for i in range(5):  # dry runs: 600m, 900m, ... each alone with uid-a
+        assert missing(replica.manager.plan(demand(f"dry-{i}"), True)) == 1
+    assert missing(replica.manager.plan(demand("uid-b"), False)) == 1
+    assert missing(replica.manager.plan(demand("uid-c"), False)) == 1
+    assert missing(replica.manager.plan(demand("uid-d"), False)) == 2
+
+
+def test_a_real_time_mps_admission_is_planned_in_full_within_the_reuse_window(
+    replicas: Callable[..., Replica],
+) -> None:
+    """Owners matter to a real-time-mps pod: only the full plan packs it."""
+    replica = replicas(reuse=1.0)
+    assert missing(replica.manager.plan(demand("uid-a", workload="Deployment/a"), False)) == 1
+    exclusive = demand("uid-mps", workload="Deployment/mps", exclusive=True)
+    assert missing(replica.manager.plan(exclusive, False)) == 2  # not on uid-a's GPU
