@@ -478,6 +478,11 @@ class LocalCluster(ControlPlane):
         SchedulerError and kube-scheduler retries it)."""
         self._wait_ready(process, lambda: http.client.HTTPConnection("127.0.0.1", port, timeout=2))
 
+    def scheduler_processes(self, name: str = chart.SCHEDULER_NAME) -> list[str]:
+        """The local processes of scheduler replica `name`: its extender, then the
+        kube-schedulers beside it (the pod's containers)."""
+        return [name, *(process for _, process in self._kube_schedulers(name))]
+
     def stop_scheduler(
         self, name: str = chart.SCHEDULER_NAME, *, kill: bool = False, extender_only: bool = False
     ) -> None:
@@ -485,9 +490,7 @@ class LocalCluster(ControlPlane):
         kube-scheduler releases its Lease), or SIGKILL. `extender_only`: stop the
         extender alone, as when its container crashes (`processes[name].start()` brings
         it back)."""
-        names = [name]
-        if not extender_only:
-            names += [process for _, process in self._kube_schedulers(name)]
+        names = [name] if extender_only else self.scheduler_processes(name)
         for process_name in names:
             process = self.processes.get(process_name)
             if kill and process is not None:

@@ -32,12 +32,7 @@ def kubelet(scheduler: LocalCluster) -> Iterator[Restarter]:
     """The scheduler pod's and the webhook's containers restart when they exit, as in a
     pod: kube-scheduler exits when it loses its Lease (here after 4 s without the API
     server, the test timings; 15 s with the chart's)."""
-    names = [
-        "gpupack-scheduler",
-        "gpupack-scheduler-kube-scheduler",
-        "gpupack-scheduler-capacity-scheduler",
-        "gpupack-webhook",
-    ]
+    names = [*scheduler.scheduler_processes(), "gpupack-webhook"]
     with Restarter(scheduler.processes, names) as restarter:
         yield restarter
 
