@@ -35,11 +35,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar, cast
 
 from gpupack import keys
 from gpupack.capacity import Allocation, Packing, PlanGpu, Shortfall, shortfall
-from gpupack.objects import JSON, annotations_of, labels_of
+from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
+from gpupack.pool import scheduling_metadata
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand
 
@@ -100,25 +101,21 @@ KEPT_METADATA: Final = (
     "ownerReferences",
     "deletionTimestamp",
 )
-KEPT_SPEC: Final = (  # `gpupack.pool.scheduling_metadata`'s fields, and where the pod is
-    "nodeName",
-    "schedulerName",
-    "nodeSelector",
-    "affinity",
-    "tolerations",
-    "priorityClassName",
-    "runtimeClassName",
-)
 
 
 def planned(pod: JSON) -> JSON:
-    """What capacity planning reads of `pod`: a new object of `KEPT_METADATA`, `KEPT_SPEC`
-    and the phase."""
+    """What capacity planning reads of `pod`: a new object of `KEPT_METADATA`, the
+    scheduling fields its pool key is made of (`scheduling_metadata` itself, so the key
+    of the kept pod is the pod's), where it is, and its phase."""
     meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    spec = cast(PodSpec, pod.get("spec") or {})
+    kept_spec: JSON = scheduling_metadata(spec)
+    for name in ("nodeName", "schedulerName"):
+        if name in spec:
+            kept_spec[name] = spec[name]
     kept: JSON = {
         "metadata": {name: meta[name] for name in KEPT_METADATA if name in meta},
-        "spec": {name: spec[name] for name in KEPT_SPEC if name in spec},
+        "spec": kept_spec,
     }
     phase = (pod.get("status") or {}).get("phase")
     if phase is not None:
