@@ -163,15 +163,7 @@ class RealNode:
         change (before `prepare_network` does). Another live node is an error (their
         iptables chains and bridge would collide); one left by a run that died is
         cleaned up first."""
-        if OWNER.exists():
-            other = Path(OWNER.read_text().strip())
-            if other != self.folder and _running(other):
-                raise RuntimeError(
-                    f"a real node from {other} is already running on this machine, and "
-                    "there can be one at a time (the bridge and iptables chains are the "
-                    "machine's): stop it first (`hack/demo stop` for the demo's)"
-                )
-            clean_host(other)
+        clean_dead_node(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._sysctls = {name: _read_sysctl(name) for name in RESTORED_SYSCTLS}
         # The kubelet makes /var/lib/kubelet/device-plugins whatever --root-dir says.
@@ -433,6 +425,23 @@ def clean_host(folder: Path) -> None:
     path.unlink()
     if OWNER.exists() and OWNER.read_text().strip() == str(folder):
         OWNER.unlink()
+
+
+def clean_dead_node(folder: Path | None = None) -> None:
+    """Undo what the machine's last real node changed if the run that started it died
+    without stopping it (its containerd gone); the node under `folder` may be running (it
+    is the caller's own). Another running node is an error: there can be one at a time
+    (the bridge and iptables chains are the machine's)."""
+    if not OWNER.exists():
+        return
+    other = Path(OWNER.read_text().strip())
+    if other != folder and _running(other):
+        raise RuntimeError(
+            f"a real node from {other} is already running on this machine, and "
+            "there can be one at a time (the bridge and iptables chains are the "
+            "machine's): stop it first (`hack/demo stop` for the demo's)"
+        )
+    clean_host(other)
 
 
 def _running(folder: Path) -> bool:

@@ -51,6 +51,9 @@ def node_cluster(
 ) -> Iterator[LocalCluster]:
     images = os.environ.get("GPUPACK_NODE_IMAGES", "")
     assert images, "GPUPACK_NODE_IMAGES is set by hack/lib/node.sh: run through hack/test"
+    # What a node of a run that died left behind goes first (as the node's own start
+    # would do it), so `before` is this machine as a node finds it.
+    realnode.clean_dead_node()
     before = host_state()
     with cluster_of_its_own(
         tmp_path_factory,
@@ -263,6 +266,23 @@ def test_a_second_real_node_on_the_machine_is_refused_while_the_first_runs(
     finally:
         stand_in.kill()
         stand_in.wait()
+
+
+def test_a_node_left_by_a_run_that_died_is_cleaned_up_before_the_next_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CI run killed mid-suite leaves its node's sysctls, chains and mounts behind, and
+    # its containerd gone: the next node (and the install test's `before`) cleans them.
+    owner = tmp_path / "owner"
+    monkeypatch.setattr(realnode, "OWNER", owner)
+    cleaned: list[Path] = []
+    monkeypatch.setattr(realnode, "clean_host", cleaned.append)
+    dead = tmp_path / "died" / "gpupack-node"
+    owner.write_text(str(dead))
+
+    realnode.clean_dead_node()
+
+    assert cleaned == [dead]
 
 
 SHIM_LIMIT = 1 << 30
