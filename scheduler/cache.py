@@ -12,6 +12,7 @@ Pods the extender reserved (`assumed`: a GPU chosen at filter, the bind to come)
 their booking until the informer shows them bound, or the extender releases them.
 """
 
+import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Protocol
 from gpupack import keys
 from gpupack.objects import JSON, labels_of
 from gpupack.shares import is_live
+from scheduler.exclusion import SETTLING, starting
 from scheduler.ledger import (
     NotOurs,
     assignment_of,
@@ -120,17 +122,23 @@ class Cache:
         # Counts changes to the set of GPU nodes: where a new GPU may have to stay off.
         self.gpu_nodes_changed = 0
         self._on_node: dict[str, set[str]] = {}  # node -> pod keys waiting for that node
+        # Nodes seen to begin taking pods since the first list (added without a starting
+        # taint, or its last one lifted), and when, by `refresh`'s clock; and the nodes
+        # still starting (`scheduler.exclusion.starting`). Read by `settling`.
+        self.began: dict[str, float] = {}
+        self._starting: set[str] = set()
 
     # Folding events in.
 
-    def refresh(self) -> bool:
-        """Apply what changed; True when anything did."""
+    def refresh(self, now: float = -math.inf) -> bool:
+        """Apply what changed; True when anything did. `now` is when, by the caller's
+        clock: a node that begins taking pods is noted then (`settling`)."""
         nodes, pods, relist = self.dirty.take()
         if relist:
             self._rebuild()
             return True
         for name in sorted(nodes):
-            self._apply_node(name)
+            self._apply_node(name, now)
         for key in sorted(pods):
             self._apply_pod(key, self._pods.get(key))
         return bool(nodes or pods)
@@ -146,9 +154,12 @@ class Cache:
         self.gpu_nodes.clear()
         self.gpu_nodes_changed += 1
         self._on_node.clear()
+        self._starting.clear()
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
             self._note_gpus(obj)
+            if starting(obj):
+                self._starting.add(str(obj["metadata"]["name"]))
         pods = self._pods.items()
         # GPUs before the pods on them.
         for pod in sorted(pods, key=lambda p: not is_capacity(p, self._namespace)):
@@ -159,16 +170,24 @@ class Cache:
             elif key not in self.snapshot.bookings:
                 self.assumed.discard(key)
 
-    def _apply_node(self, name: str) -> None:
+    def _apply_node(self, name: str, now: float) -> None:
         obj = self._nodes.get(name)
         if obj is None:
             self.snapshot.remove_node(name)
             if self.gpu_nodes.pop(name, None) is not None:
                 self.gpu_nodes_changed += 1
+            self.began.pop(name, None)
+            self._starting.discard(name)
             return
         returned = name not in self.snapshot.nodes
         self.snapshot.add_node(node_of(obj))
         self._note_gpus(obj)
+        if starting(obj):
+            self._starting.add(name)
+            self.began.pop(name, None)
+        elif returned or name in self._starting:
+            self._starting.discard(name)
+            self.began[name] = now
         if returned:  # a node deleted and made again: its capacity pods' GPUs come back
             held = [c.name for c in self.capacity.values() if _node_name(c.pod) == name]
             for key in (f"{self._namespace}/{n}" for n in held):
@@ -185,6 +204,21 @@ class Cache:
             self.gpu_nodes[name] = node_gpu_memory(labels_of(node))
         elif self.gpu_nodes.pop(name, None) is not None:
             self.gpu_nodes_changed += 1
+
+    def settling(self, name: str, now: float | None) -> bool:
+        """Whether node `name` is starting (`scheduler.exclusion.starting`), or began
+        taking pods less than `SETTLING` seconds before `now` (None: is starting): a
+        verdict kube-scheduler reached then may be about the node as it was before, so
+        it says nothing about the pod yet."""
+        if name in self._starting:
+            return True
+        began = self.began.get(name)
+        if began is None or now is None:
+            return False
+        if now - began < SETTLING:
+            return True
+        del self.began[name]  # settled for good
+        return False
 
     def node(self, name: str) -> JSON | None:
         """The Node object as the informer has it."""

@@ -78,6 +78,13 @@ STARTING_TAINTS: Final = frozenset(
 )
 
 
+# Seconds a node still counts as starting once it takes pods, as this process saw it
+# begin: kube-scheduler may have judged a pod against its view of the node from before
+# (its snapshot is taken when a scheduling cycle starts, and on a busy machine the
+# extender hears of the node first).
+SETTLING: Final = 10.0
+
+
 def starting(node: JSON | None) -> bool:
     """Whether `node` does not take pods yet for being new (or not ready): a taint of
     `STARTING_TAINTS`. A pod kube-scheduler found infeasible there meanwhile may well

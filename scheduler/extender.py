@@ -265,7 +265,7 @@ class Extender:
         """Fold informer changes in (a reservation whose pod was deleted or bound leaves
         `cache.assumed` then); the time now."""
         now = self._clock()
-        if self.cache.refresh():
+        if self.cache.refresh(now):
             self._changed = True
         return now
 
@@ -278,7 +278,7 @@ class Extender:
             self._changed = True
             if self._metrics is not None:
                 self._metrics.reservations_expired.inc(len(expired))
-            self.cache.refresh()  # the released pods are pending again
+            self.cache.refresh(now)  # the released pods are pending again
 
     def _still_waiting(self, key: str, waiting: Waiting, now: float) -> bool:
         """Whether a pod that fit nowhere still waits: unbound, not reserved, and known
@@ -329,8 +329,17 @@ class Extender:
         allocation = Allocation(
             key, request.compute, request.gpu_memory, request.owner, request.exclusive
         )
-        rejected = frozenset(n for n in self.cache.snapshot.nodes if n not in feasible)
-        required = self._lifecycle.requirements(pod, request.pool, feasible, request.gpu_memory)
+        # A filter's verdict may predate a node that began taking pods just before: such
+        # a node is not held against the pod, here nor when it is requeued.
+        judged = now if verdict is None else None
+        rejected = frozenset(
+            n
+            for n in self.cache.snapshot.nodes
+            if n not in feasible and not (judged is not None and self.cache.settling(n, judged))
+        )
+        required = self._lifecycle.requirements(
+            pod, request.pool, feasible, request.gpu_memory, judged
+        )
         self.waiting[key] = Waiting(
             request.pool,
             allocation,

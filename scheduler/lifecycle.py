@@ -61,7 +61,7 @@ from gpupack.shares import scheduling_of, workload
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.capacity_pods import CapacityCreator
-from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded, starting
+from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -123,7 +123,12 @@ class Lifecycle:
             self._metrics.node_labels.labels(result=result).inc()
 
     def requirements(
-        self, example: JSON, pool: str, feasible: Collection[str], memory: int = 0
+        self,
+        example: JSON,
+        pool: str,
+        feasible: Collection[str],
+        memory: int,
+        judged: float | None,
     ) -> Where:
         """Where a new GPU for `example` (of `pool`), which asks `memory` bytes of it, may
         land (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible
@@ -135,16 +140,21 @@ class Lifecycle:
         is a node still starting (`scheduler.exclusion.starting`, one an autoscaler just
         added, maybe for this very pod): kube-scheduler refuses every pod there until it
         is ready, and naming it would ask a GPU elsewhere for pods whose GPU is coming
-        there, and change where their GPUs may land while it starts."""
+        there, and change where their GPUs may land while it starts. Nor, when
+        kube-scheduler's filter `judged` the pod then, one that began taking pods less
+        than `SETTLING` seconds before (`Cache.settling`): its verdict may be about the
+        node as it was before (a GPU node bought for a burst, named as avoided, made the
+        next capacity pod a node of its own). `judged` is None for a verdict known to be
+        about the nodes as they are (`Extender._adopt_unplaceable` waits for one)."""
         verdicts = self._excluded.setdefault(pool, {})
         scheduling: JSON | None = None
         avoid = []
         for name, size in self.cache.gpu_nodes.items():
             if name in feasible and not 0 < size < memory:
                 continue
-            node = self.cache.node(name)
-            if name not in feasible and starting(node):
+            if name not in feasible and self.cache.settling(name, judged):
                 continue
+            node = self.cache.node(name)
             known = verdicts.get(name)
             if known is None or known[0] is not node:
                 if scheduling is None:

@@ -18,7 +18,7 @@ from scheduler import extender as extender_module
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
-from scheduler.exclusion import KARPENTER_API
+from scheduler.exclusion import KARPENTER_API, SETTLING
 from scheduler.extender import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN, Extender
 from scheduler.placement import place
 from scheduler.score import PackingScorer
@@ -1282,6 +1282,31 @@ def test_a_pod_waiting_for_its_filter_costs_no_placement_until_it_may_be_asked_a
     extender.tick()
     assert placed
     assert requeued_so_far(extender, api) == ["web", "web"]
+
+
+def test_a_node_that_just_began_taking_pods_is_not_held_against_a_pod_filtered_then() -> None:
+    """On a busy machine kube-scheduler may judge a pod against its view from before a new
+    node took pods, while the extender already sees the node ready. Named as avoided, it
+    made a requirement the GPU coming for the pods does not meet, and a capacity pod more
+    (in CI, a third Karpenter node for two nodes' worth of shares). Once `SETTLING` has
+    passed, kube-scheduler's verdict on the node counts."""
+    extender, pods, api, clock = setup(0, nodes={"n1": 8})
+    filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))  # fills cap-0
+    filter_(extender, pending(pods, "web", "500m"), nodes=("n1",))
+    extender.flush()
+    [asked] = [b for path, b in api.created if path.endswith("/pods")]  # room for 500m more
+    add_gpu_node(extender, api, "bought")  # the node an autoscaler bought for it
+    clock.now += 1
+
+    filter_(extender, pending(pods, "more", "500m"), nodes=("n1",))  # judged without it
+    extender.flush()
+
+    assert [b for path, b in api.created if path.endswith("/pods")] == [asked]
+    clock.now += SETTLING
+    filter_(extender, pending(pods, "late", "500m"), nodes=("n1",))
+    extender.flush()
+    [_, late] = [b for path, b in api.created if path.endswith("/pods")]
+    assert _avoided(late) == ["bought"]
 
 
 def test_a_node_still_starting_is_not_a_node_the_capacity_must_avoid() -> None:
