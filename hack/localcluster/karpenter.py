@@ -237,6 +237,40 @@ class Karpenter:
         ]
         return found
 
+    def story(self, namespace: str) -> str:
+        """What Karpenter bought and for which capacity pods, in order, for a failed
+        assertion to say: each NodeClaim (made when, its node, the pods' requests it sums),
+        each capacity pod in `namespace` (made when, its node, the nodes it must avoid),
+        and Karpenter's verdicts on them."""
+        kube = self.cluster.kube()
+        lines = []
+        for claim in sorted(self.claims(), key=lambda c: c["metadata"]["creationTimestamp"]):
+            requests = (claim.get("spec") or {}).get("resources", {}).get("requests")
+            node = (claim.get("status") or {}).get("nodeName")
+            lines.append(
+                f"claim {claim['metadata']['name']} at "
+                f"{claim['metadata']['creationTimestamp']} node={node} requests={requests}"
+            )
+        pods = kube.get(
+            f"/api/v1/namespaces/{namespace}/pods", labelSelector="gpupack.io/role=capacity"
+        )["items"]
+        for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
+            affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+            required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+            avoid = [
+                (e["key"], e.get("values"))
+                for term in required.get("nodeSelectorTerms") or []
+                for e in term.get("matchExpressions") or []
+                if e.get("operator") == "NotIn"
+            ]
+            lines.append(
+                f"capacity {pod['metadata']['name']} at {pod['metadata']['creationTimestamp']} "
+                f"node={pod['spec'].get('nodeName')} avoid={avoid}"
+            )
+        for event in self.refusals(namespace):
+            lines.append(f"karpenter on {event['involvedObject']['name']}: {event['message']}")
+        return "\n".join(lines)
+
     def refusals(self, namespace: str) -> list[dict[str, Any]]:
         """Karpenter's own verdicts on pending pods of `namespace` it could not help: its
         `FailedScheduling` Events ("Failed to schedule pod, <why>"), kube-scheduler's

@@ -107,7 +107,7 @@ def test_pods_pinned_to_l4_while_a100_nodes_exist_make_karpenter_buy_the_fewest_
 
     pods = wait_bound(kube, namespace, "l4", 10, timeout=240)
 
-    assert len(karpenter.claims()) == 2
+    assert len(karpenter.claims()) == 2, karpenter.story(cluster.namespace)
     types = [n["metadata"]["labels"][INSTANCE_TYPE] for n in karpenter.nodes()]
     assert types == ["gpu-l4x2"] * 2
     bought = {n["metadata"]["name"] for n in karpenter.nodes()}
@@ -139,7 +139,7 @@ def test_a_replica_whose_anti_affinity_excludes_every_full_node_makes_karpenter_
     assert len(set(nodes)) == 3, nodes
     bought = {n["metadata"]["name"] for n in karpenter.nodes()}
     assert set(nodes) == bought | {"gpu-l4-0"}
-    assert len(karpenter.claims()) == 2
+    assert len(karpenter.claims()) == 2, karpenter.story(cluster.namespace)
     assert karpenter.ignored(cluster.namespace) == []
     l4_node = kube.get("/api/v1/nodes/gpu-l4-0")
     assert l4_node["metadata"]["labels"][keys.NODE] == "gpu-l4-0"  # written by the scheduler
