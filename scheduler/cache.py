@@ -206,14 +206,16 @@ class Cache:
             self.gpu_nodes_changed += 1
 
     def settling(self, name: str, now: float | None) -> bool:
-        """Whether node `name` is starting (`scheduler.exclusion.starting`), or began
-        taking pods less than `SETTLING` seconds before `now` (None: is starting): a
-        verdict kube-scheduler reached then may be about the node as it was before, so
-        it says nothing about the pod yet."""
-        if name in self._starting:
-            return True
+        """Whether node `name` is starting (`scheduler.exclusion.starting`), or, when
+        `now` is given, `just_began` then."""
+        return name in self._starting or (now is not None and self.just_began(name, now))
+
+    def just_began(self, name: str, now: float) -> bool:
+        """Whether node `name` began taking pods less than `SETTLING` seconds before
+        `now`: a verdict kube-scheduler reached then may be about the node as it was
+        before, so it says nothing about the pod yet."""
         began = self.began.get(name)
-        if began is None or now is None:
+        if began is None:
             return False
         if now - began < SETTLING:
             return True

@@ -335,7 +335,7 @@ class Extender:
         rejected = frozenset(
             n
             for n in self.cache.snapshot.nodes
-            if n not in feasible and not (judged is not None and self.cache.settling(n, judged))
+            if n not in feasible and not (judged is not None and self.cache.just_began(n, judged))
         )
         required = self._lifecycle.requirements(
             pod, request.pool, feasible, request.gpu_memory, judged

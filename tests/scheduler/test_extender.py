@@ -1309,6 +1309,33 @@ def test_a_node_that_just_began_taking_pods_is_not_held_against_a_pod_filtered_t
     assert _avoided(late) == ["bought"]
 
 
+def test_room_on_a_node_that_just_began_requeues_a_pod_filtered_without_it() -> None:
+    """A filter that left out a node which had just begun taking pods may not have judged
+    the pod against it: room on its GPUs is room the pod may use, as on a node not there
+    at all, and the pod is asked to try again."""
+    extender, pods, api, clock = setup(0, nodes={"n1": 8})
+    extender.leading = True
+    assert filter_(extender, pending(pods, "first", "900m"), nodes=("n1",))["NodeNames"]
+    add_gpu_node(extender, api, "bought")
+    occupant = fractional("occupant", "900m", gpu=1)
+    occupant["spec"]["nodeName"] = "bought"
+    for key, pod in (
+        (f"{keys.SYSTEM_NAMESPACE}/cap-1", capacity(1, "bought")),
+        ("ml/occupant", occupant),
+    ):
+        pods.objects[key] = pod
+        extender.cache.dirty.pod(key)
+    assert not filter_(extender, pending(pods, "web", "900m"), nodes=("n1",)).get("NodeNames")
+    extender.tick()
+
+    del pods.objects["ml/occupant"]  # room on bought's GPU
+    extender.cache.dirty.pod("ml/occupant")
+    clock.now += 1
+    extender.tick()
+
+    assert requeued(extender, api) == ["web"]
+
+
 def test_a_node_still_starting_is_not_a_node_the_capacity_must_avoid() -> None:
     """A node an autoscaler just added is tainted `node.kubernetes.io/not-ready` until its
     kubelet is ready, and kube-scheduler refuses every pod there meanwhile: no verdict on
