@@ -102,9 +102,9 @@ def test_karpenter_never_disrupts_a_node_whose_capacity_pod_hosts_a_share(
     and Karpenter says so on the node."""
     cluster, karpenter = autoscaled
     kube = cluster.kube()
-    [node] = karpenter.nodes()
-    name = node["metadata"]["name"]
-    [capacity] = capacity_pods(kube).values()
+    nodes, held = karpenter.nodes(), list(capacity_pods(kube).values())
+    assert (len(nodes), len(held)) == (1, 1), karpenter.story(cluster.namespace)
+    name, capacity = nodes[0]["metadata"]["name"], held[0]
     assert capacity["metadata"]["annotations"][keys.KARPENTER_DO_NOT_DISRUPT] == "true"
 
     def blocked() -> list[JSON] | None:
