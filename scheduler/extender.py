@@ -332,10 +332,11 @@ class Extender:
         # A filter's verdict may predate a node that began taking pods just before: such
         # a node is not held against the pod, here nor when it is requeued.
         judged = now if verdict is None else None
+        fresh = set()
+        if judged is not None:
+            fresh = {n for n in list(self.cache.began) if self.cache.just_began(n, judged)}
         rejected = frozenset(
-            n
-            for n in self.cache.snapshot.nodes
-            if n not in feasible and not (judged is not None and self.cache.just_began(n, judged))
+            n for n in self.cache.snapshot.nodes if n not in feasible and n not in fresh
         )
         required = self._lifecycle.requirements(
             pod, request.pool, feasible, request.gpu_memory, judged

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
+from gpupack import keys
 from hack.localcluster.client import ApiError
 from hack.localcluster.nodes import GPU_TAINT, NodePool
 from hack.localcluster.processes import Process, free_port
@@ -252,7 +253,8 @@ class Karpenter:
                 f"{claim['metadata']['creationTimestamp']} node={node} requests={requests}"
             )
         pods = kube.get(
-            f"/api/v1/namespaces/{namespace}/pods", labelSelector="gpupack.io/role=capacity"
+            f"/api/v1/namespaces/{namespace}/pods",
+            labelSelector=f"{keys.ROLE}={keys.ROLE_CAPACITY}",
         )["items"]
         for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
             affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
