@@ -12,6 +12,7 @@ import hashlib
 import json
 from typing import Any, Final
 
+from gpupack.keys import RESOURCE_COMPUTE, RESOURCE_MEMORY
 from gpupack.mps import SHARING_MPS
 from gpupack.objects import JSON, PodSpec
 
@@ -19,6 +20,21 @@ KEY_LENGTH: Final = 16  # hex characters; fits in a label value and a pod name
 # Not a pod field: an MPS pool's metadata says so, which gives it a key of its own (its
 # GPUs run an MPS daemon and take only MPS pods) and tells `capacity_pod` what to build.
 SHARING: Final = "sharing"
+# Where the API server runs ExtendedResourceToleration (GKE and other managed clusters
+# do), it gives a pod a toleration `<resource> Exists NoSchedule` for each extended
+# resource it asks, and runs again after the webhook: a rewritten pod gets one for each
+# share gpupack charges it. No node has such a taint, so they say nothing about where the
+# pod may go, and the webhook never sees them: they are not part of the pool (the
+# `nvidia.com/gpu` one, written before the webhook runs, is).
+_CHARGED: Final = frozenset({RESOURCE_COMPUTE, RESOURCE_MEMORY})
+
+
+def _charged(toleration: JSON) -> bool:
+    return (
+        toleration.get("key") in _CHARGED
+        and toleration.get("operator") == "Exists"
+        and toleration.get("effect") == "NoSchedule"
+    )
 
 
 def scheduling_metadata(spec: PodSpec, *, mps: bool = False) -> JSON:
@@ -30,8 +46,9 @@ def scheduling_metadata(spec: PodSpec, *, mps: bool = False) -> JSON:
     node_affinity = (spec.get("affinity") or {}).get("nodeAffinity")
     if node_affinity:
         inherited["affinity"] = {"nodeAffinity": node_affinity}
-    if spec.get("tolerations"):
-        inherited["tolerations"] = list(spec["tolerations"])
+    tolerations = [t for t in spec.get("tolerations") or () if not _charged(t)]
+    if tolerations:
+        inherited["tolerations"] = tolerations
     for field in ("priorityClassName", "runtimeClassName"):
         value = spec.get(field)
         if value:

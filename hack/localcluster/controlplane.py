@@ -342,8 +342,11 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC",
                 # The default plugins (MutatingAdmissionWebhook, ServiceAccount, Priority,
-                # DefaultTolerationSeconds, ResourceQuota, PodSecurity, ...) plus:
-                "--enable-admission-plugins=NodeRestriction",
+                # DefaultTolerationSeconds, ResourceQuota, PodSecurity, ...) plus what
+                # managed clusters (GKE, ...) run too: ExtendedResourceToleration gives a
+                # pod asking nvidia.com/gpu the GPU taint's toleration, before any webhook
+                # sees it, and public charts (vLLM, Triton, TGI) carry none of their own.
+                "--enable-admission-plugins=NodeRestriction,ExtendedResourceToleration",
                 "--allow-privileged=true",
                 # On loopback the API server cannot be the `kubernetes` Service's endpoint;
                 # on the pod bridge it is, and pods reach it through that Service.

@@ -52,6 +52,29 @@ def test_pool_key_changes_with_inherited_metadata(change: PodSpec) -> None:
     assert pool_key({**SPEC, **change}) != pool_key(SPEC)
 
 
+def test_the_tolerations_the_api_server_adds_for_gpupacks_shares_leave_the_pool_as_it_was() -> None:
+    """ExtendedResourceToleration runs again after the webhook: the stored pod then
+    tolerates taints named after the shares gpupack charged it, which the webhook never
+    saw. The pool, and what capacity pods inherit, stay what the webhook planned."""
+    added = [
+        {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+        for key in ("gpupack.io/gpu-compute-milli", "gpupack.io/gpu-memory")
+    ]
+    stored: PodSpec = {**SPEC, "tolerations": [*SPEC["tolerations"], *added]}
+    assert pool_key(stored) == pool_key(SPEC)
+    assert scheduling_metadata(stored)["tolerations"] == SPEC["tolerations"]
+    alone: PodSpec = {"containers": [], "tolerations": added}
+    assert "tolerations" not in scheduling_metadata(alone)
+    assert pool_key(alone) == pool_key({"containers": []})
+    # A toleration of another shape, or of a taint a node may have, is the user's.
+    for own in (
+        {"key": "gpupack.io/gpu-memory", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "gpupack.io/gpu-memory", "operator": "Equal", "value": "x", "effect": "NoSchedule"},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    ):
+        assert pool_key({"containers": [], "tolerations": [own]}) != pool_key({"containers": []})
+
+
 def test_six_builtin_policies_with_one_mps() -> None:
     assert sorted(BUILTIN) == sorted(
         ["real-time", "real-time-mps", "near-real-time", "batch", "training", "build"]

@@ -159,11 +159,13 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
     assert https_status(cluster_ip, 443, base64.b64decode(ca), name) == 200
 
     # An opted-in Deployment: the API server calls the webhook through the Service, the
-    # pods are rewritten and placed on a shared GPU of a (simulated) GPU node.
+    # pods are rewritten and placed on a shared GPU of a (simulated) GPU node. Like the
+    # public inference charts it carries no toleration of the GPU nodes' taint: the API
+    # server's ExtendedResourceToleration gives it one, before the webhook runs.
     writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
     with SimulatedGpuAssigner(kube, writer=writer):
         ns = kube.create_namespace("it-real", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
-        infer = deployment(ns, "infer", 3, memory="8Gi", tolerations=TOLERATE_GPUS)
+        infer = deployment(ns, "infer", 3, memory="8Gi")
         kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", infer)
 
         def placed() -> list[dict[str, Any]]:
@@ -177,6 +179,8 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
         first_placed = time.monotonic() - started
         for pod in shares:
             assert pod["spec"]["schedulerName"] == keys.SCHEDULER_NAME
+            [added] = TOLERATE_GPUS  # what ExtendedResourceToleration writes
+            assert added in pod["spec"]["tolerations"], pod["spec"]["tolerations"]
             assert keys.GPU_UUID in pod["metadata"]["annotations"]
             assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"][0]["resources"])
         uuids = {p["metadata"]["annotations"][keys.GPU_UUID] for p in shares}
