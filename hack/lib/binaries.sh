@@ -11,6 +11,8 @@
 #   helm                                                                  (helm.sh/helm/v3)
 #   prometheus, promtool                                (github.com/prometheus/prometheus)
 #   karpenter-kwok, and its CRDs in crds/               (sigs.k8s.io/karpenter/kwok)
+# ensure_kube_versions builds the Kubernetes binaries of each of KUBERNETES_SMOKE_VERSIONS
+# the same way, and a folder of links per version: the set above with that release's.
 set -euo pipefail
 : "${repo:?source hack/lib/venv.sh first}"
 KUBE_COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
@@ -150,4 +152,26 @@ ensure_binaries() {
   fi
   export GPUPACK_BIN_DIR="$links"
   export PATH="$links:$PATH"
+}
+
+# The smoke tier's releases (hack/versions.env: the chart's floor and the newest): each
+# one's Kubernetes binaries, cached per version like the pinned one, and a folder of links
+# like $GPUPACK_BIN_DIR but with that release's. Needs ensure_binaries. Sets
+# KUBE_VERSION_BIN_DIRS: "version=folder" words, in the order of the versions.
+ensure_kube_versions() {
+  local cache="${GPUPACK_CACHE:-$HOME/.cache/gpupack}" version dir links bin key
+  KUBE_VERSION_BIN_DIRS=()
+  for version in $KUBERNETES_SMOKE_VERSIONS; do
+    dir=$(_tool_dir "$cache" kubernetes "$version" "${KUBE_COMMANDS[*]}")
+    KUBERNETES_VERSION=$version _ensure_tool "$dir" kubernetes "$version"
+    key=$( (echo "$GPUPACK_BIN_DIR"; echo "$dir") | sha256sum | cut -c1-12)
+    links="$cache/bin/$key"
+    if [ ! -f "$links/.complete" ]; then
+      mkdir -p "$links"
+      for bin in "$GPUPACK_BIN_DIR"/*; do ln -sfn "$(readlink "$bin")" "$links/${bin##*/}"; done
+      for bin in "${KUBE_COMMANDS[@]}"; do ln -sfn "$dir/$bin" "$links/$bin"; done
+      touch "$links/.complete"
+    fi
+    KUBE_VERSION_BIN_DIRS+=("$version=$links")
+  done
 }

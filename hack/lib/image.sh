@@ -117,7 +117,7 @@ ensure_image() {
 # on the Debian base. Needs ensure_binaries. Exports GPUPACK_NODE_IMAGES: the archives.
 ensure_node_images() {
   [ -n "${_base:-}" ] || ensure_image
-  local pause_dir key archive container source
+  local pause_dir key archive container
   pause_dir=$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/.*"Dir": "\(.*\)".*/\1/p')/build/pause/linux
   key=$( (declare -f ensure_node_images; cat "$pause_dir/pause.c") | sha256sum | cut -c1-12)
@@ -131,18 +131,30 @@ ensure_node_images() {
     _buildah commit -q --rm "$container" registry.k8s.io/pause:3.10 >/dev/null
     _buildah push -q registry.k8s.io/pause:3.10 "oci-archive:$archive:registry.k8s.io/pause:3.10"
   fi
-  GPUPACK_NODE_IMAGES="$archive"
-  source=$(command -v kube-scheduler)
-  key=$( (declare -f ensure_node_images; echo "$_base"; sha256sum <"$source") | sha256sum | cut -c1-12)
-  archive="$_image_cache/archives/kube-scheduler-$KUBERNETES_VERSION-$key.tar"
-  if [ ! -f "$archive" ]; then
-    local name="registry.k8s.io/kube-scheduler:$KUBERNETES_VERSION"
-    echo "hack: building $name from the pinned kube-scheduler" >&2
+  _PAUSE_ARCHIVE=$archive
+  kube_scheduler_image "$KUBERNETES_VERSION" "$(command -v kube-scheduler)"
+  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
+}
+
+# registry.k8s.io/kube-scheduler:<version> from that release's binary, for a node of a
+# cluster of that version (the smoke tier's too). Sets KUBE_SCHEDULER_ARCHIVE.
+kube_scheduler_image() {  # version binary
+  local version=$1 source=$2 key container name="registry.k8s.io/kube-scheduler:$1"
+  key=$( (declare -f kube_scheduler_image; echo "$_base"; sha256sum <"$source") | sha256sum | cut -c1-12)
+  KUBE_SCHEDULER_ARCHIVE="$_image_cache/archives/kube-scheduler-$version-$key.tar"
+  if [ ! -f "$KUBE_SCHEDULER_ARCHIVE" ]; then
+    echo "hack: building $name from that release's kube-scheduler" >&2
     container=$(_buildah from -q "$_base")
     _buildah copy -q "$container" "$source" /usr/local/bin/kube-scheduler >/dev/null
     _buildah config --entrypoint '["/usr/local/bin/kube-scheduler"]' --cmd '[]' --user 65532:65532 "$container"
     _buildah commit -q --rm "$container" "$name" >/dev/null
-    _buildah push -q "$name" "oci-archive:$archive:$name"
+    _buildah push -q "$name" "oci-archive:$KUBE_SCHEDULER_ARCHIVE:$name"
   fi
-  export GPUPACK_NODE_IMAGES="$GPUPACK_NODE_IMAGES:$archive:$GPUPACK_IMAGE_ARCHIVE"
+}
+
+# GPUPACK_NODE_IMAGES for a cluster of another release (its binaries in folder): the same
+# pause and gpupack images, that release's kube-scheduler. Needs ensure_node_images.
+use_node_images_of() {  # version folder
+  kube_scheduler_image "$1" "$2/kube-scheduler"
+  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
 }

@@ -510,8 +510,8 @@ def test_the_gpupack_kube_schedulers_run_shares_with_the_extender_and_capacity_a
     ("version", "image"),
     [
         pytest.param("1.35.4", "registry.k8s.io/kube-scheduler:v1.35.4", id="upstream"),
-        pytest.param("v1.31.2+k3s1", "registry.k8s.io/kube-scheduler:v1.31.2", id="k3s"),
-        pytest.param("v1.30.4-eks-a737599", "registry.k8s.io/kube-scheduler:v1.30.4", id="eks"),
+        pytest.param("v1.33.2+k3s1", "registry.k8s.io/kube-scheduler:v1.33.2", id="k3s"),
+        pytest.param("v1.32.4-eks-a737599", "registry.k8s.io/kube-scheduler:v1.32.4", id="eks"),
     ],
 )
 def test_the_kube_scheduler_image_follows_the_cluster_version(version: str, image: str) -> None:
@@ -521,6 +521,18 @@ def test_the_kube_scheduler_image_follows_the_cluster_version(version: str, imag
     )
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert containers["kube-scheduler"]["image"] == image
+
+
+@pytest.mark.parametrize("version", ["1.31.9", "v1.31.2+k3s1", "v1.30.4-eks-a737599"])
+def test_a_cluster_older_than_the_floor_is_refused_before_anything_is_installed(
+    version: str,
+) -> None:
+    """Before 1.32 kube-scheduler requeues no pod on a status-only update, so a pod
+    gpupack refused waits minutes for room it has (docs/install.md, "Kubernetes
+    versions"): Helm refuses the release instead."""
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render(f"--kube-version={version}")
+    assert "kubeVersion: >=1.32.0-0" in refused.value.stderr, refused.value.stderr
 
 
 def test_a_pinned_kube_scheduler_tag_wins() -> None:

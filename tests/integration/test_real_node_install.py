@@ -124,6 +124,7 @@ def https_status(address: str, port: int, ca: bytes, server_name: str) -> int:
         return int(tls.recv(64).split()[1])
 
 
+@pytest.mark.smoke
 def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
     node_cluster: LocalCluster,
 ) -> None:

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 QUIET = 3.0
 
 
+@pytest.mark.smoke
 def test_nine_300m_pods_are_bound_on_three_gpus(
     kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:
@@ -102,6 +103,7 @@ def test_node_constraints_are_respected(
     )
 
 
+@pytest.mark.smoke
 def test_the_scheduler_adds_capacity_when_the_pool_is_full_and_releases_it_when_empty(
     kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:

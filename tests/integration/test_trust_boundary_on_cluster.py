@@ -56,6 +56,7 @@ def test_a_pod_outside_an_opted_in_scope_cannot_name_gpupack_scheduler(
     assert f"namespace {plain_namespace} is not opted in" in why
 
 
+@pytest.mark.smoke
 def test_a_made_up_decision_in_an_opted_in_namespace_is_replaced_by_a_sealed_one(
     kube: Kube, opted_in_namespace: str, scheduler: LocalCluster
 ) -> None:
@@ -90,6 +91,7 @@ def test_a_pod_naming_gpupack_scheduler_without_a_gpu_request_is_refused(
     assert "did not admit" in why
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     ("edit", "named"),
     [

@@ -161,6 +161,7 @@ def assert_as_submitted(stored: JSON, submitted: JSON) -> None:
         assert got.get("env") == sent.get("env")
 
 
+@pytest.mark.smoke
 def test_deployment_pods_are_stored_mutated_and_their_capacity_planned_not_created(
     kube: Kube, opted_in_namespace: str, cluster: LocalCluster | None
 ) -> None:
