@@ -84,6 +84,11 @@ NVIDIA_GPU: Final = "nvidia.com/gpu"
 RESOURCE_COMPUTE: Final = f"{DOMAIN}/gpu-compute-milli"
 RESOURCE_MEMORY: Final = f"{DOMAIN}/gpu-memory"
 NVIDIA_PREFIX: Final = "nvidia.com/"
+# NVIDIA's DRA driver for GPUs: where a node's GPUs are DRA devices, its ResourceSlices
+# name this driver, and a whole GPU is a device whose `type` attribute is "gpu" (its
+# `uuid` attribute the GPU's UUID, its `memory` capacity the GPU's memory).
+DRA_DRIVER: Final = "gpu.nvidia.com"
+DRA_GPU_TYPE: Final = "gpu"
 OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
 
 # On a GPU node, by gpupack-scheduler: a name for the node that capacity pods can exclude

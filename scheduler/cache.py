@@ -23,9 +23,11 @@ from gpupack.objects import JSON, labels_of
 from gpupack.shares import is_live
 from scheduler.exclusion import SETTLING, starting
 from scheduler.ledger import (
+    DraGpus,
     NotOurs,
     assignment_of,
     capacity_gpu,
+    dra_gpus,
     host_request,
     is_capacity,
     node_gpu_memory,
@@ -68,6 +70,7 @@ class Dirty:
     lock: threading.Lock = field(default_factory=threading.Lock)
     nodes: set[str] = field(default_factory=set)
     pods: set[str] = field(default_factory=set)
+    slices: set[str] = field(default_factory=set)  # ResourceSlices (GPUs of DRA nodes)
     relist: bool = True
 
     def node(self, key: str) -> None:
@@ -84,10 +87,17 @@ class Dirty:
             else:
                 self.relist = True
 
-    def take(self) -> tuple[set[str], set[str], bool]:
+    def slice(self, key: str) -> None:
         with self.lock:
-            taken = self.nodes, self.pods, self.relist
-            self.nodes, self.pods, self.relist = set(), set(), False
+            if key:
+                self.slices.add(key)
+            else:
+                self.relist = True
+
+    def take(self) -> tuple[set[str], set[str], set[str], bool]:
+        with self.lock:
+            taken = self.nodes, self.pods, self.slices, self.relist
+            self.nodes, self.pods, self.slices, self.relist = set(), set(), set(), False
         return taken
 
 
@@ -100,8 +110,15 @@ class Cache:
         scheduler_name: str = keys.SCHEDULER_NAME,
         namespace: str = keys.SYSTEM_NAMESPACE,
         key: bytes | None = None,
+        slices: Store | None = None,
     ) -> None:
         self._namespace = namespace
+        # ResourceSlices, where the cluster serves DRA: a node whose GPUs are DRA devices
+        # advertises no `nvidia.com/gpu` (`dra_gpus`).
+        self._slices = slices
+        self._slice_node: dict[str, str] = {}  # slice name -> its node
+        self._node_slices: dict[str, set[str]] = {}  # node -> its slices' names
+        self._dra: dict[str, DraGpus] = {}  # node -> its GPUs in the slices
         # The decision key: pods to place must carry the webhook's seal made with it.
         self._key = key
         self._nodes = nodes
@@ -115,8 +132,9 @@ class Cache:
         # Capacity pods that are going (deleting, finished) but still exist: their names
         # are taken on the API server until they are gone.
         self.leaving: set[str] = set()
-        # Nodes that offer whole GPUs (`nvidia.com/gpu` allocatable), where a capacity pod
-        # could land, and their per-GPU memory (GPU Feature Discovery's label; 0: unknown).
+        # Nodes that offer whole GPUs (`nvidia.com/gpu` allocatable, or GPUs as DRA devices
+        # in ResourceSlices), where a capacity pod could land, and their per-GPU memory
+        # (GPU Feature Discovery's label, else the devices' `memory`; 0: unknown).
         # Kept with the node events, read on every refused filter.
         self.gpu_nodes: dict[str, int] = {}
         # Counts changes to the set of GPU nodes: where a new GPU may have to stay off.
@@ -133,15 +151,45 @@ class Cache:
     def refresh(self, now: float = -math.inf) -> bool:
         """Apply what changed; True when anything did. `now` is when, by the caller's
         clock: a node that begins taking pods is noted then (`settling`)."""
-        nodes, pods, relist = self.dirty.take()
+        nodes, pods, slices, relist = self.dirty.take()
         if relist:
             self._rebuild()
             return True
+        for key in sorted(slices):
+            for name in self._apply_slice(key):
+                node = self._nodes.get(name)
+                if node is not None:
+                    self._note_gpus(node)
         for name in sorted(nodes):
             self._apply_node(name, now)
         for key in sorted(pods):
             self._apply_pod(key, self._pods.get(key))
-        return bool(nodes or pods)
+        return bool(nodes or pods or slices)
+
+    def _apply_slice(self, key: str) -> set[str]:
+        """Fold ResourceSlice `key` in; the nodes whose DRA GPUs it may have changed."""
+        touched = set()
+        old = self._slice_node.pop(key, None)
+        if old is not None:
+            touched.add(old)
+            self._node_slices[old].discard(key)
+        store = self._slices
+        obj = store.get(key) if store is not None else None
+        node = str(((obj or {}).get("spec") or {}).get("nodeName") or "")
+        if node:
+            self._slice_node[key] = node
+            self._node_slices.setdefault(node, set()).add(key)
+            touched.add(node)
+        for name in touched:
+            names = self._node_slices.get(name) or set()
+            found = dra_gpus(store.get(k) for k in names) if store is not None else DraGpus()
+            if found.count:
+                self._dra[name] = found
+            else:
+                self._dra.pop(name, None)
+            if not names:
+                self._node_slices.pop(name, None)
+        return touched
 
     def _rebuild(self) -> None:
         assumed = {
@@ -155,6 +203,11 @@ class Cache:
         self.gpu_nodes_changed += 1
         self._on_node.clear()
         self._starting.clear()
+        self._slice_node.clear()
+        self._node_slices.clear()
+        self._dra.clear()
+        for obj in self._slices.items() if self._slices is not None else ():
+            self._apply_slice(str(obj["metadata"]["name"]))
         for obj in self._nodes.items():
             self.snapshot.add_node(node_of(obj))
             self._note_gpus(obj)
@@ -198,10 +251,12 @@ class Cache:
     def _note_gpus(self, node: JSON) -> None:
         name = str(node["metadata"]["name"])
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0"):
+        dra = self._dra.get(name)
+        if str(allocatable.get(keys.NVIDIA_GPU, "0")) not in ("", "0") or dra is not None:
             if name not in self.gpu_nodes:
                 self.gpu_nodes_changed += 1
-            self.gpu_nodes[name] = node_gpu_memory(labels_of(node))
+            memory = node_gpu_memory(labels_of(node))
+            self.gpu_nodes[name] = memory or (dra.memory if dra is not None else 0)
         elif self.gpu_nodes.pop(name, None) is not None:
             self.gpu_nodes_changed += 1
 

@@ -195,6 +195,9 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
+DRA_API: Final = "resource.k8s.io/v1"  # GA from Kubernetes 1.34
+
+
 def make_scorer(name: str) -> Scorer:
     return FragmentationScorer() if name == "fragmentation" else PackingScorer()
 
@@ -230,8 +233,17 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     gpupolicies = process.informer(
         kube, f"/apis/{POLICY_API}/namespaces/{args.namespace}/{POLICY_PLURAL}", name="policies"
     )
+    # Where the cluster serves DRA, the GPUs of nodes that advertise no `nvidia.com/gpu`
+    # are devices in ResourceSlices (NVIDIA's DRA driver): read, never written.
+    slices = process.informer(
+        kube,
+        f"/apis/{DRA_API}/resourceslices",
+        name="resourceslices",
+        on_change=dirty.slice,
+        optional=True,
+    )
     escapes = Escapes(pods, namespaces, {"kube-system", args.namespace} | args.excluded_namespaces)
-    cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace, key)
+    cache = Cache(nodes, pods, dirty, args.scheduler_name, args.namespace, key, slices)
     settings = Settings(
         identity=args.identity,
         scheduler_name=args.scheduler_name,

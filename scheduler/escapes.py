@@ -73,7 +73,7 @@ class Escapes:
         self._dirty.pod("")
 
     def refresh(self) -> None:
-        _, dirty, everything = self._dirty.take()
+        _, dirty, _, everything = self._dirty.take()
         if everything:
             self.pods = {}
             for pod in self._pods.items():

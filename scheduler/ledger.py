@@ -9,7 +9,7 @@ else the node's GFD memory label; unhealthy while the exporter says so with
 memory and a pod slot. So a restarted scheduler books exactly what the annotations say.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -58,6 +58,38 @@ def node_gpu_memory(labels: Mapping[str, str]) -> int:
     """Per-GPU memory from GPU Feature Discovery's label, 0 when absent or unreadable."""
     value = labels.get(keys.GFD_MEMORY_MIB, "")
     return int(value) * MiB if value.isascii() and value.isdigit() else 0
+
+
+@dataclass(frozen=True, slots=True)
+class DraGpus:
+    """A node's whole GPUs as DRA devices: how many, and the least memory of one (bytes;
+    0: not said)."""
+
+    count: int = 0
+    memory: int = 0
+
+
+def dra_gpus(slices: Iterable[JSON | None]) -> DraGpus:
+    """The whole GPUs NVIDIA's DRA driver lists in a node's ResourceSlices (`keys.DRA_DRIVER`
+    devices of type `keys.DRA_GPU_TYPE`; MIG devices and other drivers' are not whole
+    GPUs). A device whose memory does not parse counts, with its memory unknown."""
+    count, memories = 0, []
+    for obj in slices:
+        spec = (obj or {}).get("spec") or {}
+        if spec.get("driver") != keys.DRA_DRIVER:
+            continue
+        for device in spec.get("devices") or ():
+            attributes = device.get("attributes") or {}
+            if (attributes.get("type") or {}).get("string") != keys.DRA_GPU_TYPE:
+                continue
+            count += 1
+            value = ((device.get("capacity") or {}).get("memory") or {}).get("value")
+            try:
+                memories.append(parse_bytes(str(value), "capacity.memory") if value else 0)
+            except ContractError:
+                memories.append(0)
+    known = [m for m in memories if m]
+    return DraGpus(count, min(known) if known and len(known) == len(memories) else 0)
 
 
 def is_capacity(pod: JSON, namespace: str = keys.SYSTEM_NAMESPACE) -> bool:

@@ -18,6 +18,10 @@ many objects keeps only those (the webhook's pod caches). A merge or JSON patch 
 from a stored object leaves the server's copy of the rest as it is; nothing may send a
 stored object back whole.
 
+An `optional` informer is over an API the cluster may not serve (a resource group of a
+newer release): while a list answers 404 its store is empty and synced, with no error,
+and it asks again every `NOT_SERVED_RECHECK` seconds (a cluster upgraded meanwhile).
+
 Indexers map an object to the values it is found under (`by_index("pool", key)`), so a
 reader asks for one pool's pods without scanning every pod in the cluster.
 
@@ -45,6 +49,7 @@ Indexer = Callable[[JSON], Iterable[str]]
 
 WATCH_TIMEOUT_SECONDS: Final = 300
 PAGE_SIZE: Final = 500
+NOT_SERVED_RECHECK: Final = 300.0  # seconds between lists of an API not served (optional)
 
 
 def trimmed(obj: JSON) -> JSON:
@@ -86,8 +91,11 @@ class Informer:
         on_change: Callable[[str], None] | None = None,
         draw: Callable[[], float] = random.random,
         keep: Callable[[JSON], JSON] = trimmed,
+        optional: bool = False,
     ) -> None:
         self._client = client
+        self._optional = optional
+        self.served = True  # False while an optional informer's API answers 404
         self._draw = draw  # a random number in [0, 1), for jitter
         self._consistent_list = False  # the last list was refused with 410: read from etcd
         self._on_change = on_change
@@ -218,6 +226,9 @@ class Informer:
             except ApiError as error:
                 if self._stopped.is_set():
                     return
+                if self._optional and need_list and error.status == 404:
+                    self._not_served(error)
+                    continue
                 if error.gone:
                     gone += 1
                     self._consistent_list = need_list  # the list itself was too old
@@ -236,6 +247,24 @@ class Informer:
                 self._failed("unexpected failure (see the log)")
                 log.exception("%s: unexpected failure; listing again", self.name)
                 self._pause(self._backoff.delay(failures, self._draw))
+
+    def _not_served(self, error: ApiError) -> None:
+        """An optional informer's list answered 404: nothing to keep, and nothing wrong."""
+        if self.served:
+            log.info("%s: not served by this cluster (%s); asking again every %.0fs",
+                     self.name, error, NOT_SERVED_RECHECK)  # fmt: skip
+        self.served = False
+        with self._changed:
+            emptied = bool(self._store)
+            self._store = {}
+            self._index = {name: {} for name in self._indexers}
+            self._error = ""
+            self._changed.notify_all()
+        first = not self._synced.is_set()
+        self._synced.set()
+        if (emptied or first) and self._on_change is not None:
+            self._on_change("")
+        self._pause(NOT_SERVED_RECHECK)
 
     def _relist_pause(self, gone: int) -> float:
         """Before relisting after the `gone`-th 410 in a row: up to the backoff's base at
@@ -275,6 +304,7 @@ class Informer:
             for name in self._indexers:
                 for value in self._values(name, obj):
                     index[name].setdefault(value, set()).add(key)
+        self.served = True
         with self._changed:
             self._store = store
             self._index = index

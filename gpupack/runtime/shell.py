@@ -145,10 +145,20 @@ class Process:
         indexers: Mapping[str, Indexer] | None = None,
         on_change: Callable[[str], None] | None = None,
         wait: bool = True,
+        optional: bool = False,
     ) -> Informer:
         """A cache started after `start` returns and stopped at exit. With `wait`, the
-        service starts only once it has synced (exit 1 if it does not in time)."""
-        informer = Informer(client, path, params, name=name, indexers=indexers, on_change=on_change)
+        service starts only once it has synced (exit 1 if it does not in time); with
+        `optional`, an API the cluster does not serve is an empty cache (`Informer`)."""
+        informer = Informer(
+            client,
+            path,
+            params,
+            name=name,
+            indexers=indexers,
+            on_change=on_change,
+            optional=optional,
+        )
         return self.add(informer, wait=wait)
 
     def add(self, informer: Informer, *, wait: bool = True) -> Informer:

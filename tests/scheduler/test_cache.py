@@ -310,3 +310,60 @@ def test_the_nodes_offering_whole_gpus_follow_the_node_events() -> None:
     cache.dirty.node("n2")
     cache.refresh()
     assert cache.gpu_nodes == {}
+
+
+def dra_slice(node_name: str, *devices: JSON, driver: str = keys.DRA_DRIVER) -> JSON:
+    """A ResourceSlice as NVIDIA's DRA driver publishes one."""
+    return {
+        "metadata": {"name": f"{node_name}-{driver}"},
+        "spec": {"driver": driver, "nodeName": node_name, "devices": list(devices)},
+    }
+
+
+def dra_device(name: str, kind: str = "gpu", memory: str | None = "80Gi") -> JSON:
+    device: JSON = {"name": name, "attributes": {"type": {"string": kind}}}
+    if memory is not None:
+        device["capacity"] = {"memory": {"value": memory}}
+    return device
+
+
+def test_a_node_whose_gpus_are_dra_devices_offers_them_while_its_slices_list_them() -> None:
+    """NVIDIA's DRA driver: no `nvidia.com/gpu` in allocatable, the GPUs in ResourceSlices
+    (their memory from the devices where GFD labels none)."""
+    nodes, slices = Store(), Store()
+    bare = node("n1")
+    del bare["metadata"]["labels"][keys.GFD_MEMORY_MIB]
+    nodes.objects["n1"] = bare
+    nodes.objects["n2"] = node("n2")  # GFD's label says 80 GiB
+    slices.objects["n1-gpu.nvidia.com"] = dra_slice("n1", dra_device("gpu-0"), dra_device("gpu-1"))
+    cache = Cache(nodes, Store(), Dirty(), slices=slices)
+    cache.refresh()
+    assert cache.gpu_nodes == {"n1": 80 * GiB}
+    changes = cache.gpu_nodes_changed
+
+    slices.objects["n2-gpu.nvidia.com"] = dra_slice("n2", dra_device("gpu-0", memory="40Gi"))
+    cache.dirty.slice("n2-gpu.nvidia.com")
+    cache.refresh()
+    assert cache.gpu_nodes == {"n1": 80 * GiB, "n2": 80 * GiB}  # the label first
+
+    del slices.objects["n1-gpu.nvidia.com"]  # the driver went away
+    cache.dirty.slice("n1-gpu.nvidia.com")
+    cache.refresh()
+    assert cache.gpu_nodes == {"n2": 80 * GiB}
+    assert cache.gpu_nodes_changed == changes + 2  # n2 came, n1 went
+
+
+def test_mig_devices_other_drivers_and_unknown_memory_are_no_whole_gpus_of_known_size() -> None:
+    nodes, slices = Store(), Store()
+    for name in ("mig", "other", "unknown"):
+        nodes.objects[name] = node(name)
+        del nodes.objects[name]["metadata"]["labels"][keys.GFD_MEMORY_MIB]
+    for obj in (
+        dra_slice("mig", dra_device("gpu-0-mig-1g", kind="mig")),
+        dra_slice("other", dra_device("gpu-0"), driver="gpu.example.com"),
+        dra_slice("unknown", dra_device("gpu-0"), dra_device("gpu-1", memory=None)),
+    ):
+        slices.objects[obj["metadata"]["name"]] = obj
+    cache = Cache(nodes, Store(), Dirty(), slices=slices)
+    cache.refresh()
+    assert cache.gpu_nodes == {"unknown": 0}  # a GPU node, its GPUs' memory not said

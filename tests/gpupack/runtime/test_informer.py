@@ -7,7 +7,7 @@ import pytest
 
 from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
-from gpupack.runtime.informer import Informer, object_key
+from gpupack.runtime.informer import NOT_SERVED_RECHECK, Informer, object_key
 from tests.fakes import FakeKube
 
 WAIT = 10.0  # a deadline for the informer's thread, never a measured duration
@@ -431,3 +431,34 @@ def test_objects_are_kept_without_the_field_managers_bookkeeping(
     assert not any("managedFields" in meta for meta in kept.values())
     assert kept["listed"]["labels"] == {"app": "x"}
     assert kept["watched"]["annotations"] == {"a": "b"}
+
+
+def test_an_optional_api_the_cluster_does_not_serve_is_an_empty_synced_cache_asked_again(
+    kube: FakeKube, make: Callable[..., Informer], sleeps: list[float]
+) -> None:
+    """A resource group of a newer release (DRA's on a 1.32 cluster): nothing is wrong,
+    the cache is empty, and an upgraded cluster is seen at the next look."""
+    not_found = ApiError(404, "NotFound", "the server could not find the requested resource")
+    kube.fail("list", not_found, times=2)
+    changes: list[str] = []
+
+    informer = make(optional=True, on_change=changes.append)
+
+    assert informer.wait_synced(WAIT)
+    assert informer.error == ""
+    kube.put(pod("a"))
+    assert informer.wait_for(lambda i: names(i) == ["a"], WAIT)
+    assert informer.served
+    assert sleeps[:2] == [NOT_SERVED_RECHECK, NOT_SERVED_RECHECK]
+    assert changes[:2] == ["", ""]  # synced empty once; listed once served
+
+
+def test_a_404_is_a_failure_for_an_informer_that_is_not_optional(
+    kube: FakeKube, make: Callable[..., Informer], sleeps: list[float]
+) -> None:
+    kube.fail("list", ApiError(404, "NotFound", "no such resource"), times=1)
+
+    informer = make()
+
+    assert informer.wait_synced(WAIT)
+    assert sleeps == [0.5]  # backed off as any failure, not the long look of optional
