@@ -17,7 +17,7 @@ from exporter.collector import Scrape
 from exporter.discovery import RESOURCE, plan
 from exporter.health import API, POD_RESOURCES, Health
 from exporter.kube import Kube
-from exporter.pods import UID_INDEX, PodMap, uid_index
+from exporter.pods import UID_INDEX, PodInfo, PodMap, uid_index
 from exporter.readings import Device, Readings
 from gpupack.runtime.api import ApiError, ListWatch
 from gpupack.runtime.informer import Informer
@@ -75,6 +75,16 @@ class Lister(Protocol):
     def list(self) -> Sequence[PodDevices]: ...
 
 
+class ClaimGpus(Protocol):
+    """The GPUs DRA gave a pod through a ResourceClaim (`exporter.claims.ClaimReader`)."""
+
+    def uuids(
+        self, namespace: str, claim: str, requests: tuple[str, ...]
+    ) -> tuple[tuple[str, ...], str]: ...
+
+    def keep_only(self, claims: Collection[tuple[str, str]]) -> None: ...
+
+
 class Agent:
     def __init__(
         self,
@@ -86,8 +96,10 @@ class Agent:
         health: Health,
         *,
         lister_errors: tuple[type[Exception], ...] = (),
+        claims: ClaimGpus | None = None,
     ) -> None:
         self._kube = kube
+        self._claims = claims
         self._pods = pods
         self._sampler = sampler
         self._processes = processes
@@ -124,13 +136,16 @@ class Agent:
             self.health.failed(POD_RESOURCES, str(error))
             return 0
         self.health.ok(POD_RESOURCES)
-        allocated = {}
+        allocated: dict[tuple[str, str], Sequence[str]] = {}
         for pod in answer:
             ids = pod.device_ids(RESOURCE)
             if ids:
                 allocated[(pod.namespace, pod.name)] = ids
         capacity = [pod for pod in self._pods.all() if pod.capacity]
-        decided = plan(capacity, allocated, self._sampler.devices(), self._sampler.unhealthy())
+        unresolved = self._claimed(capacity, allocated)
+        decided = plan(
+            capacity, allocated, self._sampler.devices(), self._sampler.unhealthy(), unresolved
+        )
         self._report(decided.problems)
         patched, failed = 0, False
         for patch in decided.patches:
@@ -161,6 +176,26 @@ class Agent:
         elif not failed:
             self.health.ok(API)
         return patched
+
+    def _claimed(
+        self, capacity: Sequence[PodInfo], allocated: dict[tuple[str, str], Sequence[str]]
+    ) -> dict[tuple[str, str], str]:
+        """Add to `allocated` the GPUs DRA gave the Running capacity pods kubelet lists no
+        device for (their ResourceClaims); why, for those it could not name."""
+        unresolved: dict[tuple[str, str], str] = {}
+        if self._claims is None:
+            return unresolved
+        self._claims.keep_only({(p.namespace, p.claim) for p in capacity if p.claim})
+        for pod in capacity:
+            key = (pod.namespace, pod.name)
+            if key in allocated or not pod.claim or pod.phase != "Running":
+                continue
+            uuids, why = self._claims.uuids(pod.namespace, pod.claim, pod.claim_requests)
+            if uuids:
+                allocated[key] = uuids
+            else:
+                unresolved[key] = why
+        return unresolved
 
     def _report(self, problems: Sequence[str]) -> None:
         current = frozenset(problems)

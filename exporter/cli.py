@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from exporter import server
 from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
+from exporter.claims import ClaimReader
 from exporter.collector import ExporterCollector
 from exporter.health import Health
 from exporter.nvml import PynvmlReader
@@ -137,6 +138,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         lister,
         health,
         lister_errors=(PodResourcesError,),
+        claims=ClaimReader(kube, args.node_name),  # GPUs DRA gave (read when a pod names one)
     )
     holder.append(agent)
     registry = CollectorRegistry()

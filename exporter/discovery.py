@@ -9,7 +9,7 @@ the patches that put `gpupack.io/gpu-uuid` and `gpupack.io/gpu-memory` on each c
 pod, and into problems a person can act on. Pure: the shell does the I/O.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -17,6 +17,7 @@ from exporter.pods import PodInfo
 from exporter.readings import Device
 from gpupack import codec, keys
 from gpupack.errors import ContractError
+from gpupack.objects import JSON
 from gpupack.quantity import format_memory
 
 RESOURCE: Final = keys.NVIDIA_GPU
@@ -49,11 +50,47 @@ def device_uuid(device_id: str, devices: Mapping[str, Device]) -> str | None:
     return None
 
 
+def claim_gpu_uuids(
+    claim: JSON, requests: Collection[str], slices: Iterable[JSON]
+) -> tuple[tuple[str, ...], str]:
+    """The UUIDs of the GPUs a ResourceClaim's `requests` were allocated, from the devices'
+    `uuid` attributes in the node's ResourceSlices (NVIDIA's DRA driver); or no UUIDs and
+    why. A result is a device by driver, pool and name; kube-scheduler writes them."""
+    results = [
+        r
+        for r in ((claim.get("status") or {}).get("allocation") or {})
+        .get("devices", {})
+        .get("results")
+        or ()
+        if r.get("request") in requests
+    ]
+    name = (claim.get("metadata") or {}).get("name", "")
+    if not results:
+        return (), f"ResourceClaim {name} has no allocation for {', '.join(sorted(requests))} yet"
+    attributes: dict[tuple[str, str, str], JSON] = {}
+    for obj in slices:
+        spec = obj.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name", ""))
+        for device in spec.get("devices") or ():
+            key = (str(spec.get("driver", "")), pool, str(device.get("name", "")))
+            attributes[key] = device.get("attributes") or {}
+    uuids = []
+    for result in results:
+        key = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+        uuid = (attributes.get(key, {}).get("uuid") or {}).get("string")
+        if not uuid:
+            where = f"device {key[2]} of pool {key[1]} (driver {key[0]})"
+            return (), f"ResourceClaim {name}: no ResourceSlice of this node gives {where} a uuid"
+        uuids.append(str(uuid))
+    return tuple(uuids), ""
+
+
 def plan(
     capacity_pods: Sequence[PodInfo],
     allocated: Mapping[tuple[str, str], Sequence[str]],
     devices: Sequence[Device],
     unhealthy: Mapping[str, str] | None = None,
+    unresolved: Mapping[tuple[str, str], str] | None = None,
 ) -> DiscoveryPlan:
     """Patches for the capacity pods whose annotations differ from what kubelet says.
 
@@ -64,9 +101,11 @@ def plan(
     node's GFD memory label, and the memory follows once NVML answers. `unhealthy` says
     why each unhealthy GPU is, by UUID: its capacity pod carries the reason in
     `gpupack.io/gpu-unhealthy` (the scheduler places no new pod there), removed once the
-    GPU is healthy again.
+    GPU is healthy again. `unresolved` says why a pod given a GPU through DRA has no
+    device IDs (`claim_gpu_uuids`).
     """
     unhealthy = unhealthy or {}
+    unresolved = unresolved or {}
     by_uuid = {device.uuid: device for device in devices}
     patches: list[Patch] = []
     problems: list[str] = []
@@ -76,7 +115,8 @@ def plan(
         ids = allocated.get((pod.namespace, pod.name))
         where = f"capacity pod {pod.namespace}/{pod.name}"
         if ids is None:
-            problems.append(f"{where}: kubelet lists no {RESOURCE} device for it yet")
+            why = unresolved.get((pod.namespace, pod.name))
+            problems.append(f"{where}: {why or f'kubelet lists no {RESOURCE} device for it yet'}")
             continue
         if len(ids) != 1:
             problems.append(f"{where}: kubelet gave it {len(ids)} {RESOURCE} devices, not 1")

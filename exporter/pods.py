@@ -38,6 +38,11 @@ class PodInfo:
     resource_version: str = ""  # the write precondition for annotating a capacity pod
     unhealthy: str = ""  # capacity pod: why its GPU is unhealthy (exporter-written)
     enforcement: str = ""  # fractional pod: its gpupack.io/enforcement
+    # Capacity pod on a node whose GPUs are DRA devices: the ResourceClaim kube-scheduler
+    # made for its `nvidia.com/gpu` (status.extendedResourceClaimStatus), and the claim's
+    # requests that stand for it.
+    claim: str = ""
+    claim_requests: tuple[str, ...] = ()
 
 
 def container_id(raw: str) -> str:
@@ -66,6 +71,7 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
         uuid = None
     allocation = None if capacity else pod_allocation(pod)
     memory = gpu_memory(pod) if capacity else (allocation.memory or None) if allocation else None
+    claim, requests = extended_resource_claim(status) if capacity else ("", ())
     return PodInfo(
         uid=str(meta.get("uid", "")),
         namespace=namespace,
@@ -80,7 +86,23 @@ def pod_info(pod: JSON, system_namespace: str = keys.SYSTEM_NAMESPACE) -> PodInf
         resource_version=str(meta.get("resourceVersion", "")),
         unhealthy=annotations.get(keys.GPU_UNHEALTHY, "") if capacity else "",
         enforcement="" if capacity else annotations.get(keys.ENFORCEMENT, ""),
+        claim=claim,
+        claim_requests=requests,
     )
+
+
+def extended_resource_claim(status: JSON) -> tuple[str, tuple[str, ...]]:
+    """The ResourceClaim kube-scheduler made for a pod's `nvidia.com/gpu` where a
+    DeviceClass maps it to DRA devices (Kubernetes 1.37, `DRAExtendedResource`), and the
+    requests in it for `nvidia.com/gpu`; ("", ()) for a pod given devices otherwise."""
+    found = status.get("extendedResourceClaimStatus") or {}
+    requests = tuple(
+        str(m.get("requestName", ""))
+        for m in found.get("requestMappings") or ()
+        if m.get("resourceName") == keys.NVIDIA_GPU and m.get("requestName")
+    )
+    name = str(found.get("resourceClaimName") or "")
+    return (name, requests) if name and requests else ("", ())
 
 
 def uid_index(pod: JSON) -> Iterable[str]:

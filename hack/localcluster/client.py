@@ -273,6 +273,9 @@ _PLURALS = {
     ),
     "GPUPolicy": ("/apis/gpupack.io/v1alpha1", "gpupolicies", True),
     "GPURecommendation": ("/apis/gpupack.io/v1alpha1", "gpurecommendations", True),
+    "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
+    "ResourceClaim": ("/apis/resource.k8s.io/v1", "resourceclaims", True),
     "NodePool": ("/apis/karpenter.sh/v1", "nodepools", False),
     "KWOKNodeClass": ("/apis/karpenter.kwok.sh/v1alpha1", "kwoknodeclasses", False),
 }

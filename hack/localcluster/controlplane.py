@@ -26,8 +26,10 @@ from hack.localcluster.client import ApiError, ClusterError, Kube
 from hack.localcluster.nodes import (
     DEFAULT_NODE_POOLS,
     KWOK_ANNOTATION,
+    NVIDIA_DEVICE_CLASS,
     NodePool,
     node_manifest,
+    resource_slice,
     schedulable,
 )
 from hack.localcluster.processes import Process, Restarter, free_port, log, stop_pid
@@ -455,6 +457,11 @@ class ControlPlane:
             for index in range(pool.count):
                 node = admin.apply(node_manifest(pool, index, taint=self.gpu_taint))
                 names.append(node["metadata"]["name"])
+        if any(pool.dra for pool in self.node_pools):  # NVIDIA's DRA driver, standing in
+            admin.apply(NVIDIA_DEVICE_CLASS)
+            for pool in (p for p in self.node_pools if p.dra):
+                for index in range(pool.count):
+                    admin.apply(resource_slice(pool, index))
 
         def all_ready() -> bool:
             nodes = admin.get("/api/v1/nodes", labelSelector="type=kwok")["items"]

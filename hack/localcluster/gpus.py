@@ -3,11 +3,11 @@
 import http.client
 import queue
 import threading
-import uuid
 from typing import Any, Final
 
 from hack.localcluster.chart import SYSTEM_NAMESPACE
 from hack.localcluster.client import ApiError, Kube
+from hack.localcluster.nodes import fake_uuid
 
 # Writers of GPU UUIDs at once: a burst's capacity pods are named by as many nodes'
 # exporters at a time in a cluster, not one after the other.
@@ -79,7 +79,7 @@ class SimulatedGpuAssigner:
 
     @staticmethod
     def fake_uuid(node: str, index: int) -> str:
-        return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.gpupack.test"))
+        return fake_uuid(node, index)
 
     def _run(self) -> None:
         writers = [

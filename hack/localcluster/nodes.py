@@ -1,6 +1,9 @@
 """kwok's simulated GPU nodes: allocatable `nvidia.com/gpu`, the labels GPU Feature
-Discovery writes (product, memory, count), realistic CPU and memory."""
+Discovery writes (product, memory, count), realistic CPU and memory. A pool with `dra`
+advertises no `nvidia.com/gpu`: its GPUs are devices in a ResourceSlice, as NVIDIA's DRA
+driver publishes them (`resource_slice`, with the DeviceClass it installs)."""
 
+import uuid
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,6 +24,7 @@ class NodePool:
     cpu: str
     memory: str
     pods: int = 110
+    dra: bool = False  # GPUs as DRA devices (`resource_slice`), none in allocatable
 
 
 DEFAULT_NODE_POOLS: Final = (
@@ -45,8 +49,9 @@ def node_manifest(pool: NodePool, index: int, *, taint: bool) -> JSON:
         "cpu": pool.cpu,
         "memory": pool.memory,
         "pods": str(pool.pods),
-        "nvidia.com/gpu": str(pool.gpus),
     }
+    if not pool.dra:
+        resources["nvidia.com/gpu"] = str(pool.gpus)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -66,4 +71,62 @@ def node_manifest(pool: NodePool, index: int, *, taint: bool) -> JSON:
         },
         "spec": {"taints": [GPU_TAINT]} if taint else {},
         "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def fake_uuid(node: str, index: int) -> str:
+    """The stable UUID of a simulated GPU."""
+    return "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{node}.gpu{index}.gpupack.test"))
+
+
+# NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu): its driver name, and the DeviceClass
+# its chart installs, which from Kubernetes 1.37 (DRAExtendedResource, GA) also serves a
+# pod asking `nvidia.com/gpu` a device through a ResourceClaim kube-scheduler makes.
+DRA_DRIVER: Final = "gpu.nvidia.com"
+NVIDIA_DEVICE_CLASS: Final = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": DRA_DRIVER},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.driver == 'gpu.nvidia.com' && "
+                    "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                }
+            }
+        ],
+        "extendedResourceName": "nvidia.com/gpu",
+    },
+}
+
+
+def resource_slice(pool: NodePool, index: int) -> JSON:
+    """TEST INFRASTRUCTURE: the ResourceSlice NVIDIA's DRA kubelet plugin would publish for
+    node `index` of `pool`: one device per GPU, named `gpu-<i>`, with the attributes and
+    capacity the driver gives (type, uuid, productName, index; memory)."""
+    name = f"{pool.prefix}-{index}"
+    devices = [
+        {
+            "name": f"gpu-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": fake_uuid(name, i)},
+                "productName": {"string": pool.product.replace("-", " ")},
+                "index": {"int": i},
+            },
+            "capacity": {"memory": {"value": f"{pool.gpu_memory_mib}Mi"}},
+        }
+        for i in range(pool.gpus)
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{name}-{DRA_DRIVER}"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": name,
+            "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
     }

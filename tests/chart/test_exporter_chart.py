@@ -75,16 +75,21 @@ def test_runtime_class_and_scheduling_values_reach_the_daemonset() -> None:
 
 
 def test_the_exporter_may_read_pods_and_patch_only_gpupacks_own() -> None:
+    """And, for nodes NVIDIA's DRA driver manages, read the slices and gpupack's claims."""
     docs = render()
     (cluster_role,) = [
         d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-exporter"
     ]
     assert cluster_role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]},
     ]
     (role,) = [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-exporter"]
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    ]
     (service,) = [
         d for d in of_kind(docs, "Service") if d["metadata"]["name"] == "gpupack-exporter"
     ]

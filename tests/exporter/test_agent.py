@@ -11,6 +11,7 @@ import pytest
 
 from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
+from exporter.claims import ClaimReader
 from exporter.health import API, POD_RESOURCES, Health
 from exporter.podresources import (
     ContainerDevices,
@@ -247,3 +248,120 @@ def test_a_broken_pod_watch_marks_the_api_down_and_discovery_goes_on(
     snapshot = agent.health.snapshot()
     assert snapshot.up[API] is False
     assert "connection refused" in snapshot.messages[API]
+
+
+class DraApi:
+    """What the API server answers the claim reader: one ResourceClaim, the node's slices."""
+
+    def __init__(self, claim: JSON, slices: list[JSON]) -> None:
+        self.claim = claim
+        self.slices = slices
+        self.reads: list[str] = []
+
+    def get(self, path: str, *, timeout: float | None = None) -> JSON:
+        self.reads.append(path)
+        if path.endswith(f"/resourceclaims/{self.claim['metadata']['name']}"):
+            return self.claim
+        raise ApiError(404, "NotFound", path)
+
+    def list(self, path: str, params: Mapping[str, str]) -> JSON:
+        self.reads.append(f"{path}?{params['fieldSelector']}")
+        return {"items": self.slices}
+
+
+def claimed(name: str, claim: str) -> JSON:
+    """A capacity pod kube-scheduler gave its GPU through the ResourceClaim `claim`."""
+    pod = capacity(name, f"uid-{name}")
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": claim,
+        "requestMappings": [
+            {"containerName": "hold", "resourceName": "nvidia.com/gpu", "requestName": "r-0"}
+        ],
+    }
+    return pod
+
+
+def allocation(claim: str, device: str | None) -> JSON:
+    results = [{"request": "r-0", "driver": "gpu.nvidia.com", "pool": NODE, "device": device}]
+    status = {"allocation": {"devices": {"results": results}}} if device else {}
+    return {"metadata": {"name": claim, "namespace": "gpupack-system"}, "status": status}
+
+
+def node_slice(*uuids: str) -> JSON:
+    devices = [
+        {"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}, "uuid": {"string": u}}}
+        for i, u in enumerate(uuids)
+    ]
+    spec = {
+        "driver": "gpu.nvidia.com",
+        "nodeName": NODE,
+        "pool": {"name": NODE},
+        "devices": devices,
+    }
+    return {"metadata": {"name": f"{NODE}-gpu.nvidia.com"}, "spec": spec}
+
+
+def dra_agent(kube: PatchingKube, parts: Parts, api: DraApi) -> Agent:
+    return Agent(
+        kube,
+        PodMap(parts.informer),
+        parts.sampler,
+        ProcessTable(Path("/nonexistent")),
+        parts.kubelet,
+        Health(),
+        claims=ClaimReader(api, NODE),
+    )
+
+
+def test_a_gpu_dra_gave_is_written_from_the_claims_allocation_and_the_nodes_slices(
+    kube: PatchingKube, parts: Parts
+) -> None:
+    """kube-scheduler allocated device gpu-1 of the node's pool: its `uuid` attribute is
+    the GPU, read once (an allocated claim does not change)."""
+    api = DraApi(allocation("cap-a-extended-resources-x", "gpu-1"), [
+        node_slice(fake_uuid(0), fake_uuid(1))
+    ])  # fmt: skip
+    agent = dra_agent(kube, parts, api)
+    synced_put(kube, parts, claimed("cap-a", "cap-a-extended-resources-x"))
+
+    assert agent.discover() == 1
+    ((path, body),) = kube.patches
+    assert path == "/api/v1/namespaces/gpupack-system/pods/cap-a"
+    assert body["metadata"]["annotations"]["gpupack.io/gpu-uuid"] == fake_uuid(1)
+    assert "gpupack.io/gpu-memory" in body["metadata"]["annotations"]  # NVML's, as ever
+    assert api.reads == [
+        "/apis/resource.k8s.io/v1/namespaces/gpupack-system/resourceclaims/"
+        "cap-a-extended-resources-x",
+        f"/apis/resource.k8s.io/v1/resourceslices?spec.nodeName={NODE}",
+    ]
+    agent.discover()
+    assert len(api.reads) == 2
+
+
+def test_a_claim_not_allocated_yet_is_a_problem_naming_it_and_nothing_is_written(
+    kube: PatchingKube, parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = DraApi(allocation("cap-b-claim", None), [node_slice(fake_uuid(0))])
+    agent = dra_agent(kube, parts, api)
+    synced_put(kube, parts, claimed("cap-b", "cap-b-claim"))
+
+    with caplog.at_level(logging.WARNING):
+        assert agent.discover() == 0
+    assert kube.patches == []
+    assert "capacity pod gpupack-system/cap-b: ResourceClaim cap-b-claim has no allocation" in (
+        caplog.text
+    )
+
+
+def test_a_device_no_slice_gives_a_uuid_is_a_problem_and_asked_again(
+    kube: PatchingKube, parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = DraApi(allocation("cap-c-claim", "gpu-3"), [node_slice(fake_uuid(0))])
+    agent = dra_agent(kube, parts, api)
+    synced_put(kube, parts, claimed("cap-c", "cap-c-claim"))
+
+    with caplog.at_level(logging.WARNING):
+        assert agent.discover() == 0
+    assert f"no ResourceSlice of this node gives device gpu-3 of pool {NODE}" in caplog.text
+    api.slices = [node_slice(fake_uuid(0), fake_uuid(1), fake_uuid(2), fake_uuid(3))]
+    assert agent.discover() == 1  # the driver published it since

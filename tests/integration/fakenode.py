@@ -5,7 +5,9 @@ process over a fake NVML (tests/exporter/fake_reader.py) whose processes belong,
 a fake /proc, to the node's pods. kwok nodes run no containers and have no GPUs, so the
 fake processes stand in for them; GPUs are named on capacity pods by the harness's
 SimulatedGpuAssigner (NoKubelet), or, given a lister of what kubelet gave each pod, by
-this exporter's own discovery, which also writes the GPUs' health.
+this exporter's own discovery, which also writes the GPUs' health; on a node whose GPUs
+are DRA devices (`dra`), by the exporter's own discovery from the capacity pods'
+ResourceClaims.
 """
 
 import threading
@@ -17,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from exporter import server
 from exporter.agent import Agent, Lister, node_pods
 from exporter.cgroup import ProcessTable
+from exporter.claims import ClaimReader
 from exporter.collector import ExporterCollector, Scrape
 from exporter.health import Health
 from exporter.pods import PodMap
@@ -50,6 +53,8 @@ class FakeNode:
         proc: Path,
         model: tuple[str, int] = A100,
         kubelet: Lister | None = None,
+        *,
+        dra: bool = False,
     ) -> None:
         self._kube = cluster.kube()
         self._proc = proc
@@ -63,6 +68,9 @@ class FakeNode:
         self._pids: dict[str, tuple[str, int]] = {}  # pod uid -> (gpu, pid)
         self._next_pid = 50_000
         self._kubelet = kubelet
+        # The node's GPUs are DRA devices: the exporter's own discovery reads the GPU a
+        # capacity pod holds from its ResourceClaim and the node's ResourceSlices.
+        self._dra = dra
         # As the exporter's ServiceAccount, with the chart's RBAC: the admission policies
         # let only it write a capacity pod's GPU annotations.
         self._client = connect(str(cluster.exporter_kubeconfig()), user_agent="gpupack-exporter")
@@ -97,6 +105,7 @@ class FakeNode:
             ProcessTable(self._proc),
             self._kubelet or NoKubelet(),
             health,
+            claims=ClaimReader(self._client, self.node) if self._dra else None,
         )
         return sampler, agent
 
@@ -108,7 +117,7 @@ class FakeNode:
         self._start_discovery()
 
     def _start_discovery(self) -> None:
-        if self._kubelet is not None:
+        if self._kubelet is not None or self._dra:
             self._discovery = threading.Thread(
                 target=self._agent.run_discovery, args=(0.5,), name="discovery", daemon=True
             )
