@@ -11,7 +11,10 @@ It plans with the contract (`gpupack.capacity.plan`); this module owns what foll
 - **create**: each name's manifest (`capacity_pod`), created with the one retry helper
   within a time budget. AlreadyExists is success: names are deterministic, so another
   writer that won the race (a predecessor's create still in flight after a restart)
-  created the very same GPU. On any other
+  created the very same GPU; unless the pod of that name is on its way out (deleted,
+  or finished: a capacity pod whose node went, which the pod garbage collector marks
+  Failed and deletes), which is no GPU coming: then the name is created again once that
+  pod is gone (`NAME_FREED`). On any other
   failure the names not created are released, and the next plan tries again.
 
 Thread-safe: the scheduler claims under its lock and creates on its writer threads.
@@ -41,12 +44,17 @@ log = logging.getLogger(__name__)
 
 IN_FLIGHT_TTL: Final = 60.0  # seconds a claimed name counts before the informer shows it
 CREATE_BUDGET: Final = 5.0  # seconds of retrying the creates of one claim
+# Seconds a create waits for a capacity pod on its way out to free its name: past the
+# capacity pods' termination grace period (5 s).
+NAME_FREED: Final = 15.0
 
 
 class PodCreator(Protocol):
     """The one verb this needs: create pods in the capacity namespace."""
 
     def create(self, path: str, body: JSON) -> JSON: ...
+
+    def get(self, path: str) -> JSON: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +125,32 @@ class CapacityCreator:
             names.update(dict.fromkeys(claimed, (self.clock() + self.ttl, placement)))
         return claimed
 
+    def _going(self, path: str) -> bool:
+        """Whether the pod at `path` is on its way out: gone already, deleted, or finished
+        (no GPU a pod can use). Unreadable: taken to be live, as before reading."""
+        try:
+            pod = self.client.get(path)
+        except ApiError as error:
+            return error.status == 404
+        phase = (pod.get("status") or {}).get("phase")
+        return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or phase in (
+            "Succeeded",
+            "Failed",
+        )
+
+    def _create_when_freed(self, path: str, body: JSON) -> bool:
+        """Create `body` once the pod of its name is gone, within `NAME_FREED` seconds;
+        False if the name stayed taken (or another error came)."""
+        deadline = self.clock() + NAME_FREED
+        while True:
+            try:
+                self.client.create(path, body)
+                return True
+            except ApiError as error:
+                if not error.already_exists or self.clock() >= deadline:
+                    return False
+            self.sleep(0.5)
+
     def release(self, pool: str, names: Iterable[str]) -> None:
         """Forget claimed names that will not be created (the next plan counts them out)."""
         with self._lock:
@@ -167,12 +201,22 @@ class CapacityCreator:
                     retryable=lambda error: error.retryable and self.clock() < deadline,
                 )
             except ApiError as error:
+                failure = None
                 if not error.already_exists:
                     failure = f"creating capacity pod {name} failed: {error}"
+                elif not self._going(f"{path}/{name}"):
+                    existing.append(name)  # another writer won the race: the same GPU
+                elif not self._create_when_freed(path, body):
+                    failure = (
+                        f"capacity pod {name} was still on its way out after "
+                        f"{NAME_FREED:g} s; its name is free for the next plan"
+                    )
+                else:
+                    created.append(name)
+                if failure is not None:
                     log.warning("pool %s: %s", pool, failure)
                     self.release(pool, todo[position:])
                     return Created(tuple(created), tuple(existing), failure)
-                existing.append(name)  # another writer won the race: the same GPU
             else:
                 created.append(name)
             with self._lock:  # counted until the informer shows it

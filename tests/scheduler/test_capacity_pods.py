@@ -19,6 +19,12 @@ class Pods:
         self.errors: dict[str, list[ApiError]] = {}
         self.calls: list[str] = []
 
+    def get(self, path: str) -> JSON:
+        name = path.rsplit("/", 1)[1]
+        if name not in self.stored:
+            raise ApiError(404, "NotFound", f'pods "{name}" not found')
+        return self.stored[name]
+
     def create(self, path: str, body: JSON) -> JSON:
         name = body["metadata"]["name"]
         self.calls.append(name)
@@ -95,6 +101,46 @@ def test_already_exists_is_success_another_writer_made_the_same_gpu() -> None:
     result = made.create(POOL, made.claim(POOL, 2, used=()), SCHEDULING, "ml/Job/train")
 
     assert result == Created(created=names(1), existing=names(0))
+
+
+def test_a_name_held_by_a_capacity_pod_on_its_way_out_is_created_again_once_it_is_gone() -> None:
+    """A GPU node deleted: the pod garbage collector marks its capacity pods Failed and
+    deletes them. A create racing that deletion met AlreadyExists from a pod that is no
+    GPU; counting it as one left the pool's pods waiting for a GPU that never came."""
+    pods, clock = Pods(), Clock()
+    dying = names(0)[0]
+    pods.stored[dying] = {"metadata": {"name": dying}, "status": {"phase": "Failed"}}
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the garbage collector's delete lands meanwhile
+        waits.append(seconds)
+        clock.now += seconds
+        if len(waits) == 2:
+            del pods.stored[dying]
+
+    made = CapacityCreator(pods, namespace="gpupack-system", clock=clock, sleep=sleep)
+    result = made.create(POOL, made.claim(POOL, 1, used=()), SCHEDULING, "ml/Job/train")
+
+    assert result == Created(created=names(0))
+    assert pods.stored[dying]["metadata"]["labels"]["gpupack.io/pool"] == POOL  # the new one
+    assert made.in_flight(POOL) == names(0)
+
+
+def test_a_name_that_stays_held_by_a_pod_on_its_way_out_is_released_with_the_reason() -> None:
+    pods, clock = Pods(), Clock()
+    dying = names(0)[0]
+    pods.stored[dying] = {"metadata": {"name": dying, "deletionTimestamp": "2026-11-27T20:53:03Z"}}
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    made = CapacityCreator(pods, namespace="gpupack-system", clock=clock, sleep=sleep)
+    result = made.create(POOL, made.claim(POOL, 1, used=()), SCHEDULING, "ml/Job/train")
+
+    assert result.created == ()
+    assert result.failure is not None
+    assert "still on its way out" in result.failure
+    assert made.in_flight(POOL) == ()  # the next plan asks again
 
 
 def test_retryable_errors_are_retried_and_a_refusal_releases_what_was_not_created() -> None:

@@ -837,7 +837,16 @@ def _live_capacity(api: Api, pods: Store) -> set[str]:
 
 
 class CreatingApi(Api):
-    """The API server refuses a second pod of one name, as the real one does."""
+    """The API server refuses a second pod of one name, as the real one does, and serves
+    the pod of that name on a GET."""
+
+    def get(self, path: str) -> JSON:
+        collection, _, name = path.rpartition("/")
+        if collection == f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/pods":
+            made = [b for p, b in self.created if p == collection and b["metadata"]["name"] == name]
+            if made:
+                return made[-1]
+        return super().get(path)
 
     def create(self, path: str, body: JSON) -> JSON:
         if path.endswith(f"{keys.SYSTEM_NAMESPACE}/pods"):
