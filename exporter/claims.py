@@ -13,10 +13,11 @@ from collections.abc import Collection, Mapping
 from typing import Final, Protocol
 
 from exporter.discovery import claim_gpu_uuids
+from gpupack import keys
 from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 
-DRA_API: Final = "/apis/resource.k8s.io/v1"
+DRA_API: Final = f"/apis/{keys.DRA_API}"
 
 
 class Reader(Protocol):

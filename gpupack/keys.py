@@ -89,6 +89,7 @@ NVIDIA_PREFIX: Final = "nvidia.com/"
 # `uuid` attribute the GPU's UUID, its `memory` capacity the GPU's memory).
 DRA_DRIVER: Final = "gpu.nvidia.com"
 DRA_GPU_TYPE: Final = "gpu"
+DRA_API: Final = "resource.k8s.io/v1"  # ResourceSlices and ResourceClaims, GA from 1.34
 OTHER_GPU_PREFIXES: Final = ("amd.com/", "gpu.intel.com/", "habana.ai/")
 
 # On a GPU node, by gpupack-scheduler: a name for the node that capacity pods can exclude

@@ -168,13 +168,15 @@ class Cache:
 
     def _apply_slice(self, key: str) -> set[str]:
         """Fold ResourceSlice `key` in; the nodes whose DRA GPUs it may have changed."""
+        store = self._slices
+        if store is None:  # no slice informer: no slice events either
+            return set()
         touched = set()
         old = self._slice_node.pop(key, None)
         if old is not None:
             touched.add(old)
             self._node_slices[old].discard(key)
-        store = self._slices
-        obj = store.get(key) if store is not None else None
+        obj = store.get(key)
         node = str(((obj or {}).get("spec") or {}).get("nodeName") or "")
         if node:
             self._slice_node[key] = node
@@ -182,7 +184,7 @@ class Cache:
             touched.add(node)
         for name in touched:
             names = self._node_slices.get(name) or set()
-            found = dra_gpus(store.get(k) for k in names) if store is not None else DraGpus()
+            found = dra_gpus(store.get(k) for k in names)
             if found.count:
                 self._dra[name] = found
             else:

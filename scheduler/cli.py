@@ -195,9 +195,6 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(name.strip() for name in text.split(",") if name.strip())
 
 
-DRA_API: Final = "resource.k8s.io/v1"  # GA from Kubernetes 1.34
-
-
 def make_scorer(name: str) -> Scorer:
     return FragmentationScorer() if name == "fragmentation" else PackingScorer()
 
@@ -237,7 +234,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     # are devices in ResourceSlices (NVIDIA's DRA driver): read, never written.
     slices = process.informer(
         kube,
-        f"/apis/{DRA_API}/resourceslices",
+        f"/apis/{keys.DRA_API}/resourceslices",
         name="resourceslices",
         on_change=dirty.slice,
         optional=True,

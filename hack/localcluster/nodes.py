@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
+from gpupack import keys
 from hack.localcluster.client import JSON
 
 KWOK_ANNOTATION: Final = "kwok.x-k8s.io/node"
@@ -82,11 +83,10 @@ def fake_uuid(node: str, index: int) -> str:
 # NVIDIA's DRA driver for GPUs (k8s-dra-driver-gpu): its driver name, and the DeviceClass
 # its chart installs, which from Kubernetes 1.37 (DRAExtendedResource, GA) also serves a
 # pod asking `nvidia.com/gpu` a device through a ResourceClaim kube-scheduler makes.
-DRA_DRIVER: Final = "gpu.nvidia.com"
 NVIDIA_DEVICE_CLASS: Final = {
-    "apiVersion": "resource.k8s.io/v1",
+    "apiVersion": keys.DRA_API,
     "kind": "DeviceClass",
-    "metadata": {"name": DRA_DRIVER},
+    "metadata": {"name": keys.DRA_DRIVER},
     "spec": {
         "selectors": [
             {
@@ -110,7 +110,7 @@ def resource_slice(pool: NodePool, index: int) -> JSON:
         {
             "name": f"gpu-{i}",
             "attributes": {
-                "type": {"string": "gpu"},
+                "type": {"string": keys.DRA_GPU_TYPE},
                 "uuid": {"string": fake_uuid(name, i)},
                 "productName": {"string": pool.product.replace("-", " ")},
                 "index": {"int": i},
@@ -120,11 +120,11 @@ def resource_slice(pool: NodePool, index: int) -> JSON:
         for i in range(pool.gpus)
     ]
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": keys.DRA_API,
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{name}-{DRA_DRIVER}"},
+        "metadata": {"name": f"{name}-{keys.DRA_DRIVER}"},
         "spec": {
-            "driver": DRA_DRIVER,
+            "driver": keys.DRA_DRIVER,
             "nodeName": name,
             "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
             "devices": devices,
