@@ -32,7 +32,7 @@ RUN apt-get update -qq \
  && rm -rf /var/lib/apt/lists/*
 COPY cuda-shim /src/cuda-shim
 RUN gcc -O2 -fPIC -shared -fvisibility=hidden -Wall -Wextra -Werror \
-      -o /libgpupack-cuda.so /src/cuda-shim/gpupack_cuda.c -ldl -lpthread \
+      -o /libgpupack-cuda.so /src/cuda-shim/*.c -ldl -lpthread \
  && chmod 0644 /libgpupack-cuda.so
 
 FROM ${PYTHON_IMAGE}

@@ -32,8 +32,8 @@ PRELOAD_PATH: Final = "/etc/ld.so.preload"  # where the dynamic loader reads it
 LIMIT: Final = "limit"
 BUDGET: Final = "budget"
 LIBRARY_PATH: Final = f"{MOUNT_PATH}/{LIBRARY}"
-# The budget's size: a 64-byte header and 1,024 slots of 64 bytes (cuda-shim/).
-BUDGET_BYTES: Final = 64 + 1024 * 64
+BUDGET_PATH: Final = f"{MOUNT_PATH}/{BUDGET}"
+ENV_DIR: Final = "GPUPACK_CUDA_DIR"  # the shim's directory, set on every container it holds
 # Where the node agent's image keeps the library it hands out.
 IMAGE_LIBRARY: Final = f"/opt/gpupack/lib/{LIBRARY}"
 ENV_PRELOAD: Final = "LD_PRELOAD"  # where the shim goes when a container brings its own file

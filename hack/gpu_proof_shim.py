@@ -61,7 +61,7 @@ def build(out: Path) -> tuple[Path, Path | None]:
             "-fvisibility=hidden",
             "-o",
             str(shim),
-            str(ROOT / "cuda-shim/gpupack_cuda.c"),
+            *sorted(str(path) for path in (ROOT / "cuda-shim").glob("*.c")),
             "-ldl",
             "-lpthread",
         ],

@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIM_SOURCE = ROOT / "cuda-shim" / "gpupack_cuda.c"
+SHIM_DIR = ROOT / "cuda-shim"
 HERE = Path(__file__).resolve().parent
+# The fake driver's parts (fake_cuda.h says what each models).
+FAKE_DRIVER = ("fake_cuda.c", "fake_memory.c", "fake_graphs.c", "fake_lookup.c", "fake_device.c")
+
+
+def shim_sources() -> list[str]:
+    """The shim's C files, in a stable order: what the image's builder compiles."""
+    return sorted(str(path) for path in SHIM_DIR.glob("*.c"))
 # What the image's builder stage uses (Dockerfile); the tests add warnings as errors.
 SHIM_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
 SANITIZERS = {
@@ -63,10 +70,10 @@ class Build:
             *warnings,
             *extra,
             "-I",
-            str(SHIM_SOURCE.parent),
+            str(SHIM_DIR),
             "-o",
             str(self.shim),
-            str(SHIM_SOURCE),
+            *shim_sources(),
             "-ldl",
             "-lpthread",
         )
@@ -76,11 +83,14 @@ class Build:
             "-g",
             "-fPIC",
             "-shared",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
             "-Wl,-soname,libcuda.so.1",
+            "-Wl,-Bsymbolic",  # its lookup hands out its own functions, as NVIDIA's does
             "-o",
             str(self.root / "libcuda.so.1"),
-            str(HERE / "fake_cuda.c"),
-            device,
+            *(str(HERE / name) for name in FAKE_DRIVER),
             "-lpthread",
         )
         compile_c(

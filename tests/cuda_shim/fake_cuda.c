@@ -1,37 +1,24 @@
 /*
- * A fake CUDA driver (libcuda.so.1) for the shim's tests: the entry points the shim
- * wraps and a few it must leave alone, with real bookkeeping of one device's memory.
+ * A fake CUDA driver (libcuda.so.1) for the shim's tests: devices, contexts, memory
+ * queries, limits, launches and cuGetProcAddress (here); allocations, pools and VMM
+ * (fake_memory.c); graphs, captures and modules (fake_graphs.c). See fake_cuda.h.
  *
- * FAKE_CUDA_STATE: a file shared by every process of a test (the device: its total and
- *   each live process's usage; a dead process's memory is freed, as the driver does).
- * FAKE_CUDA_TOTAL: the device's bytes (default 80 GiB); FAKE_CUDA_CONTEXT: what a
- *   context takes (default 300 MiB). FAKE_CUDA_LOG: a file each call appends its name to.
+ * FAKE_CUDA_STATE: a file shared by every process of a test (the devices: their totals
+ * and each live process's usage; a dead process's memory is freed, as the driver does).
+ * FAKE_CUDA_TOTAL: each device's bytes (default 80 GiB); FAKE_CUDA_CONTEXT: what a
+ * context takes (default 300 MiB); FAKE_CUDA_DEVICES: how many (default 1, at most 4).
  */
-#define _GNU_SOURCE
+#include "fake_cuda.h"
+
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
-#include "fake_device.h"
+pthread_mutex_t fake_mu = PTHREAD_MUTEX_INITIALIZER;
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY;
-typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D;
-typedef struct { int type, requested; struct { int type, id; } location; } PROP;
-
-#define OK 0
-#define OOM 2
-#define INVALID 1
-#define NOT_FOUND 500
-
-static void called(const char *name) {
+void called(const char *name) {
   const char *path = getenv("FAKE_CUDA_LOG");
   if (!path) return;
   int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
@@ -43,186 +30,214 @@ static void called(const char *name) {
   close(fd);
 }
 
-#define CALLED called(__func__)
-
-/* what this process holds: allocations by key, for the frees */
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-#define HELD 65536
-static struct { uint64_t key, size; } held[HELD];
-static uint64_t next_address = 0x7f0000000000ULL;
-static int context_made;
-
-static CUresult take(unsigned long long *key, uint64_t size) {
-  if (!fake_device_take(size)) return OOM;
-  pthread_mutex_lock(&mu);
-  *key = next_address;
-  next_address += (size + 4095) / 4096 * 4096 + 4096;
-  int stored = 0;
-  for (int i = 0; i < HELD && !stored; i++)
-    if (!held[i].key) held[i].key = *key, held[i].size = size, stored = 1;
-  pthread_mutex_unlock(&mu);
-  return OK;
+/* ---- maps ---- */
+static size_t bucket_of(uint64_t key) { return (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 52); }
+void *map_get(struct map *m, uint64_t key) {
+  for (struct entry *e = m->bucket[bucket_of(key)]; e; e = e->next)
+    if (e->key == key) return e->value;
+  return NULL;
+}
+void map_put(struct map *m, uint64_t key, void *value) {
+  struct entry *e = malloc(sizeof *e);
+  *e = (struct entry){key, value, m->bucket[bucket_of(key)]};
+  m->bucket[bucket_of(key)] = e;
+}
+void *map_take(struct map *m, uint64_t key) {
+  for (struct entry **at = &m->bucket[bucket_of(key)]; *at; at = &(*at)->next) {
+    if ((*at)->key != key) continue;
+    struct entry *e = *at;
+    void *value = e->value;
+    *at = e->next;
+    free(e);
+    return value;
+  }
+  return NULL;
 }
 
-static CUresult give(uint64_t key) {
-  uint64_t size = 0;
-  int found = 0;
-  pthread_mutex_lock(&mu);
-  for (int i = 0; i < HELD && !found; i++)
-    if (key && held[i].key == key) size = held[i].size, held[i].key = 0, found = 1;
-  pthread_mutex_unlock(&mu);
-  if (!found) return INVALID;
-  fake_device_give(size);
-  return OK;
+/* ---- addresses and handles, reused as the real driver reuses them ---- */
+#define FREED 4096
+static struct { uint64_t address, region; } freed[FREED];
+static int freed_count;
+static uint64_t next_address = 0x7f0000000000ULL, next_handle = 0x1000;
+static uint64_t freed_handles[FREED];
+static int freed_handle_count;
+
+uint64_t address_take(uint64_t bytes, uint64_t *region) {
+  for (int i = freed_count - 1; i >= 0; i--) { /* the most recently freed that fits */
+    if (freed[i].region < bytes) continue;
+    uint64_t address = freed[i].address;
+    *region = freed[i].region;
+    freed[i] = freed[--freed_count];
+    return address;
+  }
+  *region = (bytes + 4095) / 4096 * 4096;
+  uint64_t address = next_address;
+  next_address += *region + 4096;
+  return address;
+}
+void address_give(uint64_t address, uint64_t region) {
+  if (freed_count < FREED) freed[freed_count++].address = address, freed[freed_count - 1].region = region;
+}
+uint64_t handle_take(void) {
+  return freed_handle_count ? freed_handles[--freed_handle_count] : next_handle++;
+}
+void handle_give(uint64_t handle) {
+  if (freed_handle_count < FREED) freed_handles[freed_handle_count++] = handle;
 }
 
-static CUresult context(void) {
-  pthread_mutex_lock(&mu);
-  int first = !context_made;
-  context_made = 1;
-  pthread_mutex_unlock(&mu);
-  if (first) fake_device_take_anyway(fake_device_context_bytes());
+/* ---- devices and contexts ---- */
+#define CONTEXT_BASE 0x1000
+static __thread int current = -1;
+static unsigned char context_made[FAKE_MAX_DEVICES];
+
+int current_device(void) { return current; }
+
+static CUresult context(int device) {
+  if (device < 0 || device >= fake_devices()) return INVALID;
+  pthread_mutex_lock(&fake_mu);
+  int first = !context_made[device];
+  context_made[device] = 1;
+  pthread_mutex_unlock(&fake_mu);
+  if (first) {
+    fake_device_join(device);
+    fake_device_take_anyway(device, fake_device_context_bytes());
+  }
   return OK;
 }
 
 CUresult cuInit(unsigned flags) { (void)flags; CALLED; return OK; }
 CUresult cuDriverGetVersion(int *version) { CALLED; *version = 13000; return OK; }
-CUresult cuDeviceGetCount(int *count) { CALLED; *count = 1; return OK; }
-CUresult cuDeviceGet(int *device, int ordinal) { CALLED; *device = ordinal; return ordinal ? INVALID : OK; }
+CUresult cuDeviceGetCount(int *count) { CALLED; *count = fake_devices(); return OK; }
+CUresult cuDeviceGet(int *device, int ordinal) {
+  CALLED;
+  *device = ordinal;
+  return ordinal >= 0 && ordinal < fake_devices() ? OK : INVALID;
+}
 CUresult cuDeviceGetUuid(unsigned char *uuid, int device) {
   CALLED;
-  for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)i;
-  return device ? INVALID : OK;
+  for (int i = 0; i < 16; i++) uuid[i] = (unsigned char)(i + 16 * device);
+  return device >= 0 && device < fake_devices() ? OK : INVALID;
 }
 CUresult cuDeviceGetUuid_v2(unsigned char *uuid, int device) { return cuDeviceGetUuid(uuid, device); }
-CUresult cuDevicePrimaryCtxRetain(void **ctx, int device) { CALLED; *ctx = (void *)0x1; (void)device; return context(); }
+CUresult cuDeviceGetAttribute(int *value, int attribute, int device) {
+  CALLED;
+  (void)device;
+  *value = attribute == 16 ? 132 : attribute == 39 ? 2048 : 0; /* SMs, threads per SM */
+  return OK;
+}
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int device) {
+  CALLED;
+  *ctx = (void *)(uintptr_t)(CONTEXT_BASE + device);
+  return context(device);
+}
 CUresult cuDevicePrimaryCtxRelease_v2(int device) { (void)device; CALLED; return OK; }
-CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int device) { CALLED; (void)flags; (void)device; *ctx = (void *)0x2; return context(); }
-CUresult cuCtxCreate_v4(void **ctx, void *params, unsigned flags, int device) { CALLED; (void)params; (void)flags; (void)device; *ctx = (void *)0x2; return context(); }
-CUresult cuCtxSynchronize(void) { CALLED; return OK; }
-CUresult cuCtxSetCurrent(void *ctx) { CALLED; (void)ctx; return OK; }
-CUresult cuStreamBeginCapture_v2(void *stream, int mode) { CALLED; (void)stream; (void)mode; return OK; }
-CUresult cuGraphLaunch(void *graph, void *stream) { CALLED; (void)graph; (void)stream; return OK; }
+CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int device) {
+  CALLED;
+  (void)flags;
+  *ctx = (void *)(uintptr_t)(CONTEXT_BASE + device);
+  current = device;
+  return context(device);
+}
+CUresult cuCtxCreate(void **ctx, unsigned flags, int device) { return cuCtxCreate_v2(ctx, flags, device); }
+CUresult cuCtxCreate_v4(void **ctx, void *params, unsigned flags, int device) {
+  (void)params;
+  return cuCtxCreate_v2(ctx, flags, device);
+}
+CUresult cuCtxSetCurrent(void *ctx) {
+  CALLED;
+  current = ctx ? (int)((uintptr_t)ctx - CONTEXT_BASE) : -1;
+  return OK;
+}
+CUresult cuCtxGetDevice(int *device) {
+  CALLED;
+  if (current < 0) return INVALID_CONTEXT;
+  *device = current;
+  return OK;
+}
+CUresult cuCtxSynchronize(void) { CALLED; synchronized(); return OK; }
+CUresult cuStreamCreate(void **stream, unsigned flags) {
+  CALLED;
+  (void)flags;
+  pthread_mutex_lock(&fake_mu);
+  *stream = (void *)(uintptr_t)handle_take();
+  pthread_mutex_unlock(&fake_mu);
+  return OK;
+}
+CUresult cuStreamSynchronize(void *stream) { CALLED; (void)stream; synchronized(); return OK; }
 
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { CALLED; return take(p, n); }
-CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) { CALLED; (void)f; return take(p, n); }
-CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, void *s) { CALLED; (void)s; return take(p, n); }
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, void *s) { CALLED; (void)s; return take(p, n); }
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, void *s) { CALLED; (void)pool; (void)s; return take(p, n); }
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, void *pool, void *s) { CALLED; (void)pool; (void)s; return take(p, n); }
-CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
-  CALLED;
-  (void)e;
-  *pitch = (w + 511) / 512 * 512;
-  return take(p, *pitch * h);
-}
-CUresult cuMemFree_v2(CUdeviceptr p) { CALLED; return give(p); }
-CUresult cuMemFreeAsync(CUdeviceptr p, void *s) { CALLED; (void)s; return give(p); }
-CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, void *s) { CALLED; (void)s; return give(p); }
-CUresult cuMemCreate(unsigned long long *h, size_t n, const PROP *prop, unsigned long long f) {
-  CALLED;
-  (void)f;
-  if (!prop) return INVALID;
-  if (prop->location.type != 1) { /* host memory: the device keeps nothing */
-    pthread_mutex_lock(&mu);
-    *h = next_address++;
-    pthread_mutex_unlock(&mu);
-    return OK;
-  }
-  return take(h, n);
-}
-CUresult cuMemRelease(unsigned long long h) { CALLED; give(h); return OK; }
-static uint64_t array_size(size_t w, size_t h, size_t d, unsigned channels) {
-  return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * 4 * (channels ? channels : 1);
-}
-CUresult cuArrayCreate_v2(void **a, const ARRAY *d) {
-  CALLED;
-  unsigned long long key;
-  CUresult rc = take(&key, array_size(d->Width, d->Height, 1, d->NumChannels));
-  *a = (void *)(uintptr_t)key;
-  return rc;
-}
-CUresult cuArray3DCreate_v2(void **a, const ARRAY3D *d) {
-  CALLED;
-  unsigned long long key;
-  CUresult rc = take(&key, array_size(d->Width, d->Height, d->Depth, d->NumChannels));
-  *a = (void *)(uintptr_t)key;
-  return rc;
-}
-CUresult cuArrayDestroy(void *a) { CALLED; return give((uintptr_t)a); }
-CUresult cuMipmappedArrayCreate(void **a, const ARRAY3D *d, unsigned levels) {
-  CALLED;
-  (void)levels;
-  unsigned long long key;
-  CUresult rc = take(&key, array_size(d->Width, d->Height, d->Depth, d->NumChannels));
-  *a = (void *)(uintptr_t)key;
-  return rc;
-}
-CUresult cuMipmappedArrayDestroy(void *a) { CALLED; return give((uintptr_t)a); }
-
+/* ---- memory queries ---- */
+static int device_or_first(void) { return current >= 0 ? current : 0; }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
   CALLED;
-  uint64_t t = fake_device_total(), used = fake_device_used();
+  int device = device_or_first();
+  uint64_t t = fake_device_total(device), used = fake_device_used(device);
   *total = t;
   *free_bytes = used < t ? t - used : 0;
   return OK;
 }
-CUresult cuDeviceTotalMem_v2(size_t *bytes, int device) { CALLED; (void)device; *bytes = fake_device_total(); return OK; }
-
-/* The driver's own lookup: a name and the ABI version the caller was built for. */
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags);
-static const struct { const char *name; int since, ptds; void *fn; } table[] = {
-#define F(base, since, ptds, fn) {base, since, ptds, (void *)&fn},
-    F("cuInit", 2000, 0, cuInit) F("cuDriverGetVersion", 2020, 0, cuDriverGetVersion)
-    F("cuDeviceGet", 2000, 0, cuDeviceGet) F("cuDeviceGetCount", 2000, 0, cuDeviceGetCount)
-    F("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid) F("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2)
-    F("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain)
-    F("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2)
-    F("cuCtxCreate", 3020, 0, cuCtxCreate_v2) F("cuCtxCreate", 12050, 0, cuCtxCreate_v4)
-    F("cuCtxSynchronize", 2000, 0, cuCtxSynchronize) F("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent)
-    F("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2) F("cuGraphLaunch", 10000, 0, cuGraphLaunch)
-    F("cuMemAlloc", 3020, 0, cuMemAlloc_v2) F("cuMemAllocManaged", 6000, 0, cuMemAllocManaged)
-    F("cuMemAllocAsync", 11020, 0, cuMemAllocAsync) F("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz)
-    F("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync)
-    F("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz)
-    F("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2) F("cuMemFree", 3020, 0, cuMemFree_v2)
-    F("cuMemFreeAsync", 11020, 0, cuMemFreeAsync) F("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz)
-    F("cuMemCreate", 10020, 0, cuMemCreate) F("cuMemRelease", 10020, 0, cuMemRelease)
-    F("cuArrayCreate", 3020, 0, cuArrayCreate_v2) F("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2)
-    F("cuArrayDestroy", 2000, 0, cuArrayDestroy)
-    F("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate)
-    F("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy)
-    F("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2) F("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2)
-    F("cuGetProcAddress", 11030, 0, cuGetProcAddress)
-#undef F
-};
-
-static CUresult lookup(const char *symbol, void **pfn, int version, unsigned long long flags) {
-  int best = -1, best_score = -1;
-  for (size_t i = 0; i < sizeof table / sizeof *table; i++) {
-    if (strcmp(table[i].name, symbol) || table[i].since > version) continue;
-    if (table[i].ptds && !(flags & 2)) continue;
-    int score = table[i].since * 2 + table[i].ptds;
-    if (score > best_score) best = (int)i, best_score = score;
-  }
-  *pfn = best < 0 ? NULL : table[best].fn;
-  return best < 0 ? NOT_FOUND : OK;
+CUresult cuMemGetInfo(unsigned *free_bytes, unsigned *total) {
+  size_t f, t;
+  cuMemGetInfo_v2(&f, &t);
+  *free_bytes = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
+  *total = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+  return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int device) {
+  CALLED;
+  *bytes = fake_device_total(device);
+  return OK;
+}
+CUresult cuDeviceTotalMem(unsigned *bytes, int device) {
+  CALLED;
+  uint64_t t = fake_device_total(device);
+  *bytes = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+  return OK;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status);
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned long long flags) {
-  CALLED;
-  if (strcmp(symbol, "cuGetProcAddress") == 0 && version >= 12000) {
-    *pfn = (void *)&cuGetProcAddress_v2;
-    return OK;
-  }
-  return lookup(symbol, pfn, version, flags);
+/* ---- limits: the heap, the printf FIFO and the stack, reserved at the next launch ---- */
+static const uint64_t default_limit[3] = {1024, 1 << 20, 8 << 20};
+static uint64_t limit_value[FAKE_MAX_DEVICES][3], limit_reserved[FAKE_MAX_DEVICES];
+static int limit_set[FAKE_MAX_DEVICES][3];
+
+static uint64_t limit_of(int device, int limit) {
+  return limit_set[device][limit] ? limit_value[device][limit] : default_limit[limit];
 }
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+CUresult cuCtxSetLimit(int limit, size_t value) {
   CALLED;
-  CUresult rc = strcmp(symbol, "cuGetProcAddress") == 0 && version >= 12000
-                    ? (*pfn = (void *)&cuGetProcAddress_v2, OK)
-                    : lookup(symbol, pfn, version, flags);
-  if (status) *status = rc == OK ? 0 : 1;
-  return rc;
+  if (limit < 0 || limit > 2 || current < 0) return INVALID;
+  pthread_mutex_lock(&fake_mu);
+  limit_value[current][limit] = value, limit_set[current][limit] = 1;
+  pthread_mutex_unlock(&fake_mu);
+  return OK;
+}
+CUresult cuCtxGetLimit(size_t *value, int limit) {
+  CALLED;
+  if (limit < 0 || limit > 2 || current < 0) return INVALID;
+  *value = limit_of(current, limit);
+  return OK;
+}
+int launched(int device) {
+  if (device < 0) return 1;
+  pthread_mutex_lock(&fake_mu);
+  uint64_t want = 0;
+  for (int limit = 0; limit < 3; limit++) {
+    uint64_t value = limit_of(device, limit), base = default_limit[limit];
+    uint64_t extra = value > base ? value - base : 0;
+    want += limit == 0 ? extra * 132 * 2048 : extra;
+  }
+  uint64_t have = limit_reserved[device];
+  pthread_mutex_unlock(&fake_mu);
+  if (want > have && !fake_device_take(device, want - have)) return 0;
+  if (want < have) fake_device_give(device, have - want);
+  pthread_mutex_lock(&fake_mu);
+  limit_reserved[device] = want;
+  pthread_mutex_unlock(&fake_mu);
+  return 1;
+}
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                        unsigned bz, unsigned shared, void *stream, void **params, void **extra) {
+  CALLED;
+  (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
+  (void)stream, (void)params, (void)extra;
+  return launched(current) ? OK : OOM;
 }

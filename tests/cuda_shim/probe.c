@@ -3,20 +3,32 @@
  *   probe MODE OP...
  * MODE: linked (calls the driver's exported names), dlsym (dlopen + dlsym, as XLA and
  * ctypes do), gpa or gpa-ptds (cuGetProcAddress_v2 for every name, as the CUDA runtime
- * does). OPs, in order, one line out each:
- *   alloc:N managed:N async:N pool:N pitch:W:H create:N hostcreate:N array:W:H
- *   array3d:W:H:D mipmap:W:H:D   (each pushes what it made; free pops and frees it)
- *   free info total ctx unwrapped peak hold hammer:THREADS:ROUNDS:BYTES
- *   bench:PAIRS:BYTES  (allocation and free pairs a second)
+ * does). OPs, in order, one line out each ("OP rc=N", or what the op prints):
+ *
+ *   stacked (each pushes what it made; free pops and frees it):
+ *     alloc:N alloc1:N (the 32-bit ABI) managed:N managedhost:N async:N pool:N hostpool:N
+ *     pitch:W:H create:N hostcreate:N array:W:H array3d:W:H:D mipmap:W:H:D
+ *     module:PATH moduledata:PATH library:PATH
+ *   named (=NAME keeps it in a register):
+ *     vmm:N=R (create, reserve, map)  unmap:R  release:R  retain:R  export:R (prints the fd)
+ *     import:R=S (R's export, imported and mapped)  importfd:PATH=S (an fd another process
+ *     exported, opened through /proc/PID/fd/N)
+ *     graph:N=G (an allocation node and its free)  graphkeep:N=G (no free)  child:N=G
+ *     capture:N=G (a captured cuMemAllocAsync and its free)  launch:G  upload:G  drop:G
+ *   ctx device:D info info1 total total1 used peak sync threshold:N pthreshold:N trim:N
+ *   graphtrim heap:N stack:N kernel unwrapped hold hammer:THREADS:ROUNDS:BYTES
+ *   bench:PAIRS:BYTES (allocation and free pairs a second)  abench:PAIRS:BYTES (async pairs)
+ *   rss (the process's peak resident memory)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,87 +37,122 @@ typedef unsigned long long CUdeviceptr;
 typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY;
 typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D;
 typedef struct { int type, requested; struct { int type, id; } location; void *meta; unsigned char flags[8]; } PROP;
+typedef struct {
+  int allocType, handleTypes;
+  struct { int type, id; } location;
+  void *win32;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} POOL_PROPS;
+typedef struct {
+  POOL_PROPS poolProps;
+  const void *accessDescs;
+  size_t accessDescCount, bytesize;
+  CUdeviceptr dptr;
+} ALLOC_PARAMS;
 
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemFreeAsync(CUdeviceptr, void *);
-CUresult cuMemCreate(unsigned long long *, size_t, const PROP *, unsigned long long);
-CUresult cuMemRelease(unsigned long long);
-CUresult cuArrayCreate_v2(void **, const ARRAY *);
-CUresult cuArray3DCreate_v2(void **, const ARRAY3D *);
-CUresult cuArrayDestroy(void *);
-CUresult cuMipmappedArrayCreate(void **, const ARRAY3D *, unsigned);
-CUresult cuMipmappedArrayDestroy(void *);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuDeviceTotalMem_v2(size_t *, int);
-CUresult cuCtxSynchronize(void);
-CUresult cuStreamBeginCapture_v2(void *, int);
-CUresult cuGraphLaunch(void *, void *);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+/* Every entry point the probe uses: its field, exported name, lookup name and version. */
+#define NAMES(X)                                                                        \
+  X(init, "cuInit", "cuInit", 13000, CUresult (*)(unsigned))                             \
+  X(retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 13000,               \
+    CUresult (*)(void **, int))                                                          \
+  X(set_current, "cuCtxSetCurrent", "cuCtxSetCurrent", 13000, CUresult (*)(void *))      \
+  X(alloc, "cuMemAlloc_v2", "cuMemAlloc", 13000, CUresult (*)(CUdeviceptr *, size_t))    \
+  X(alloc1, "cuMemAlloc", "cuMemAlloc", 2000, CUresult (*)(unsigned *, unsigned))        \
+  X(managed, "cuMemAllocManaged", "cuMemAllocManaged", 13000,                            \
+    CUresult (*)(CUdeviceptr *, size_t, unsigned))                                       \
+  X(async, "cuMemAllocAsync", "cuMemAllocAsync", 13000,                                  \
+    CUresult (*)(CUdeviceptr *, size_t, void *))                                         \
+  X(pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", 13000,                   \
+    CUresult (*)(CUdeviceptr *, size_t, void *, void *))                                 \
+  X(pitch, "cuMemAllocPitch_v2", "cuMemAllocPitch", 13000,                               \
+    CUresult (*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned))                     \
+  X(free, "cuMemFree_v2", "cuMemFree", 13000, CUresult (*)(CUdeviceptr))                 \
+  X(free1, "cuMemFree", "cuMemFree", 2000, CUresult (*)(unsigned))                       \
+  X(free_async, "cuMemFreeAsync", "cuMemFreeAsync", 13000, CUresult (*)(CUdeviceptr, void *)) \
+  X(create, "cuMemCreate", "cuMemCreate", 13000,                                         \
+    CUresult (*)(unsigned long long *, size_t, const PROP *, unsigned long long))        \
+  X(release, "cuMemRelease", "cuMemRelease", 13000, CUresult (*)(unsigned long long))    \
+  X(reserve, "cuMemAddressReserve", "cuMemAddressReserve", 13000,                        \
+    CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))        \
+  X(map, "cuMemMap", "cuMemMap", 13000,                                                  \
+    CUresult (*)(CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long))   \
+  X(unmap, "cuMemUnmap", "cuMemUnmap", 13000, CUresult (*)(CUdeviceptr, size_t))         \
+  X(retain_handle, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", 13000,  \
+    CUresult (*)(unsigned long long *, void *))                                          \
+  X(export_handle, "cuMemExportToShareableHandle", "cuMemExportToShareableHandle", 13000, \
+    CUresult (*)(void *, unsigned long long, int, unsigned long long))                   \
+  X(import_handle, "cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle",   \
+    13000, CUresult (*)(unsigned long long *, void *, int))                              \
+  X(array, "cuArrayCreate_v2", "cuArrayCreate", 13000, CUresult (*)(void **, const ARRAY *)) \
+  X(array3d, "cuArray3DCreate_v2", "cuArray3DCreate", 13000,                             \
+    CUresult (*)(void **, const ARRAY3D *))                                              \
+  X(array_destroy, "cuArrayDestroy", "cuArrayDestroy", 13000, CUresult (*)(void *))      \
+  X(mipmap, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", 13000,                   \
+    CUresult (*)(void **, const ARRAY3D *, unsigned))                                    \
+  X(mipmap_destroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", 13000,         \
+    CUresult (*)(void *))                                                                \
+  X(info, "cuMemGetInfo_v2", "cuMemGetInfo", 13000, CUresult (*)(size_t *, size_t *))    \
+  X(info1, "cuMemGetInfo", "cuMemGetInfo", 2000, CUresult (*)(unsigned *, unsigned *))   \
+  X(total, "cuDeviceTotalMem_v2", "cuDeviceTotalMem", 13000, CUresult (*)(size_t *, int)) \
+  X(total1, "cuDeviceTotalMem", "cuDeviceTotalMem", 2000, CUresult (*)(unsigned *, int)) \
+  X(sync, "cuCtxSynchronize", "cuCtxSynchronize", 13000, CUresult (*)(void))             \
+  X(pool_create, "cuMemPoolCreate", "cuMemPoolCreate", 13000,                            \
+    CUresult (*)(void **, const POOL_PROPS *))                                           \
+  X(pool_set, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", 13000,                   \
+    CUresult (*)(void *, int, void *))                                                   \
+  X(pool_trim, "cuMemPoolTrimTo", "cuMemPoolTrimTo", 13000, CUresult (*)(void *, size_t)) \
+  X(device_pool, "cuDeviceGetMemPool", "cuDeviceGetMemPool", 13000,                      \
+    CUresult (*)(void **, int))                                                          \
+  X(stream_create, "cuStreamCreate", "cuStreamCreate", 13000, CUresult (*)(void **, unsigned)) \
+  X(capture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture", 13000,                   \
+    CUresult (*)(void *, int))                                                           \
+  X(end_capture, "cuStreamEndCapture", "cuStreamEndCapture", 13000,                      \
+    CUresult (*)(void *, void **))                                                       \
+  X(graph_create, "cuGraphCreate", "cuGraphCreate", 13000, CUresult (*)(void **, unsigned)) \
+  X(add_alloc, "cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", 13000,                \
+    CUresult (*)(void **, void *, void *, size_t, ALLOC_PARAMS *))                       \
+  X(add_free, "cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode", 13000,                   \
+    CUresult (*)(void **, void *, void *, size_t, CUdeviceptr))                          \
+  X(add_child, "cuGraphAddChildGraphNode", "cuGraphAddChildGraphNode", 13000,            \
+    CUresult (*)(void **, void *, void *, size_t, void *))                               \
+  X(instantiate, "cuGraphInstantiateWithFlags", "cuGraphInstantiate", 13000,             \
+    CUresult (*)(void **, void *, unsigned long long))                                   \
+  X(launch, "cuGraphLaunch", "cuGraphLaunch", 13000, CUresult (*)(void *, void *))       \
+  X(upload, "cuGraphUpload", "cuGraphUpload", 13000, CUresult (*)(void *, void *))       \
+  X(exec_destroy, "cuGraphExecDestroy", "cuGraphExecDestroy", 13000, CUresult (*)(void *)) \
+  X(graph_trim, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim", 13000, CUresult (*)(int)) \
+  X(set_limit, "cuCtxSetLimit", "cuCtxSetLimit", 13000, CUresult (*)(int, size_t))       \
+  X(kernel, "cuLaunchKernel", "cuLaunchKernel", 13000,                                   \
+    CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,     \
+                 unsigned, void *, void **, void **))                                    \
+  X(module_load, "cuModuleLoad", "cuModuleLoad", 13000, CUresult (*)(void **, const char *)) \
+  X(module_data, "cuModuleLoadData", "cuModuleLoadData", 13000,                          \
+    CUresult (*)(void **, const void *))                                                 \
+  X(module_unload, "cuModuleUnload", "cuModuleUnload", 13000, CUresult (*)(void *))      \
+  X(library_load, "cuLibraryLoadFromFile", "cuLibraryLoadFromFile", 13000,               \
+    CUresult (*)(void **, const char *, int *, void **, unsigned, int *, void **, unsigned)) \
+  X(library_unload, "cuLibraryUnload", "cuLibraryUnload", 13000, CUresult (*)(void *))
 
 static struct {
-  CUresult (*init)(unsigned);
-  CUresult (*retain)(void **, int);
-  CUresult (*set_current)(void *);
-  CUresult (*alloc)(CUdeviceptr *, size_t);
-  CUresult (*managed)(CUdeviceptr *, size_t, unsigned);
-  CUresult (*async)(CUdeviceptr *, size_t, void *);
-  CUresult (*pool)(CUdeviceptr *, size_t, void *, void *);
-  CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-  CUresult (*free)(CUdeviceptr);
-  CUresult (*free_async)(CUdeviceptr, void *);
-  CUresult (*create)(unsigned long long *, size_t, const PROP *, unsigned long long);
-  CUresult (*release)(unsigned long long);
-  CUresult (*array)(void **, const ARRAY *);
-  CUresult (*array3d)(void **, const ARRAY3D *);
-  CUresult (*array_destroy)(void *);
-  CUresult (*mipmap)(void **, const ARRAY3D *, unsigned);
-  CUresult (*mipmap_destroy)(void *);
-  CUresult (*info)(size_t *, size_t *);
-  CUresult (*total)(size_t *, int);
-  CUresult (*sync)(void);
-  CUresult (*capture)(void *, int);
-  CUresult (*launch)(void *, void *);
+#define FIELD(field, exported, base, version, type) __typeof__(type) field;
+  NAMES(FIELD)
+#undef FIELD
 } cu;
 
-static const struct { const char *exported, *base; size_t offset; } names[] = {
-#define N(field, exported, base) {exported, base, __builtin_offsetof(__typeof__(cu), field)},
-    N(init, "cuInit", "cuInit") N(retain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain")
-    N(set_current, "cuCtxSetCurrent", "cuCtxSetCurrent")
-    N(alloc, "cuMemAlloc_v2", "cuMemAlloc") N(managed, "cuMemAllocManaged", "cuMemAllocManaged")
-    N(async, "cuMemAllocAsync", "cuMemAllocAsync") N(pool, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync")
-    N(pitch, "cuMemAllocPitch_v2", "cuMemAllocPitch") N(free, "cuMemFree_v2", "cuMemFree")
-    N(free_async, "cuMemFreeAsync", "cuMemFreeAsync") N(create, "cuMemCreate", "cuMemCreate")
-    N(release, "cuMemRelease", "cuMemRelease") N(array, "cuArrayCreate_v2", "cuArrayCreate")
-    N(array3d, "cuArray3DCreate_v2", "cuArray3DCreate") N(array_destroy, "cuArrayDestroy", "cuArrayDestroy")
-    N(mipmap, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate")
-    N(mipmap_destroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy")
-    N(info, "cuMemGetInfo_v2", "cuMemGetInfo") N(total, "cuDeviceTotalMem_v2", "cuDeviceTotalMem")
-    N(sync, "cuCtxSynchronize", "cuCtxSynchronize") N(capture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture")
-    N(launch, "cuGraphLaunch", "cuGraphLaunch")
-#undef N
-};
-
-static void linked(void) {
-  cu.init = cuInit, cu.retain = cuDevicePrimaryCtxRetain, cu.set_current = cuCtxSetCurrent, cu.alloc = cuMemAlloc_v2;
-  cu.managed = cuMemAllocManaged, cu.async = cuMemAllocAsync, cu.pool = cuMemAllocFromPoolAsync;
-  cu.pitch = cuMemAllocPitch_v2, cu.free = cuMemFree_v2, cu.free_async = cuMemFreeAsync;
-  cu.create = cuMemCreate, cu.release = cuMemRelease, cu.array = cuArrayCreate_v2;
-  cu.array3d = cuArray3DCreate_v2, cu.array_destroy = cuArrayDestroy;
-  cu.mipmap = cuMipmappedArrayCreate, cu.mipmap_destroy = cuMipmappedArrayDestroy;
-  cu.info = cuMemGetInfo_v2, cu.total = cuDeviceTotalMem_v2, cu.sync = cuCtxSynchronize;
-  cu.capture = cuStreamBeginCapture_v2, cu.launch = cuGraphLaunch;
-}
+/* Linked: the driver's exported names, as a program linked against libcuda calls them. */
+#define DECLARE(field, exported, base, version, type) extern void linked_##field(void) __asm__(exported);
+NAMES(DECLARE)
+#undef DECLARE
 
 static int resolve(const char *mode) {
-  if (strcmp(mode, "linked") == 0) return linked(), 1;
+  if (strcmp(mode, "linked") == 0) {
+#define LINK(field, exported, base, version, type) cu.field = (type)linked_##field;
+    NAMES(LINK)
+#undef LINK
+    return 1;
+  }
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return fprintf(stderr, "dlopen: %s\n", dlerror()), 0;
   CUresult (*gpa)(const char *, void **, int, unsigned long long, int *) = NULL;
@@ -114,24 +161,26 @@ static int resolve(const char *mode) {
     if (!gpa) return fprintf(stderr, "no cuGetProcAddress_v2\n"), 0;
   }
   unsigned long long flags = strcmp(mode, "gpa-ptds") == 0 ? 2 : 0;
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-    void *fn = NULL;
-    if (gpa) {
-      int status;
-      if (gpa(names[i].base, &fn, 13000, flags, &status)) fn = NULL;
-    } else {
-      fn = dlsym(lib, names[i].exported);
-    }
-    if (!fn) return fprintf(stderr, "cannot resolve %s\n", names[i].base), 0;
-    *(void **)((char *)&cu + names[i].offset) = fn;
-  }
+  void *fn;
+  int status;
+#define LOOK(field, exported, base, version, type)                                 \
+  fn = NULL;                                                                       \
+  if (gpa) {                                                                       \
+    if (gpa(base, &fn, version, flags, &status)) fn = NULL;                        \
+  } else {                                                                         \
+    fn = dlsym(lib, exported);                                                     \
+  }                                                                                \
+  if (!fn) return fprintf(stderr, "cannot resolve %s (%d)\n", base, version), 0;   \
+  cu.field = (type)fn;
+  NAMES(LOOK)
+#undef LOOK
   return 1;
 }
 
+/* ---- what the ops made ---- */
 struct made { char kind; unsigned long long key; };
 static struct made stack[4096];
 static int depth;
-
 static void push(char kind, unsigned long long key) { if (depth < 4096) stack[depth++] = (struct made){kind, key}; }
 
 static CUresult pop(void) {
@@ -139,19 +188,80 @@ static CUresult pop(void) {
   struct made m = stack[--depth];
   switch (m.kind) {
     case 'm': return cu.free(m.key);
+    case 'v': return cu.free1((unsigned)m.key);
     case 'a': return cu.free_async(m.key, NULL);
     case 'h': return cu.release(m.key);
     case 'r': return cu.array_destroy((void *)(uintptr_t)m.key);
     case 'p': return cu.mipmap_destroy((void *)(uintptr_t)m.key);
+    case 'o': return cu.module_unload((void *)(uintptr_t)m.key);
+    case 'l': return cu.library_unload((void *)(uintptr_t)m.key);
   }
   return -1;
+}
+
+static struct reg { char name[16]; unsigned long long handle, va, size; void *exec; int fd; } regs[32];
+static struct reg *named(const char *name) {
+  for (int i = 0; i < 32; i++)
+    if (strcmp(regs[i].name, name) == 0) return &regs[i];
+  for (int i = 0; i < 32; i++)
+    if (!regs[i].name[0]) {
+      snprintf(regs[i].name, sizeof regs[i].name, "%s", name);
+      return &regs[i];
+    }
+  return &regs[31];
+}
+
+static int current = 0;
+static void *device_pool, *host_pool;
+static void *pool_of(int host) {
+  void **pool = host ? &host_pool : &device_pool;
+  if (!*pool) {
+    POOL_PROPS props = {.allocType = 1, .location = {host ? 2 : 1, host ? 0 : current}};
+    if (cu.pool_create(pool, &props)) *pool = NULL;
+  }
+  return *pool;
+}
+
+static uint64_t fake(const char *name, int device) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  uint64_t (*fn)(int) = NULL;
+  if (lib) *(void **)&fn = dlsym(lib, name);
+  return fn ? fn(device) : 0;
+}
+
+/* A graph with one allocation node of `bytes` (freed in the graph unless `keep`), made a
+ * child of another graph when `child`; instantiated into `r`. */
+static CUresult graph_of(unsigned long long bytes, int keep, int child, struct reg *r) {
+  void *g, *node;
+  CUresult rc = cu.graph_create(&g, 0);
+  ALLOC_PARAMS params = {.poolProps = {.allocType = 1, .location = {1, current}}, .bytesize = bytes};
+  if (!rc) rc = cu.add_alloc(&node, g, NULL, 0, &params);
+  if (!rc && !keep) rc = cu.add_free(&node, g, &node, 1, params.dptr);
+  if (!rc && child) {
+    void *outer;
+    rc = cu.graph_create(&outer, 0);
+    if (!rc) rc = cu.add_child(&node, outer, NULL, 0, g);
+    g = outer;
+  }
+  return rc ? rc : cu.instantiate(&r->exec, g, 0);
+}
+
+static CUresult captured(unsigned long long bytes, int keep, struct reg *r) {
+  void *stream, *g;
+  CUdeviceptr p;
+  CUresult rc = cu.stream_create(&stream, 0);
+  if (!rc) rc = cu.capture(stream, 0);
+  if (!rc) rc = cu.async(&p, bytes, stream);
+  if (!rc && !keep) rc = cu.free_async(p, stream);
+  CUresult end = cu.end_capture(stream, &g);
+  return rc ? rc : end ? end : cu.instantiate(&r->exec, g, 0);
 }
 
 static uint64_t limit, held, worst;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static size_t hammer_bytes;
 static int hammer_rounds;
-static long refused, granted;
+static long refused, granted, failed_frees;
 
 static void *hammer(void *arg) {
   unsigned seed = (unsigned)(uintptr_t)arg;
@@ -172,10 +282,24 @@ static void *hammer(void *arg) {
       pthread_mutex_lock(&mu);
       held -= bytes;
       pthread_mutex_unlock(&mu);
-      cu.free(p);
+      if (cu.free(p)) {
+        pthread_mutex_lock(&mu);
+        failed_frees++;
+        pthread_mutex_unlock(&mu);
+      }
     }
   }
   return NULL;
+}
+
+static void *file_image(const char *path) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat info;
+  if (fd < 0 || fstat(fd, &info) != 0) return NULL;
+  char *image = calloc(1, (size_t)info.st_size + 1);
+  if (read(fd, image, (size_t)info.st_size) != info.st_size) image[0] = 0;
+  close(fd);
+  return image;
 }
 
 int main(int argc, char **argv) {
@@ -187,22 +311,68 @@ int main(int argc, char **argv) {
   void *ctx;
   for (int i = 2; i < argc; i++) {
     const char *op = argv[i];
+    char arg[256] = "", name[16] = "", second[16] = "";
     unsigned long long a = 0, b = 0, c = 0;
     CUresult rc = 0;
     CUdeviceptr p = 0;
+    const char *eq = strchr(op, '=');
+    if (eq) snprintf(name, sizeof name, "%s", eq + 1);
     if (sscanf(op, "alloc:%llu", &a) == 1) { rc = cu.alloc(&p, a); if (!rc) push('m', p); }
+    else if (sscanf(op, "alloc1:%llu", &a) == 1) {
+      unsigned small;
+      rc = cu.alloc1(&small, (unsigned)a);
+      if (!rc) push('v', small);
+    }
+    else if (sscanf(op, "managedhost:%llu", &a) == 1) { rc = cu.managed(&p, a, 2); if (!rc) push('m', p); }
     else if (sscanf(op, "managed:%llu", &a) == 1) { rc = cu.managed(&p, a, 1); if (!rc) push('m', p); }
     else if (sscanf(op, "async:%llu", &a) == 1) { rc = cu.async(&p, a, NULL); if (!rc) push('a', p); }
-    else if (sscanf(op, "pool:%llu", &a) == 1) { rc = cu.pool(&p, a, (void *)0x1, NULL); if (!rc) push('a', p); }
+    else if (sscanf(op, "pool:%llu", &a) == 1) { rc = cu.pool(&p, a, pool_of(0), NULL); if (!rc) push('a', p); }
+    else if (sscanf(op, "hostpool:%llu", &a) == 1) { rc = cu.pool(&p, a, pool_of(1), NULL); if (!rc) push('a', p); }
     else if (sscanf(op, "pitch:%llu:%llu", &a, &b) == 2) {
       size_t pitch;
       rc = cu.pitch(&p, &pitch, a, b, 4);
       if (!rc) push('m', p);
     } else if (sscanf(op, "create:%llu", &a) == 1 || sscanf(op, "hostcreate:%llu", &a) == 1) {
-      PROP prop = {.type = 1, .location = {op[0] == 'h' ? 2 : 1, 0}};
+      PROP prop = {.type = 1, .location = {op[0] == 'h' ? 2 : 1, current}};
       unsigned long long h;
       rc = cu.create(&h, a, &prop, 0);
       if (!rc) push('h', h);
+    } else if (sscanf(op, "vmm:%llu=", &a) == 1) {
+      struct reg *r = named(name);
+      PROP prop = {.type = 1, .location = {1, current}};
+      r->size = a;
+      rc = cu.create(&r->handle, a, &prop, 0);
+      if (!rc) rc = cu.reserve(&r->va, a, 0, 0, 0);
+      if (!rc) rc = cu.map(r->va, a, 0, r->handle, 0);
+    } else if (sscanf(op, "unmap:%15s", arg) == 1) {
+      struct reg *r = named(arg);
+      rc = cu.unmap(r->va, r->size);
+    } else if (sscanf(op, "release:%15s", arg) == 1) {
+      rc = cu.release(named(arg)->handle);
+    } else if (sscanf(op, "retain:%15s", arg) == 1) {
+      struct reg *r = named(arg);
+      unsigned long long h;
+      rc = cu.retain_handle(&h, (void *)(uintptr_t)r->va);
+      if (!rc && h != r->handle) rc = -2;
+    } else if (sscanf(op, "export:%15s", arg) == 1) {
+      struct reg *r = named(arg);
+      rc = cu.export_handle(&r->fd, r->handle, 1, 0);
+      printf("exported fd=%d pid=%d\n", rc ? -1 : r->fd, (int)getpid());
+    } else if (sscanf(op, "importfd:%255[^=]=%15s", arg, second) == 2) {
+      struct reg *r = named(second);
+      int fd = open(arg, O_RDONLY | O_CLOEXEC);
+      struct stat info;
+      rc = fd < 0 || fstat(fd, &info) != 0 ? -3 : 0;
+      if (!rc) r->size = (unsigned long long)info.st_size;
+      if (!rc) rc = cu.import_handle(&r->handle, (void *)(intptr_t)fd, 1);
+      if (!rc) rc = cu.reserve(&r->va, r->size, 0, 0, 0);
+      if (!rc) rc = cu.map(r->va, r->size, 0, r->handle, 0);
+    } else if (sscanf(op, "import:%15[^=]=%15s", arg, second) == 2) {
+      struct reg *from = named(arg), *r = named(second);
+      r->size = from->size;
+      rc = cu.import_handle(&r->handle, (void *)(intptr_t)from->fd, 1);
+      if (!rc) rc = cu.reserve(&r->va, r->size, 0, 0, 0);
+      if (!rc) rc = cu.map(r->va, r->size, 0, r->handle, 0);
     } else if (sscanf(op, "array3d:%llu:%llu:%llu", &a, &b, &c) == 3) {
       ARRAY3D d = {a, b, c, 0x20, 1, 0};
       void *arr;
@@ -218,29 +388,99 @@ int main(int argc, char **argv) {
       void *arr;
       rc = cu.mipmap(&arr, &d, 3);
       if (!rc) push('p', (uintptr_t)arr);
-    } else if (strcmp(op, "free") == 0) rc = pop();
-    else if (strcmp(op, "ctx") == 0) {
-      rc = cu.retain(&ctx, 0);
+    } else if (sscanf(op, "graph:%llu=", &a) == 1) {
+      rc = graph_of(a, 0, 0, named(name));
+    } else if (sscanf(op, "graphkeep:%llu=", &a) == 1) {
+      rc = graph_of(a, 1, 0, named(name));
+    } else if (sscanf(op, "child:%llu=", &a) == 1) {
+      rc = graph_of(a, 0, 1, named(name));
+    } else if (sscanf(op, "capture:%llu=", &a) == 1) {
+      rc = captured(a, 0, named(name));
+    } else if (sscanf(op, "launch:%15s", arg) == 1) {
+      rc = cu.launch(named(arg)->exec, NULL);
+    } else if (sscanf(op, "upload:%15s", arg) == 1) {
+      rc = cu.upload(named(arg)->exec, NULL);
+    } else if (sscanf(op, "drop:%15s", arg) == 1) {
+      rc = cu.exec_destroy(named(arg)->exec);
+    } else if (strcmp(op, "graphtrim") == 0) {
+      rc = cu.graph_trim(current);
+    } else if (sscanf(op, "heap:%llu", &a) == 1) {
+      rc = cu.set_limit(2, a);
+    } else if (sscanf(op, "stack:%llu", &a) == 1) {
+      rc = cu.set_limit(0, a);
+    } else if (strcmp(op, "kernel") == 0) {
+      rc = cu.kernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    } else if (sscanf(op, "moduledata:%255s", arg) == 1) {
+      void *image = file_image(arg), *m;
+      rc = cu.module_data(&m, image);
+      free(image);
+      if (!rc) push('o', (uintptr_t)m);
+    } else if (sscanf(op, "module:%255s", arg) == 1) {
+      void *m;
+      rc = cu.module_load(&m, arg);
+      if (!rc) push('o', (uintptr_t)m);
+    } else if (sscanf(op, "library:%255s", arg) == 1) {
+      void *l;
+      rc = cu.library_load(&l, arg, NULL, NULL, 0, NULL, NULL, 0);
+      if (!rc) push('l', (uintptr_t)l);
+    } else if (sscanf(op, "threshold:%llu", &a) == 1 || sscanf(op, "pthreshold:%llu", &a) == 1) {
+      void *pool = NULL;
+      if (op[0] == 'p') pool = pool_of(0);
+      else rc = cu.device_pool(&pool, current);
+      uint64_t value = a;
+      if (!rc) rc = cu.pool_set(pool, 4, &value);
+    } else if (sscanf(op, "trim:%llu", &a) == 1) {
+      void *pool = NULL;
+      rc = cu.device_pool(&pool, current);
+      if (!rc) rc = cu.pool_trim(pool, a);
+    } else if (strcmp(op, "sync") == 0) rc = cu.sync();
+    else if (strcmp(op, "free") == 0) rc = pop();
+    else if (strcmp(op, "ctx") == 0 || sscanf(op, "device:%llu", &a) == 1) {
+      current = (int)a;
+      rc = cu.retain(&ctx, current);
       if (!rc) rc = cu.set_current(ctx);
-    }
-    else if (strcmp(op, "info") == 0) {
+    } else if (strcmp(op, "info") == 0) {
       size_t f, t;
       rc = cu.info(&f, &t);
       printf("info rc=%d free=%zu total=%zu\n", rc, f, t);
       continue;
+    } else if (strcmp(op, "info1") == 0) {
+      unsigned f, t;
+      rc = cu.info1(&f, &t);
+      printf("info1 rc=%d free=%u total=%u\n", rc, f, t);
+      continue;
     } else if (strcmp(op, "total") == 0) {
       size_t t;
-      rc = cu.total(&t, 0);
+      rc = cu.total(&t, current);
       printf("total rc=%d total=%zu\n", rc, t);
       continue;
-    } else if (strcmp(op, "unwrapped") == 0) {
-      rc = cu.capture(NULL, 0) | cu.launch(NULL, NULL) | cu.sync();
-    } else if (strcmp(op, "peak") == 0) {
-      void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-      uint64_t (*peak)(void) = NULL;
-      if (lib) *(void **)&peak = dlsym(lib, "fake_device_peak");
-      printf("peak bytes=%llu\n", peak ? (unsigned long long)peak() : 0ULL);
+    } else if (strcmp(op, "total1") == 0) {
+      unsigned t;
+      rc = cu.total1(&t, current);
+      printf("total1 rc=%d total=%u\n", rc, t);
       continue;
+    } else if (strcmp(op, "unwrapped") == 0) {
+      rc = cu.kernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) | cu.sync();
+    } else if (strcmp(op, "used") == 0) {
+      printf("used bytes=%llu\n", (unsigned long long)fake("fake_device_used", current));
+      continue;
+    } else if (strcmp(op, "peak") == 0) {
+      printf("peak bytes=%llu\n", (unsigned long long)fake("fake_device_peak", current));
+      continue;
+    } else if (strcmp(op, "rss") == 0) {
+      char line[256];
+      unsigned long long peak = 0;
+      FILE *status = fopen("/proc/self/status", "r");
+      while (status && fgets(line, sizeof line, status))
+        if (sscanf(line, "VmHWM: %llu kB", &peak) == 1) break;
+      if (status) fclose(status);
+      printf("rss peak_kib=%llu\n", peak);
+      continue;
+    } else if (sscanf(op, "abench:%llu:%llu", &a, &b) == 2) {
+      for (unsigned long long n = 0; n < a && !rc; n++) {
+        rc = cu.async(&p, b, NULL);
+        if (!rc) rc = cu.free_async(p, NULL);
+      }
     } else if (strcmp(op, "hold") == 0) {
       printf("holding\n");
       pause();
@@ -263,8 +503,8 @@ int main(int argc, char **argv) {
       if (a > 64) a = 64;
       for (unsigned long long t = 0; t < a; t++) pthread_create(&threads[t], NULL, hammer, (void *)(uintptr_t)(t + 1));
       for (unsigned long long t = 0; t < a; t++) pthread_join(threads[t], NULL);
-      printf("hammer granted=%ld refused=%ld worst=%llu limit=%llu\n", granted, refused,
-             (unsigned long long)worst, (unsigned long long)limit);
+      printf("hammer granted=%ld refused=%ld worst=%llu limit=%llu failed_frees=%ld\n", granted,
+             refused, (unsigned long long)worst, (unsigned long long)limit, failed_frees);
       continue;
     } else {
       fprintf(stderr, "unknown op %s\n", op);
