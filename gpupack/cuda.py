@@ -3,11 +3,12 @@
 A shared pod's memory share is held two ways (docs/isolation.md):
 
 - **the shim** (`libgpupack-cuda.so`, cuda-shim/): the node agent's CSI driver
-  `cuda.gpupack.io` gives each such pod one directory, mounted at `MOUNT_PATH` in every
-  GPU container: the library, an `ld.so.preload` naming it (mounted over the container's
-  `/etc/ld.so.preload`, so every process loads it), `limit` (the share in bytes, written
-  from the pod's sealed `gpupack.io/gpu-memory`, read-only to the pod) and `budget`
-  (what the pod's processes hold, shared by all its containers);
+  `cuda.gpupack.io` gives each such pod one directory, mounted read-only at `MOUNT_PATH`
+  in every container, with `GPUPACK_CUDA_DIR` naming it: the library, an `ld.so.preload`
+  naming it (mounted over the container's `/etc/ld.so.preload`, so every process loads
+  it), `limit` (the share in bytes, written from the pod's sealed `gpupack.io/gpu-memory`)
+  and `budget` (what the pod's processes hold, shared by all its containers: the one
+  file they write, on a writable mount of its own; `gpupack.budget` reads it);
 - **the driver's own limit** on nodes that have it (driver >= r615, the NVIDIA container
   toolkit's memory-limit hook, cgroup v2): `NVIDIA_GPU_MEMORY_LIMIT` and
   `NVIDIA_GPU_MEMORY_REQUEST` (MiB) on each GPU container.
@@ -71,13 +72,29 @@ def volume() -> JSON:
 
 
 def volume_mounts(*, preload: bool = True) -> list[JSON]:
-    """The pod's directory, and its `ld.so.preload` over the container's (read-only)."""
-    mounts: list[JSON] = [{"name": VOLUME, "mountPath": MOUNT_PATH}]
+    """The pod's directory, read-only (the library, `limit`); its `budget`, the one file
+    the pod's processes write, on a mount of its own; and its `ld.so.preload` over the
+    container's (read-only)."""
+    mounts: list[JSON] = [
+        {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True},
+        {"name": VOLUME, "mountPath": BUDGET_PATH, "subPath": BUDGET},
+    ]
     if preload:
         mounts.append(
             {"name": VOLUME, "mountPath": PRELOAD_PATH, "subPath": PRELOAD, "readOnly": True}
         )
     return mounts
+
+
+def directory_environment() -> JSON:
+    """`GPUPACK_CUDA_DIR` as the webhook sets it on every container the shim holds: an
+    image's own ENV (or an envFrom) can then not point the shim at another directory."""
+    return {"name": ENV_DIR, "value": MOUNT_PATH}
+
+
+def under_shim_path(path: object) -> bool:
+    """A mount path at or below the shim's directory, which is gpupack's alone."""
+    return isinstance(path, str) and (path == MOUNT_PATH or path.startswith(f"{MOUNT_PATH}/"))
 
 
 def memory_environment(memory: int) -> list[JSON]:

@@ -42,6 +42,10 @@ class Sharing(StrEnum):
     MPS = "mps"  # CUDA MPS limits; a GPU only hosts pods of one workload
 
 
+# The GPUPolicy field that lets a pod turn memory enforcement off (Policy.allow_memory_opt_out).
+OPT_OUT_FIELD: Final = "allowMemoryEnforcementOptOut"
+
+
 class MemoryEnforcement(StrEnum):
     """Whether a policy's pods are held to their memory share on the GPU (the memory shim,
     and the driver's own limit where a node has it; docs/isolation.md)."""
@@ -103,6 +107,9 @@ class Policy:
     consolidation: Consolidation = Consolidation()
     # None: the install's default (the chart's memoryEnforcement.enabled).
     memory_enforcement: MemoryEnforcement | None = None
+    # Whether a pod may turn enforcement off with gpupack.io/memory-enforcement: off. Off by
+    # default: an unenforced pod could fill its GPU, so only an operator may allow it.
+    allow_memory_opt_out: bool = False
 
     def __post_init__(self) -> None:
         key = f"policy {self.name}"
@@ -285,6 +292,11 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     if memory is not None and memory not in set(MemoryEnforcement):
         raise ContractError(f"{where}.memoryEnforcement", memory, " or ".join(MemoryEnforcement))
     consolidation = _consolidation(_field(spec, "consolidation", where, required=False), where)
+    opt_out = _field(spec, OPT_OUT_FIELD, where, required=False)
+    if opt_out is None:
+        opt_out = False
+    if not isinstance(opt_out, bool):
+        raise ContractError(f"{where}.{OPT_OUT_FIELD}", opt_out, "true or false")
     return Policy(
         name=name,
         description=str(description) if description is not None else "",
@@ -304,6 +316,7 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
         update_mode=UpdateMode(mode),
         consolidation=consolidation,
         memory_enforcement=MemoryEnforcement(memory) if memory is not None else None,
+        allow_memory_opt_out=opt_out,
     )
 
 
@@ -373,6 +386,7 @@ def policy_spec(policy: Policy) -> dict[str, Any]:
         "sharing": policy.sharing.value,
         "updateMode": policy.update_mode.value,
         "consolidation": consolidation_spec(policy.consolidation),
+        OPT_OUT_FIELD: policy.allow_memory_opt_out,
     }
     if policy.max_memory is not None:
         spec["maxMemory"] = format_memory(policy.max_memory)

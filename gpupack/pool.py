@@ -3,8 +3,10 @@
 A capacity pod inherits the workload's nodeSelector, node affinity, tolerations,
 priorityClassName and runtimeClassName (docs/architecture.md). The key is
 a stable hash of exactly those fields, plus a mark for `real-time-mps` pods (their GPUs
-run an MPS daemon and must never take other pods), so the webhook and the scheduler
-agree on it across processes, restarts and releases. Order that Kubernetes treats as a
+run an MPS daemon and must never take other pods) and one for pods whose memory share is
+not enforced on the GPU (an unenforced pod could fill the GPU under enforced neighbours:
+they never share one), so the webhook and the scheduler agree on it across processes,
+restarts and releases. Order that Kubernetes treats as a
 set (tolerations, map keys) does not change the key.
 """
 
@@ -20,6 +22,9 @@ KEY_LENGTH: Final = 16  # hex characters; fits in a label value and a pod name
 # Not a pod field: an MPS pool's metadata says so, which gives it a key of its own (its
 # GPUs run an MPS daemon and take only MPS pods) and tells `capacity_pod` what to build.
 SHARING: Final = "sharing"
+# Not a pod field either: the mark of a pool whose pods' memory is not enforced.
+MEMORY: Final = "memory"
+UNENFORCED: Final = "unenforced"
 # Where the API server runs ExtendedResourceToleration (GKE and other managed clusters
 # do), it gives a pod a toleration `<resource> Exists NoSchedule` for each extended
 # resource it asks, and runs again after the webhook: a rewritten pod gets one for each
@@ -37,9 +42,10 @@ def _charged(toleration: JSON) -> bool:
     )
 
 
-def scheduling_metadata(spec: PodSpec, *, mps: bool = False) -> JSON:
+def scheduling_metadata(spec: PodSpec, *, mps: bool = False, unenforced: bool = False) -> JSON:
     """The fields of a pod spec that a capacity pod inherits, with empty values dropped;
-    with `mps`, the mark of an MPS pool."""
+    with `mps`, the mark of an MPS pool; with `unenforced`, that of a pool whose memory
+    shares are not enforced."""
     inherited: JSON = {}
     if spec.get("nodeSelector"):
         inherited["nodeSelector"] = dict(spec["nodeSelector"])
@@ -55,6 +61,8 @@ def scheduling_metadata(spec: PodSpec, *, mps: bool = False) -> JSON:
             inherited[field] = value
     if mps:
         inherited[SHARING] = SHARING_MPS
+    if unenforced:
+        inherited[MEMORY] = UNENFORCED
     return inherited
 
 
@@ -74,9 +82,9 @@ _MEMO_SIZE: Final = 4096
 _memo: dict[str, str] = {}  # repr of the metadata -> key; the admission hot path
 
 
-def pool_key(spec: PodSpec, *, mps: bool = False) -> str:
-    """Stable hex digest of the inherited scheduling metadata (and the MPS mark)."""
-    return metadata_key(scheduling_metadata(spec, mps=mps))
+def pool_key(spec: PodSpec, *, mps: bool = False, unenforced: bool = False) -> str:
+    """Stable hex digest of the inherited scheduling metadata (and the marks)."""
+    return metadata_key(scheduling_metadata(spec, mps=mps, unenforced=unenforced))
 
 
 def metadata_key(inherited: JSON) -> str:

@@ -44,10 +44,21 @@ def is_exclusive(annotations: dict[str, str]) -> bool:
     return policy is not None and policy.sharing is Sharing.MPS
 
 
+def is_unenforced(annotations: dict[str, str]) -> bool:
+    """A pod whose memory share is not held on the GPU (its `gpupack.io/enforcement`
+    does not name memory): it must not share a GPU with pods whose share is. A pod
+    without the annotation (written before it existed) keeps the pool it had."""
+    enforcement = annotations.get(keys.ENFORCEMENT)
+    return enforcement is not None and cuda.MEMORY not in cuda.enforced(enforcement)
+
+
 def scheduling_of(pod: JSON) -> JSON:
-    """The scheduling metadata a fractional pod's capacity pods inherit, MPS mark included."""
+    """The scheduling metadata a fractional pod's capacity pods inherit, marks included."""
     spec = cast(PodSpec, pod.get("spec") or {})
-    return scheduling_metadata(spec, mps=is_exclusive(annotations_of(pod)))
+    annotations = annotations_of(pod)
+    return scheduling_metadata(
+        spec, mps=is_exclusive(annotations), unenforced=is_unenforced(annotations)
+    )
 
 
 def pool_of(pod: JSON) -> str:

@@ -59,6 +59,7 @@ def build(out: Path) -> tuple[Path, Path | None]:
             "-fPIC",
             "-shared",
             "-fvisibility=hidden",
+            "-Wl,-Bsymbolic-functions",
             "-o",
             str(shim),
             *sorted(str(path) for path in (ROOT / "cuda-shim").glob("*.c")),

@@ -12,10 +12,16 @@ server, never from the volume's attributes.
 The directory is the kubelet's target path itself, filled with plain files, so the
 driver mounts nothing (root to write under the kubelet's pod directories, no
 CAP_SYS_ADMIN). The library (a copy of the node agent's), `ld.so.preload` naming it and
-`limit` (the share in bytes) are root's and read-only to the pod; `budget` is the one
-file the pod's processes write (0666: every container of the pod, whatever its user).
-The kubelet bind-mounts the directory into each container, so they share one budget.
-Unpublish empties and removes it.
+`limit` (the share in bytes) are root's; the pod mounts the directory read-only, so not
+even a root container changes them. `budget` (zeroed, `gpupack.budget.BYTES` long) is the
+one file the pod's processes write, through a mount of its own (0666: every container of
+the pod, whatever its user). The kubelet bind-mounts both into each container, so they
+share one budget. Unpublish empties and removes it.
+
+A second publish (the kubelet publishes again after it restarts) keeps the budget, and
+where its processes already use another layout of it (a node agent upgraded under a
+running pod), keeps the library and preload file they came with too: the pod's new
+processes must keep the budget as its old ones do.
 """
 
 import contextlib
@@ -29,6 +35,7 @@ from typing import Final
 
 import grpc
 
+from gpupack import budget as budget_file
 from gpupack import codec, cuda, keys
 from gpupack.errors import ContractError
 from gpupack.objects import JSON, annotations_of
@@ -96,6 +103,18 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
+def _older_layout(budget: Path) -> str | None:
+    """What another version of the shim stamped on a budget in use, or None."""
+    try:
+        with budget.open("rb") as stream:
+            magic = stream.read(len(budget_file.MAGIC))
+    except FileNotFoundError:
+        return None
+    if magic in (budget_file.MAGIC, bytes(len(magic))) or not magic:
+        return None
+    return magic.decode("ascii", "replace")
+
+
 class CudaVolumes:
     """The driver's node side: publish and unpublish, idempotent as CSI asks."""
 
@@ -114,12 +133,22 @@ class CudaVolumes:
         target = Path(request.target_path)
         target.mkdir(mode=0o755, parents=True, exist_ok=True)
         os.chmod(target, 0o755)  # noqa: S103 (every container of the pod reads it)
-        _write(target / cuda.LIBRARY, self._library.read_bytes(), READ_ONLY)
-        _write(target / cuda.PRELOAD, f"{cuda.LIBRARY_PATH}\n".encode(), READ_ONLY)
-        _write(target / cuda.LIMIT, f"{decision.bytes}\n".encode(), READ_ONLY)
         budget = target / cuda.BUDGET
+        older = _older_layout(budget)
+        if older:
+            log.warning(
+                "kept the memory shim of %s/%s as it was: its budget is in use by another "
+                "version of the shim (%s)",
+                namespace,
+                name,
+                older,
+            )
+        else:
+            _write(target / cuda.LIBRARY, self._library.read_bytes(), READ_ONLY)
+            _write(target / cuda.PRELOAD, f"{cuda.LIBRARY_PATH}\n".encode(), READ_ONLY)
+        _write(target / cuda.LIMIT, f"{decision.bytes}\n".encode(), READ_ONLY)
         if not budget.exists():  # a second publish keeps what the pod's processes hold
-            _write(budget, bytes(cuda.BUDGET_BYTES), SHARED)
+            _write(budget, bytes(budget_file.BYTES), SHARED)
         log.info(
             "published the memory shim for %s/%s",
             namespace,

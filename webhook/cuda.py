@@ -3,17 +3,20 @@
 The pod gets the inline CSI volume `gpupack-cuda` (`gpupack.cuda`), and each of its
 containers and init containers (not only the one that asked for the GPU: the budget is
 the pod's, and a sidecar whose image sets `NVIDIA_VISIBLE_DEVICES=all` reaches GPUs
-too) mounts it twice: the pod's directory at /run/gpupack/cuda (the library, the
-limit, the budget every container shares) and its `ld.so.preload` over the container's
-`/etc/ld.so.preload`, read-only, so the dynamic loader loads the shim into every
-process, whatever its environment.
+too) mounts it three times: the pod's directory at /run/gpupack/cuda read-only (the
+library and the limit: a root container can change neither), its `budget` over the
+same path writable (the one file the pod's processes write, shared by every container),
+and its `ld.so.preload` over the container's `/etc/ld.so.preload`, read-only, so the
+dynamic loader loads the shim into every process, whatever its environment. Each gets
+`GPUPACK_CUDA_DIR=/run/gpupack/cuda`, so an image's ENV cannot point the shim elsewhere.
 
 A container that mounts a file of its own at /etc/ld.so.preload keeps it: the shim goes
 into its `LD_PRELOAD` instead, ahead of anything there (a process that clears its
 environment then runs without the shim; the warning says so). A container that mounts
-something at /run/gpupack/cuda loses that mount: the path is gpupack's. Pure: the pod
-in, JSONPatch operations and warnings out (what `stamp` adds after the plan's patch,
-which gives every GPU container an `env` list, and after `webhook.mps`'s mounts).
+something at or below /run/gpupack/cuda loses that mount, and one that sets its own
+GPUPACK_CUDA_DIR loses that value: the path is gpupack's. Pure: the pod in, JSONPatch
+operations and warnings out (what `stamp` adds after the plan's patch, which gives every
+GPU container an `env` list, and after `webhook.mps`'s mounts).
 """
 
 from dataclasses import dataclass
@@ -43,14 +46,16 @@ def _mount_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
     own = _own_preload(mounts)
     ours = cuda.volume_mounts(preload=not own)
     kept = [
-        m for m in mounts if m.get("mountPath") != cuda.MOUNT_PATH and not cuda.is_cuda_wiring(m)
+        m
+        for m in mounts
+        if not cuda.under_shim_path(m.get("mountPath")) and not cuda.is_cuda_wiring(m)
     ]
     wanted = [*kept, *ours]
     warnings = [
         f"container {name}: volume {m.get('name')!r} is no longer mounted at "
-        f"{cuda.MOUNT_PATH}: the memory shim needs gpupack's directory there"
+        f"{m.get('mountPath')}: the memory shim needs gpupack's directory at {cuda.MOUNT_PATH}"
         for m in mounts
-        if m.get("mountPath") == cuda.MOUNT_PATH and not cuda.is_cuda_wiring(m)
+        if cuda.under_shim_path(m.get("mountPath")) and not cuda.is_cuda_wiring(m)
     ]
     if container.get("volumeMounts") is None:
         return [patch.add(f"{base}/volumeMounts", wanted)], warnings
@@ -89,16 +94,32 @@ def _preload_env_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]
     ]
 
 
+def _directory_env_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
+    """`GPUPACK_CUDA_DIR` set to gpupack's directory (the container has an env list)."""
+    env = [e for e in container.get("env") or [] if isinstance(e, dict)]
+    wanted = cuda.directory_environment()
+    index = next((i for i, e in enumerate(env) if e.get("name") == cuda.ENV_DIR), None)
+    if index is None:
+        return [patch.add(f"{base}/env/-", wanted)], []
+    if env[index] == wanted:
+        return [], []
+    return [patch.replace(f"{base}/env/{index}", wanted)], [
+        f"container {container.get('name')}: its {cuda.ENV_DIR} is replaced by "
+        f"{cuda.MOUNT_PATH}: the memory shim's directory is gpupack's"
+    ]
+
+
 def _gpu_containers(spec: PodSpec) -> set[tuple[str, int]]:
     """The containers the plan's patch gave an env list (those that asked for the GPU)."""
     return {(slot.field, slot.index) for slot in scan_gpus(spec).slots if slot.count > 0}
 
 
 def wiring(spec: PodSpec) -> Wiring:
-    """The volume, and the mounts (or LD_PRELOAD) of every container and init container.
-    Idempotent: a pod that has them gets no operation."""
+    """The volume, and the mounts and environment (LD_PRELOAD too, where a container
+    brings its own preload file) of every container and init container. Idempotent: a pod
+    that has them gets no operation."""
     ops, warnings = patch.volume_ops(spec, cuda.volume())
-    with_env: set[tuple[str, int]] | None = None  # looked up only for a container's own preload
+    with_env = _gpu_containers(spec)  # the plan's patch gave these an env list
     for field in CONTAINER_FIELDS:
         containers = cast(list[Any], spec.get(field) or [])
         for index, container in enumerate(containers):
@@ -108,14 +129,15 @@ def wiring(spec: PodSpec) -> Wiring:
             more, said = _mount_ops(container, base)
             ops += more
             warnings += said
+            listed = container
+            if (field, index) not in with_env and container.get("env") is None:
+                listed = {**container, "env": []}
+                ops.append(patch.add(f"{base}/env", []))
+            more, said = _directory_env_ops(listed, base)
+            ops += more
+            warnings += said
             mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
             if _own_preload(mounts):
-                listed = container
-                if with_env is None:
-                    with_env = _gpu_containers(spec)
-                if (field, index) not in with_env and container.get("env") is None:
-                    listed = {**container, "env": []}
-                    ops.append(patch.add(f"{base}/env", []))
                 more, said = _preload_env_ops(listed, base)
                 ops += more
                 warnings += said

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     UNKNOWN_POLICY = "unknown-policy"
     INTERNAL_ERROR = "internal-error"
     MPS_OFF = "mps-off"
+    OPT_OUT_FORBIDDEN = "opt-out-forbidden"  # memory enforcement off where the policy forbids
 
 
 @dataclass(frozen=True, slots=True)

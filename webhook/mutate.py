@@ -31,7 +31,14 @@ from gpupack.codec import OriginalResources, read_compute, read_memory, write_or
 from gpupack.errors import ContractError
 from gpupack.gpu_request import GpuScan, GpuSlot, scan_gpus
 from gpupack.objects import JSON, Container, Pod, PodSpec, annotations_of, labels_of, workload_of
-from gpupack.policy import MemoryEnforcement, Policy, PolicySet, Sharing, UpdateMode
+from gpupack.policy import (
+    OPT_OUT_FIELD,
+    MemoryEnforcement,
+    Policy,
+    PolicySet,
+    Sharing,
+    UpdateMode,
+)
 from gpupack.pool import metadata_key, scheduling_metadata
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
@@ -300,13 +307,17 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
         memory, memory_notes = memory_enforced(annotations, choice.policy, ctx)
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
+    except OptOutForbidden as exc:
+        return deny(Reason.OPT_OUT_FORBIDDEN, str(exc), choice.policy.name)
 
     written, ops = build_patch(
         request, spec, annotations, gpus, choice, allocation, stripped, memory=memory
     )
     slot = next(s for s in gpus.slots if s.count > 0)
     workload = f"{owner_kind}/{owner_name}"
-    scheduling = scheduling_metadata(spec, mps=choice.policy.sharing is Sharing.MPS)
+    scheduling = scheduling_metadata(
+        spec, mps=choice.policy.sharing is Sharing.MPS, unenforced=not memory
+    )
     return Decision(
         Outcome.MUTATED,
         Reason.MUTATED,
@@ -481,30 +492,44 @@ def enforcement(policy: Policy, *, memory: bool = False) -> str:
 MEMORY_ENFORCEMENT_FORM: Final = f"{cuda.OPT_OUT_VALUE} or on"
 
 
+class OptOutForbidden(Exception):
+    """A pod asks to run its memory share unenforced where its policy does not allow it."""
+
+
 def memory_enforced(
     annotations: dict[str, str], policy: Policy, ctx: MutationContext
 ) -> tuple[bool, tuple[str, ...]]:
     """Whether a pod of `policy` is held to its memory share on the GPU, and notes for its
-    audit line. The pod's `gpupack.io/memory-enforcement` (off, on) wins over the
-    policy's memoryEnforcement, which wins over the install's default; nothing is
-    enforced where the install does not run the shim's CSI driver. Raises
-    ContractError for another annotation value."""
+    audit line. The policy's memoryEnforcement wins over the install's default, and
+    nothing is enforced where the install does not run the shim's CSI driver. The pod's
+    `gpupack.io/memory-enforcement: on` always wins; `off` only where the policy's
+    allowMemoryEnforcementOptOut is true (an unenforced pod could fill its GPU), else
+    OptOutForbidden. Raises ContractError for another annotation value."""
     asked = annotations.get(keys.MEMORY_ENFORCEMENT)
-    if asked is not None and asked.strip().lower() not in ("on", cuda.OPT_OUT_VALUE):
+    word = asked.strip().lower() if asked is not None else None
+    if word is not None and word not in ("on", cuda.OPT_OUT_VALUE):
         raise ContractError(keys.MEMORY_ENFORCEMENT, asked, MEMORY_ENFORCEMENT_FORM)
     wanted = ctx.memory_enforcement
     if policy.memory_enforcement is not None:
         wanted = policy.memory_enforcement is MemoryEnforcement.ON
-    if asked is not None:
-        wanted = asked.strip().lower() == "on"
+    if word == cuda.OPT_OUT_VALUE:
+        if wanted and ctx.memory_enforcement and not policy.allow_memory_opt_out:
+            raise OptOutForbidden(
+                f"gpupack: {keys.MEMORY_ENFORCEMENT}: {asked} is not allowed by policy "
+                f"{policy.name}: its GPUPolicy's {OPT_OUT_FIELD} is false, so its pods are "
+                "held to their GPU memory share (gpupack.io/gpu-memory). Remove the "
+                f"annotation, ask for more memory, or have an operator set {OPT_OUT_FIELD}: "
+                "true on the policy"
+            )
+        return False, (f"memory enforcement off ({keys.MEMORY_ENFORCEMENT}: {asked})",)
+    if word == "on":
+        wanted = True
     if wanted and not ctx.memory_enforcement:
         return False, (
             f"memory enforcement asked for ({keys.MEMORY_ENFORCEMENT}, or policy "
             f"{policy.name}), but this install does not run it (the chart's "
             "memoryEnforcement.enabled): the share is accounting only",
         )
-    if asked is not None and not wanted:
-        return False, (f"memory enforcement off ({keys.MEMORY_ENFORCEMENT}: {asked})",)
     return wanted, ()
 
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpupack.budget import MAGIC
 from tests.cuda_shim.build import Build
 
 LIMIT = 1 << 40
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 without.append(rate(build, base, args.pairs))
                 with_shim.append(rate(build, shimmed, args.pairs))
             budget = pod / "budget"
-            if not budget.exists() or budget.read_bytes()[:8] != b"GPUPACK1":
+            if not budget.exists() or budget.read_bytes()[:8] != MAGIC:
                 raise RuntimeError("the shim never opened the pod's budget: it did not load")
         finally:
             for holder in holders:

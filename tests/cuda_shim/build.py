@@ -22,8 +22,12 @@ FAKE_DRIVER = ("fake_cuda.c", "fake_memory.c", "fake_graphs.c", "fake_lookup.c",
 def shim_sources() -> list[str]:
     """The shim's C files, in a stable order: what the image's builder compiles."""
     return sorted(str(path) for path in SHIM_DIR.glob("*.c"))
+
+
 # What the image's builder stage uses (Dockerfile); the tests add warnings as errors.
-SHIM_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden")
+# -Bsymbolic-functions: what the shim hands out as its wrappers are its own functions, never
+# an interposer's of the same name loaded before it.
+SHIM_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions")
 SANITIZERS = {
     "": (),
     "address": (

@@ -6,7 +6,8 @@
  * FAKE_CUDA_STATE: a file shared by every process of a test (the devices: their totals
  * and each live process's usage; a dead process's memory is freed, as the driver does).
  * FAKE_CUDA_TOTAL: each device's bytes (default 80 GiB); FAKE_CUDA_CONTEXT: what a
- * context takes (default 300 MiB); FAKE_CUDA_DEVICES: how many (default 1, at most 4).
+ * context takes (default 300 MiB); FAKE_CUDA_DEVICES: how many (default 1, at most 4);
+ * FAKE_CUDA_CONTEXT_DELAY_MS: how long making a context takes (default none).
  */
 #include "fake_cuda.h"
 
@@ -101,6 +102,8 @@ static CUresult context(int device) {
   if (first) {
     fake_device_join(device);
     fake_device_take_anyway(device, fake_device_context_bytes());
+    const char *delay = getenv("FAKE_CUDA_CONTEXT_DELAY_MS"); /* a slow start, for races */
+    if (delay) usleep((useconds_t)strtoul(delay, NULL, 10) * 1000);
   }
   return OK;
 }

@@ -67,7 +67,7 @@ class Pod:
         self.limit = limit
         (self.directory / "limit").write_text(f"{limit}\n")
 
-    def env(self, shim: bool = True, **extra: str) -> dict[str, str]:
+    def env(self, *, shim: bool = True, extra: dict[str, str] | None = None) -> dict[str, str]:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LD_LIBRARY_PATH": str(self.build.root),
@@ -80,13 +80,13 @@ class Pod:
         }
         if shim:
             env["LD_PRELOAD"] = str(self.build.shim)
-        env.update(extra)
+        env.update(extra or {})
         return env
 
     def probe(self, mode: str, *ops: str, shim: bool = True, **extra: str) -> Run:
         done = subprocess.run(
             [str(self.build.probe), mode, *ops],
-            env=self.env(shim, **extra),
+            env=self.env(shim=shim, extra=extra),
             capture_output=True,
             text=True,
             timeout=300,
@@ -98,7 +98,7 @@ class Pod:
     def start(self, mode: str, *ops: str, **extra: str) -> "subprocess.Popen[str]":
         proc = subprocess.Popen(
             [str(self.build.probe), mode, *ops, "hold"],
-            env=self.env(**extra),
+            env=self.env(extra=extra),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -114,10 +114,10 @@ class Pod:
         proc.send_signal(signal.SIGKILL)
         proc.communicate()
 
-    def python(self, source: str, args: tuple[str, ...] = (), **extra: str) -> str:
+    def python(self, source: str, *, args: tuple[str, ...] = (), **extra: str) -> str:
         done = subprocess.run(
             [sys.executable, "-c", source, *args],
-            env=self.env(True, **extra),
+            env=self.env(extra=extra),
             capture_output=True,
             text=True,
             timeout=120,

@@ -15,10 +15,11 @@
  *     exported, opened through /proc/PID/fd/N)
  *     graph:N=G (an allocation node and its free)  graphkeep:N=G (no free)  child:N=G
  *     capture:N=G (a captured cuMemAllocAsync and its free)  launch:G  upload:G  drop:G
+ *   mixed:THREADS:ROUNDS:BYTES (alloc, async and VMM rounds at random)
  *   ctx device:D info info1 total total1 used peak sync threshold:N pthreshold:N trim:N
  *   graphtrim heap:N stack:N kernel unwrapped hold hammer:THREADS:ROUNDS:BYTES
  *   bench:PAIRS:BYTES (allocation and free pairs a second)  abench:PAIRS:BYTES (async pairs)
- *   rss (the process's peak resident memory)
+ *   rss (the process's peak resident memory)  hold-briefly (a second)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -292,6 +293,39 @@ static void *hammer(void *arg) {
   return NULL;
 }
 
+/* Each round, one of: alloc and free, an async pair, a VMM create, map, release, unmap. */
+static void *mixed(void *arg) {
+  unsigned seed = (unsigned)(uintptr_t)arg;
+  for (int i = 0; i < hammer_rounds; i++) {
+    size_t bytes = hammer_bytes / 2 + (size_t)(rand_r(&seed) % (unsigned)(hammer_bytes / 2 + 1));
+    CUdeviceptr p, va;
+    unsigned long long h;
+    CUresult rc;
+    switch (rand_r(&seed) % 3) {
+      case 0:
+        if ((rc = cu.alloc(&p, bytes)) == 0) rc = cu.free(p) ? -1 : 0;
+        break;
+      case 1:
+        if ((rc = cu.async(&p, bytes, NULL)) == 0) rc = cu.free_async(p, NULL) ? -1 : 0;
+        break;
+      default: {
+        PROP prop = {.type = 1, .location = {1, current}};
+        if ((rc = cu.create(&h, bytes, &prop, 0)) == 0) {
+          int bad = cu.reserve(&va, bytes, 0, 0, 0) || cu.map(va, bytes, 0, h, 0) ||
+                    cu.release(h) || cu.unmap(va, bytes);
+          rc = bad ? -1 : 0;
+        }
+      }
+    }
+    pthread_mutex_lock(&mu);
+    if (rc == 0) granted++;
+    else if (rc == 2) refused++;
+    else failed_frees++;
+    pthread_mutex_unlock(&mu);
+  }
+  return NULL;
+}
+
 static void *file_image(const char *path) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat info;
@@ -481,6 +515,9 @@ int main(int argc, char **argv) {
         rc = cu.async(&p, b, NULL);
         if (!rc) rc = cu.free_async(p, NULL);
       }
+    } else if (strcmp(op, "hold-briefly") == 0) {
+      sleep(1);
+      continue;
     } else if (strcmp(op, "hold") == 0) {
       printf("holding\n");
       pause();
@@ -497,14 +534,17 @@ int main(int argc, char **argv) {
       printf("bench rc=%d pairs=%llu seconds=%.6f pairs_per_second=%.0f\n", rc, a, seconds,
              seconds > 0 ? (double)a / seconds : 0.0);
       continue;
-    } else if (sscanf(op, "hammer:%llu:%llu:%llu", &a, &b, &c) == 3) {
+    } else if (sscanf(op, "hammer:%llu:%llu:%llu", &a, &b, &c) == 3 ||
+               sscanf(op, "mixed:%llu:%llu:%llu", &a, &b, &c) == 3) {
       pthread_t threads[64];
       hammer_rounds = (int)b, hammer_bytes = c;
       if (a > 64) a = 64;
-      for (unsigned long long t = 0; t < a; t++) pthread_create(&threads[t], NULL, hammer, (void *)(uintptr_t)(t + 1));
+      void *(*run)(void *) = op[0] == 'm' ? mixed : hammer;
+      for (unsigned long long t = 0; t < a; t++) pthread_create(&threads[t], NULL, run, (void *)(uintptr_t)(t + 1));
       for (unsigned long long t = 0; t < a; t++) pthread_join(threads[t], NULL);
-      printf("hammer granted=%ld refused=%ld worst=%llu limit=%llu failed_frees=%ld\n", granted,
-             refused, (unsigned long long)worst, (unsigned long long)limit, failed_frees);
+      printf("%s granted=%ld refused=%ld worst=%llu limit=%llu failed_frees=%ld\n",
+             op[0] == 'm' ? "mixed" : "hammer", granted, refused, (unsigned long long)worst,
+             (unsigned long long)limit, failed_frees);
       continue;
     } else {
       fprintf(stderr, "unknown op %s\n", op);

@@ -46,8 +46,17 @@ def test_handles_released_while_mapped_stay_charged_until_unmapped(pod: Pod, mod
 
 def test_a_retained_handle_keeps_its_memory_charged_until_its_last_release(pod: Pod) -> None:
     run = pod.probe(
-        "gpa", "ctx", f"vmm:{2 * GIB}=r", "retain:r", "release:r", "unmap:r", "info", "used",
-        "release:r", "info", "used",
+        "gpa",
+        "ctx",
+        f"vmm:{2 * GIB}=r",
+        "retain:r",
+        "release:r",
+        "unmap:r",
+        "info",
+        "used",
+        "release:r",
+        "info",
+        "used",
     )
     assert run.rc("retain:r") == OK
     assert free_after(run, 0) == SHARE - CONTEXT - 2 * GIB
@@ -76,8 +85,9 @@ def test_an_imported_allocation_is_charged_to_the_process_that_maps_it(pod: Pod)
         assert importer.rc(f"importfd:{path}=s") == OOM
         assert importer.value("used", "bytes") == 2 * CONTEXT + 5 * GIB
         pod.set_limit(16 * GIB)
-        importer = pod.probe("linked", "ctx", f"importfd:{path}=s", "info", "unmap:s",
-                             "release:s", "info")
+        importer = pod.probe(
+            "linked", "ctx", f"importfd:{path}=s", "info", "unmap:s", "release:s", "info"
+        )
         assert importer.rc(f"importfd:{path}=s") == OK
         assert free_after(importer, 0) == 16 * GIB - 2 * CONTEXT - 10 * GIB
         assert free_after(importer, 1) == 16 * GIB - 2 * CONTEXT - 5 * GIB
@@ -108,8 +118,21 @@ def test_host_located_vmm_memory_is_not_charged(pod: Pod) -> None:
 def test_a_pool_that_keeps_freed_memory_is_charged_for_it(pod: Pod, mode: str) -> None:
     """A freed 7 GiB kept in the pool (release threshold: the most), then cuMemAlloc 7 GiB."""
     run = pod.probe(
-        mode, "ctx", f"threshold:{KEEP_ALL}", f"async:{7 * GIB}", "free", "sync", "info",
-        f"alloc:{7 * GIB}", f"async:{7 * GIB}", "used", "peak", "free", "sync", "trim:0", "info",
+        mode,
+        "ctx",
+        f"threshold:{KEEP_ALL}",
+        f"async:{7 * GIB}",
+        "free",
+        "sync",
+        "info",
+        f"alloc:{7 * GIB}",
+        f"async:{7 * GIB}",
+        "used",
+        "peak",
+        "free",
+        "sync",
+        "trim:0",
+        "info",
         f"alloc:{7 * GIB}",
     )
     assert free_after(run, 0) == SHARE - CONTEXT - 7 * GIB  # kept: still the pod's
@@ -137,8 +160,17 @@ def test_a_created_pool_with_a_threshold_is_charged_what_it_keeps(pod: Pod) -> N
 
 def test_lowering_a_threshold_gives_back_what_the_pool_will_not_keep(pod: Pod) -> None:
     run = pod.probe(
-        "linked", "ctx", f"threshold:{KEEP_ALL}", f"async:{4 * GIB}", "free", "sync", "info",
-        "threshold:0", "sync", "info", "used",
+        "linked",
+        "ctx",
+        f"threshold:{KEEP_ALL}",
+        f"async:{4 * GIB}",
+        "free",
+        "sync",
+        "info",
+        "threshold:0",
+        "sync",
+        "info",
+        "used",
     )
     assert free_after(run, 0) == SHARE - CONTEXT - 4 * GIB
     assert free_after(run, 1) == SHARE - CONTEXT
@@ -159,9 +191,21 @@ def test_a_pool_located_on_the_host_is_not_charged(pod: Pod) -> None:
 @pytest.mark.parametrize("mode", ["linked", "dlsym", "gpa"])
 def test_graph_memory_is_charged_as_the_driver_reserves_it(pod: Pod, mode: str) -> None:
     run = pod.probe(
-        mode, "ctx", f"graph:{16 * GIB}=big", "launch:big", "used",
-        f"graph:{4 * GIB}=g", "launch:g", "info", "used", "launch:g", "drop:g", "info",
-        "graphtrim", "info", "used",
+        mode,
+        "ctx",
+        f"graph:{16 * GIB}=big",
+        "launch:big",
+        "used",
+        f"graph:{4 * GIB}=g",
+        "launch:g",
+        "info",
+        "used",
+        "launch:g",
+        "drop:g",
+        "info",
+        "graphtrim",
+        "info",
+        "used",
     )
     assert run.rc("launch:big") == OOM  # refused before it ran: the device took nothing
     assert run.value("used", "bytes") == CONTEXT
@@ -174,8 +218,9 @@ def test_graph_memory_is_charged_as_the_driver_reserves_it(pod: Pod, mode: str) 
 
 
 def test_a_child_graph_s_allocations_count(pod: Pod) -> None:
-    run = pod.probe("gpa", "ctx", f"child:{9 * GIB}=big", "launch:big", f"child:{3 * GIB}=c",
-                    "launch:c", "info")
+    run = pod.probe(
+        "gpa", "ctx", f"child:{9 * GIB}=big", "launch:big", f"child:{3 * GIB}=c", "launch:c", "info"
+    )
     assert run.rc("launch:big") == OOM
     assert free_after(run, 0) == SHARE - CONTEXT - 3 * GIB
 
@@ -189,8 +234,15 @@ def test_an_uploaded_graph_is_charged_at_upload(pod: Pod) -> None:
 
 def test_a_captured_allocation_is_checked_at_capture_and_charged_at_launch(pod: Pod) -> None:
     run = pod.probe(
-        "gpa-ptds", "ctx", f"capture:{16 * GIB}=big", f"capture:{6 * GIB}=k", "info",
-        "launch:k", "info", f"alloc:{3 * GIB}", "used",
+        "gpa-ptds",
+        "ctx",
+        f"capture:{16 * GIB}=big",
+        f"capture:{6 * GIB}=k",
+        "info",
+        "launch:k",
+        "info",
+        f"alloc:{3 * GIB}",
+        "used",
     )
     assert run.rc(f"capture:{16 * GIB}=big") == OOM  # its allocation could never fit
     assert free_after(run, 0) == SHARE - CONTEXT  # a capture takes nothing yet
@@ -205,8 +257,17 @@ def test_a_captured_allocation_is_checked_at_capture_and_charged_at_launch(pod: 
 
 def test_the_device_heap_is_charged_when_it_is_set(pod: Pod) -> None:
     run = pod.probe(
-        "linked", "ctx", f"heap:{16 * GIB}", f"heap:{GIB}", "info", "kernel", "used",
-        f"heap:{8 * MIB}", "info", "kernel", "used",
+        "linked",
+        "ctx",
+        f"heap:{16 * GIB}",
+        f"heap:{GIB}",
+        "info",
+        "kernel",
+        "used",
+        f"heap:{8 * MIB}",
+        "info",
+        "kernel",
+        "used",
     )
     assert run.rc(f"heap:{16 * GIB}") == OOM
     assert free_after(run, 0) == SHARE - CONTEXT - (GIB - 8 * MIB)  # above the default 8 MiB
@@ -230,7 +291,9 @@ def test_module_globals_a_cubin_declares_are_refused_in_advance(
     big, small = tmp_path / "big.cubin", tmp_path / "small.cubin"
     big.write_bytes(cubin(16 * GIB))
     small.write_bytes(cubin(GIB))
-    run = pod.probe("linked", "ctx", f"{how}:{big}", "used", f"{how}:{small}", "info", "free", "info")
+    run = pod.probe(
+        "linked", "ctx", f"{how}:{big}", "used", f"{how}:{small}", "info", "free", "info"
+    )
     assert run.rc(f"{how}:{big}") == OOM
     assert run.value("used", "bytes") == CONTEXT  # the driver was never asked
     assert free_after(run, 0) == SHARE - CONTEXT - GIB
@@ -252,8 +315,9 @@ def test_module_globals_only_the_driver_knows_are_measured(pod: Pod, tmp_path: P
 
 def test_the_old_abi_sees_and_is_held_to_the_share(built: Build, tmp_path: Path) -> None:
     pod = Pod(built, tmp_path, limit=GIB)
-    run = pod.probe("gpa", "ctx", "info1", "total1", f"alloc1:{2 * GIB}", f"alloc1:{512 * MIB}",
-                    "info1")
+    run = pod.probe(
+        "gpa", "ctx", "info1", "total1", f"alloc1:{2 * GIB}", f"alloc1:{512 * MIB}", "info1"
+    )
     assert run.value("info1", "total") == GIB
     assert run.value("info1", "free") == GIB - CONTEXT
     assert run.rc(f"alloc1:{2 * GIB}") == OOM
@@ -280,12 +344,27 @@ print(json.dumps(seen))
 
 def test_each_device_has_its_own_budget_and_total(built: Build, tmp_path: Path) -> None:
     pod = Pod(built, tmp_path, limit=GIB)
-    two = {"FAKE_CUDA_DEVICES": "2"}
-    holder = pod.start("gpa", "device:0", f"alloc:{700 * MIB}", "device:1", f"alloc:{200 * MIB}", **two)
+    holder = pod.start(
+        "gpa",
+        "device:0",
+        f"alloc:{700 * MIB}",
+        "device:1",
+        f"alloc:{200 * MIB}",
+        FAKE_CUDA_DEVICES="2",
+    )
     try:
-        run = pod.probe("dlsym", "device:1", "info", f"alloc:{600 * MIB}", "device:0", "info",
-                        f"alloc:{700 * MIB}", "total", **two)
-        nvml = json.loads(pod.python(NVML_DEVICES, **two))
+        run = pod.probe(
+            "dlsym",
+            "device:1",
+            "info",
+            f"alloc:{600 * MIB}",
+            "device:0",
+            "info",
+            f"alloc:{700 * MIB}",
+            "total",
+            FAKE_CUDA_DEVICES="2",
+        )
+        nvml = json.loads(pod.python(NVML_DEVICES, FAKE_CUDA_DEVICES="2"))
         budget = pod.budget()
     finally:
         pod.kill(holder)
@@ -296,7 +375,12 @@ def test_each_device_has_its_own_budget_and_total(built: Build, tmp_path: Path) 
     assert run.value("total", "total") == GIB
     assert [total for total, _, _ in nvml] == [GIB, GIB]
     assert [used for _, _, used in nvml] == [CONTEXT + 700 * MIB, CONTEXT + 200 * MIB]
-    assert len(budget.gpus) == 2 and budget.gpus[0] == GPU0
+    assert len(budget.gpus) == 2
+    assert budget.gpus[0] == GPU0
     holders = [s for s in budget.slots if s.pid == holder.pid]
-    assert holders and holders[0].gpus == frozenset(budget.gpus)
-    assert holders[0].held == {budget.gpus[0]: CONTEXT + 700 * MIB, budget.gpus[1]: CONTEXT + 200 * MIB}
+    assert holders
+    assert holders[0].gpus == frozenset(budget.gpus)
+    assert holders[0].held == {
+        budget.gpus[0]: CONTEXT + 700 * MIB,
+        budget.gpus[1]: CONTEXT + 200 * MIB,
+    }

@@ -13,7 +13,6 @@ import pytest
 from tests.cuda_shim.build import Build
 from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, MODES, OK, OOM, Pod
 
-
 # Every way an application takes device memory, with what it takes beyond its argument.
 ALLOCATIONS = {
     "alloc": ("alloc:{n}", 0),
@@ -193,7 +192,7 @@ def test_processes_and_threads_hammering_one_budget_never_pass_it(pod: Pod) -> N
     (pod.root / "pod" / "limit").write_text(f"{limit}\n")
     # Contexts made while others allocate are measured imprecisely (NVML's used memory is
     # the device's): none here, so the device's peak is the allocations' alone.
-    env = pod.env(FAKE_CUDA_CONTEXT="0", GPUPACK_CUDA_QUIET="1")
+    env = pod.env(extra={"FAKE_CUDA_CONTEXT": "0", "GPUPACK_CUDA_QUIET": "1"})
     procs = [
         subprocess.Popen(
             [str(pod.build.probe), "dlsym", "ctx", f"hammer:8:400:{40 * MIB}"],
@@ -261,7 +260,9 @@ def test_without_a_limit_every_call_passes_through_untouched(
     runs = []
     for shim in (False, True):
         log = tmp_path / f"calls-{shim}"
-        runs.append((pod.probe(mode, *EVERY_KIND, shim=shim, FAKE_CUDA_LOG=str(log)), log.read_text()))
+        runs.append(
+            (pod.probe(mode, *EVERY_KIND, shim=shim, FAKE_CUDA_LOG=str(log)), log.read_text())
+        )
     (plain, plain_calls), (shimmed, shimmed_calls) = runs
     assert shimmed.stdout == plain.stdout
     assert shimmed_calls == plain_calls  # the driver received exactly the same calls
@@ -274,8 +275,17 @@ def test_a_driver_that_answers_with_internal_addresses_is_matched_by_version(
     pod: Pod, mode: str
 ) -> None:
     run = pod.probe(
-        mode, "ctx", f"alloc:{700 * MIB}", f"alloc:{700 * MIB}", f"async:{200 * MIB}", "info",
-        f"vmm:{50 * MIB}=v", "release:v", "info", FAKE_CUDA_INTERNAL="1", GPUPACK_CUDA_DEBUG="1",
+        mode,
+        "ctx",
+        f"alloc:{700 * MIB}",
+        f"alloc:{700 * MIB}",
+        f"async:{200 * MIB}",
+        "info",
+        f"vmm:{50 * MIB}=v",
+        "release:v",
+        "info",
+        FAKE_CUDA_INTERNAL="1",
+        GPUPACK_CUDA_DEBUG="1",
     )
     assert run.rc(f"alloc:{700 * MIB}", 1) == OOM
     assert run.value("info", "free") == LIMIT - CONTEXT - 900 * MIB
@@ -396,8 +406,22 @@ def test_under_address_and_undefined_behaviour_sanitizers(
 
 
 @pytest.mark.parametrize("mode", ["linked", "gpa"])
-def test_under_thread_sanitizer(thread_sanitized: Build, tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize("load", ["hammer", "mixed"])
+def test_under_thread_sanitizer(
+    thread_sanitized: Build, tmp_path: Path, mode: str, load: str
+) -> None:
     pod = Pod(thread_sanitized, tmp_path)
-    run = pod.probe(mode, "ctx", f"hammer:8:300:{60 * MIB}", "info", GPUPACK_CUDA_QUIET="1")
+    ops = (
+        "ctx",
+        "threshold:100000000",
+        f"{load}:8:300:{60 * MIB}",
+        "sync",
+        "trim:0",
+        "info",
+        "used",
+    )
+    run = pod.probe(mode, *ops, GPUPACK_CUDA_QUIET="1")
     assert "ThreadSanitizer" not in run.stderr, run.stderr
-    assert run.value("info", "free") == LIMIT - CONTEXT
+    assert run.value(load, "failed_frees") == 0
+    assert run.value("info", "free") == LIMIT - CONTEXT  # everything came back
+    assert run.value("used", "bytes") == CONTEXT

@@ -345,12 +345,39 @@ def shim_pod(image: str, node: str) -> dict[str, Any]:
     }
 
 
+# A container running as root tries to rewrite what holds it, then runs the probe: the
+# kubelet mounted the pod's directory and preload file read-only, the budget writable.
+ROOT = (
+    "for f in /run/gpupack/cuda/limit /run/gpupack/cuda/libgpupack-cuda.so /etc/ld.so.preload "
+    '/run/gpupack/cuda/new; do if (echo 0 > $f) 2>/tmp/err; then echo "wrote $f"; '
+    'else echo "refused $f: $(cat /tmp/err)"; fi; done; '
+    "/opt/fake/probe linked ctx info alloc:2147483648 alloc:104857600; sleep 3600"
+)
+
+
+def root_pod(image: str, node: str) -> dict[str, Any]:
+    """A one-container pod (namespace at Pod Security baseline) whose container is root."""
+    body = shim_pod(image, node)
+    main = body["spec"]["containers"][0]
+    main["command"] = ["sh", "-c", ROOT]
+    main["securityContext"] = {"runAsUser": 0, "runAsNonRoot": False}
+    body["spec"]["containers"] = [main]
+    body["spec"]["volumes"][1:] = []
+    main["volumeMounts"] = main["volumeMounts"][:1]
+    main["env"] = [*main["env"][:1], {"name": "FAKE_CUDA_CONTEXT", "value": "0"}]
+    body["metadata"]["name"] = "root"
+    return body
+
+
 def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both_containers(
     node_cluster: LocalCluster, tmp_path: Path
 ) -> None:
     """The memory shim as users get it: the chart's CSI driver on a kubelet node, the
     webhook's wiring, Pod Security `restricted`. The GPU is simulated (the node advertises
-    one and the assigner names it); the CUDA driver is the tests' fake, from a ConfigMap."""
+    one and the assigner names it); the CUDA driver is the tests' fake, from a ConfigMap.
+    Beside it: a root container cannot rewrite its limit, the library or the preload
+    file (the runtime refuses: read-only), and a pod asking to run unenforced under a
+    policy that forbids it is refused by the webhook, naming the policy's field."""
     from tests.cuda_shim.build import Build
 
     cluster, kube = node_cluster, node_cluster.kube()
@@ -397,6 +424,10 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
         "it-shim",
         {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED, "pod-security.kubernetes.io/enforce": "restricted"},
     )
+    rooted = kube.create_namespace(
+        "it-shim-root",
+        {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED, "pod-security.kubernetes.io/enforce": "baseline"},
+    )
     try:
         with SimulatedGpuAssigner(kube, writer=writer):
             kube.wait_for(
@@ -413,16 +444,22 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
                 name: base64.b64encode((build.root / name).read_bytes()).decode()
                 for name in ("libcuda.so.1", "libnvidia-ml.so.1", "probe")
             }
-            kube.create(f"/api/v1/namespaces/{ns}/configmaps", {
-                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fake-cuda"},
-                "binaryData": binary,
-            })  # fmt: skip
+            for namespace in (ns, rooted):
+                kube.create(f"/api/v1/namespaces/{namespace}/configmaps", {
+                    "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fake-cuda"},
+                    "binaryData": binary,
+                })  # fmt: skip
             image = f"{os.environ['GPUPACK_IMAGE']}"
+            unenforced = shim_pod(image, node.name)
+            unenforced["metadata"]["name"] = "unenforced"
+            unenforced["metadata"]["annotations"][keys.MEMORY_ENFORCEMENT] = "off"
+            with pytest.raises(ApiError) as opted_out:
+                kube.create(f"/api/v1/namespaces/{ns}/pods", unenforced)
             kube.create(f"/api/v1/namespaces/{ns}/pods", shim_pod(image, node.name))
 
-            def logs(container: str) -> str:
-                return cluster.tool("kubectl", "logs", "held", "-c", container,
-                                    f"--namespace={ns}", check=False)  # fmt: skip
+            def logs(container: str, pod_name: str = "held", namespace: str = ns) -> str:
+                return cluster.tool("kubectl", "logs", pod_name, "-c", container,
+                                    f"--namespace={namespace}", check=False)  # fmt: skip
 
             try:
                 kube.wait_for(
@@ -441,9 +478,23 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
                 ) from exc
             pod = kube.get(f"/api/v1/namespaces/{ns}/pods/held")
             main, sidecar = logs("main"), logs("sidecar")
+            kube.delete(f"/api/v1/namespaces/{ns}/pods/held")  # its GPU, for the next
+            kube.wait_for("the held pod gone", lambda: not pods(kube, ns), timeout=120)
+            kube.create(f"/api/v1/namespaces/{rooted}/pods", root_pod(image, node.name))
+            kube.wait_for(
+                "the root container's probe done",
+                lambda: "alloc:104857600 rc=" in logs("main", "root", rooted),
+                timeout=300,
+            )
+            as_root = logs("main", "root", rooted)
     finally:
-        kube.delete(f"/api/v1/namespaces/{ns}")
-        kube.wait_for("the test namespace gone", lambda: not pods(kube, ns), timeout=120)
+        for namespace in (ns, rooted):
+            kube.delete(f"/api/v1/namespaces/{namespace}")
+        kube.wait_for(
+            "the test namespaces gone",
+            lambda: not pods(kube, ns) and not pods(kube, rooted),
+            timeout=120,
+        )
         cluster.tool("helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
 
     assert pod["metadata"]["annotations"][keys.ENFORCEMENT] == "memory"
@@ -463,3 +514,16 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     assert "alloc:629145600 rc=2" in sidecar, sidecar
     assert "alloc:104857600 rc=0" in sidecar, sidecar
     assert "refused cuMemAlloc_v2 of 600.00 MiB" in sidecar
+    # The webhook refused the pod that asked to run unenforced, naming the policy's field.
+    assert opted_out.value.status == 400, opted_out.value
+    assert "allowMemoryEnforcementOptOut" in opted_out.value.body
+    # Root in a container rewrites none of what holds it: the runtime mounted it read-only.
+    for path in ("/run/gpupack/cuda/limit", "/run/gpupack/cuda/libgpupack-cuda.so",
+                 "/etc/ld.so.preload", "/run/gpupack/cuda/new"):  # fmt: skip
+        assert f"refused {path}:" in as_root, as_root
+        assert f"wrote {path}" not in as_root, as_root
+    assert as_root.count("Read-only file system") == 4, root
+    # ... and is held all the same: the budget, its own mount, is writable.
+    assert limit in as_root, as_root
+    assert "alloc:2147483648 rc=2" in as_root, as_root
+    assert "alloc:104857600 rc=0" in as_root, as_root

@@ -190,6 +190,7 @@ def test_the_limit_gpupack_writes_passes_its_own_policy(
     (pod,) = wait_bound(kube, opted_in_namespace, "held", 1)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["NVIDIA_GPU_MEMORY_LIMIT"] == env["NVIDIA_GPU_MEMORY_REQUEST"] == "4096"
+    assert env["GPUPACK_CUDA_DIR"] == "/run/gpupack/cuda"  # and the shim's directory too
     assert pod["metadata"]["annotations"][keys.ENFORCEMENT] == "memory"
     assert {"name": "gpupack-cuda", "csi": {"driver": "cuda.gpupack.io"}} in pod["spec"]["volumes"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpupack import keys
+from gpupack import budget, keys
 from node import cuda_csi
 from node.csi import PublishRequest, Refused, UnpublishRequest
 from node.cuda_volumes import CudaVolumes
@@ -70,6 +70,7 @@ def test_a_memory_enforced_pod_gets_the_shim_its_limit_and_a_budget(
         assert stat.S_IMODE(files[name].stat().st_mode) == 0o644, name  # the pod cannot edit
     assert stat.S_IMODE(files["budget"].stat().st_mode) == 0o666  # every container writes
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    assert len(files["budget"].read_bytes()) == budget.BYTES
 
     # The shim reads what the driver wrote: a container's processes are held to 1 GiB.
     env = {
@@ -92,9 +93,24 @@ def test_a_second_publish_keeps_what_the_pods_processes_hold(built: Build, tmp_p
     target = tmp_path / "mount"
     driver = volumes(built, pod())
     driver.publish(publish_request(target))
-    (target / "budget").write_bytes(b"GPUPACK1" + bytes(65592))
+    held = b"GPUPACK2" + bytes(range(256)) * 40
+    (target / "budget").write_bytes(held + bytes(budget.BYTES - len(held)))
     driver.publish(publish_request(target))
+    assert (target / "budget").read_bytes().startswith(held)
+
+
+def test_a_pod_whose_budget_an_older_shim_uses_keeps_that_shim(
+    built: Build, tmp_path: Path
+) -> None:
+    target = tmp_path / "mount"
+    driver = volumes(built, pod())
+    driver.publish(publish_request(target))
+    (target / "libgpupack-cuda.so").write_bytes(b"the shim the pod started with")
+    (target / "budget").write_bytes(b"GPUPACK1" + bytes(65592))
+    driver.publish(publish_request(target))  # the kubelet again, after a node agent upgrade
+    assert (target / "libgpupack-cuda.so").read_bytes() == b"the shim the pod started with"
     assert (target / "budget").read_bytes().startswith(b"GPUPACK1")
+    assert (target / "limit").read_text() == f"{1 << 30}\n"
 
 
 def test_unpublish_removes_the_directory(built: Build, tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def fractional_pod(
     on: str | None = None,
     phase: str = "Pending",
     owner: str = "llm",
-    enforcement: str = "accounting",
+    enforcement: str = "memory",
 ) -> JSON:
     annotations = {
         keys.GPU_COMPUTE: compute,

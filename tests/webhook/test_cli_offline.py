@@ -64,7 +64,10 @@ def test_explain_shows_an_mps_pods_wiring_and_what_mps_isolates(
     assert {"name": "gpupack-mps", "csi": {"driver": "mps.gpupack.io"}} in volumes
     assert {"name": "gpupack-cuda", "csi": {"driver": "cuda.gpupack.io"}} in volumes
     paths = [m["mountPath"] for m in container["volumeMounts"]]
-    assert paths == ["/run/gpupack/mps", "/dev/shm", "/run/gpupack/cuda", "/etc/ld.so.preload"]
+    assert paths == [
+        "/run/gpupack/mps", "/dev/shm", "/run/gpupack/cuda", "/run/gpupack/cuda/budget",
+        "/etc/ld.so.preload",
+    ]  # fmt: skip
 
 
 def test_explain_says_a_shared_pods_memory_is_held_by_the_shim(

@@ -802,7 +802,8 @@ def test_demand_carries_pool_and_workload() -> None:
     decision = decide(request(pod), MutationContext())
     assert decision.demand is not None
     assert decision.demand.workload == "Deployment/llm"
-    assert decision.demand.scheduling == {"nodeSelector": {"pool": "a100"}}
+    # this install runs no memory shim: the pool is one of unenforced shares
+    assert decision.demand.scheduling == {"nodeSelector": {"pool": "a100"}, "memory": "unenforced"}
     assert (decision.owner_kind, decision.owner_name) == ("Deployment", "llm")
 
 

@@ -283,10 +283,10 @@ and the values that select none. */ -}}
 {{- end -}}
 
 {{- /* CEL: containers `.` set no memory-share variable but as gpupack writes it: the
-     driver's own limit equal to the pod's gpupack.io/gpu-memory in MiB, and never the
-     shim's directory. */ -}}
+     driver's own limit equal to the pod's gpupack.io/gpu-memory in MiB, and the shim's
+     directory only as gpupack's own path. */ -}}
 {{- define "gpupack.cel.noMemoryEnv" -}}
-{{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_GPU_MEMORY_LIMIT', 'NVIDIA_GPU_MEMORY_REQUEST', 'GPUPACK_CUDA_DIR']) || (e.name != 'GPUPACK_CUDA_DIR' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.value) && has(object.metadata.annotations) && 'gpupack.io/gpu-memory' in object.metadata.annotations && isQuantity(object.metadata.annotations['gpupack.io/gpu-memory']) && e.value == string(quantity(object.metadata.annotations['gpupack.io/gpu-memory']).asInteger() / 1048576))))
+{{ . }}.all(c, !has(c.env) || c.env.all(e, !(e.name in ['NVIDIA_GPU_MEMORY_LIMIT', 'NVIDIA_GPU_MEMORY_REQUEST', 'GPUPACK_CUDA_DIR']) || (e.name == 'GPUPACK_CUDA_DIR' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.value) && e.value == '/run/gpupack/cuda') || (e.name != 'GPUPACK_CUDA_DIR' && object.spec.schedulerName == 'gpupack-scheduler' && has(e.value) && has(object.metadata.annotations) && 'gpupack.io/gpu-memory' in object.metadata.annotations && isQuantity(object.metadata.annotations['gpupack.io/gpu-memory']) && e.value == string(quantity(object.metadata.annotations['gpupack.io/gpu-memory']).asInteger() / 1048576))))
 {{- end -}}
 
 {{- /* CEL: whether container `.` asks for nvidia.com/gpu in its limits or requests. */ -}}
