@@ -19,6 +19,7 @@ from exporter.health import API, POD_RESOURCES, Health
 from exporter.kube import Kube
 from exporter.pods import UID_INDEX, PodInfo, PodMap, uid_index
 from exporter.readings import Device, Readings
+from exporter.shims import Roster, mark
 from gpupack.runtime.api import ApiError, ListWatch
 from gpupack.runtime.informer import Informer
 
@@ -97,9 +98,11 @@ class Agent:
         *,
         lister_errors: tuple[type[Exception], ...] = (),
         claims: ClaimGpus | None = None,
+        roster: Roster | None = None,
     ) -> None:
         self._kube = kube
         self._claims = claims
+        self._roster = roster  # which pod processes run the memory shim (exporter.shims)
         self._pods = pods
         self._sampler = sampler
         self._processes = processes
@@ -117,6 +120,8 @@ class Agent:
         with self._processes_lock:  # scrapes may overlap
             owners = {pid: self._processes.owner(pid) for pid in sorted(pids)}
             self._processes.forget_missing(pids)
+        if self._roster is not None:
+            owners = mark(owners, self._roster)
         pods = {pod.uid: pod for pod in self._pods.all()}
         return Scrape(readings, owners, pods, self.health.snapshot())
 

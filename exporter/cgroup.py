@@ -34,7 +34,7 @@ import enum
 import os
 import re
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -128,6 +128,15 @@ def parse_stat(text: str) -> ProcStat | None:
     return ProcStat(text[opening + 1 : closing], int(fields[19]))
 
 
+def parse_ns_pid(status: str) -> int | None:
+    """The innermost PID of /proc/<pid>/status's `NSpid` line; None without one."""
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            fields = line.split()[1:]
+            return int(fields[-1]) if fields and fields[-1].isdigit() else None
+    return None
+
+
 class OwnerKind(enum.StrEnum):
     POD = "pod"  # in a pod: charge its usage there
     MPS_SERVER = "mps-server"  # the CUDA MPS server: its usage is its clients'
@@ -140,12 +149,15 @@ class ProcessOwner:
     kind: OwnerKind
     pod_uid: str | None = None  # set for POD; for MPS_SERVER, the pod hosting the daemon
     container_id: str | None = None
-    # A pod's process: whether it maps the memory shim (/proc/<pid>/maps; None when that
-    # cannot be read: the exporter lacks CAP_SYS_PTRACE for another user's process).
+    # A pod's process as its own PID namespace knows it (the last of /proc/<pid>/status's
+    # NSpid) and its start time: how the memory shim's budget names it (exporter.shims).
+    # Who the process is, not who owns it: left out of comparisons.
+    ns_pid: int | None = field(default=None, compare=False)
+    start_time: int = field(default=0, compare=False)
+    # Whether it runs with the memory shim; None: not known (exporter.shims sets it).
     shim: bool | None = None
 
 
-SHIM_LIBRARY: Final = "/libgpupack-cuda.so"
 HOST: Final = ProcessOwner(OwnerKind.HOST)
 GONE: Final = ProcessOwner(OwnerKind.GONE)
 
@@ -212,15 +224,17 @@ class ProcessTable:
             return ProcessOwner(OwnerKind.MPS_SERVER, owner.pod_uid, owner.container_id)
         if owner is None:
             return HOST
-        return ProcessOwner(OwnerKind.POD, owner.pod_uid, owner.container_id, self._shim(pid))
+        return ProcessOwner(
+            OwnerKind.POD,
+            owner.pod_uid,
+            owner.container_id,
+            ns_pid=self._ns_pid(pid),
+            start_time=stat.start_time,
+        )
 
-    def _shim(self, pid: int) -> bool | None:
-        """Whether the process mapped the memory shim. Read once per process: the
-        dynamic loader maps /etc/ld.so.preload's libraries before the program starts."""
-        maps = self._read(pid, "maps")
-        if maps is None:
-            return None
-        return SHIM_LIBRARY in maps
+    def _ns_pid(self, pid: int) -> int | None:
+        """The PID the process has in its own namespace (world-readable: no capability)."""
+        return parse_ns_pid(self._read(pid, "status") or "")
 
     def _is_mps_server(self, pid: int, comm: str) -> bool:
         if comm == MPS_SERVER_NAME:

@@ -28,6 +28,7 @@ from exporter.nvml import PynvmlReader
 from exporter.podresources import PodResourcesClient, PodResourcesError
 from exporter.pods import PodMap
 from exporter.sampler import Sampler
+from exporter.shims import RosterClient
 from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, positive_seconds
 from gpupack.runtime.endpoints import ANY
@@ -98,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("/proc"),
         help="the host's /proc (the exporter runs with hostPID; default: %(default)s)",
     )
+    add(
+        "--shim-roster",
+        type=Path,
+        metavar="SOCKET",
+        help="the node agent's roster of memory-shim processes (gpupack-cuda-csi "
+        "--roster-socket): each pod GPU process is then reported with the shim loaded or "
+        "missing (default: none, reported unknown)",
+    )
     shell.add_arguments(parser)
     return conventions(parser)
 
@@ -139,6 +148,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         health,
         lister_errors=(PodResourcesError,),
         claims=ClaimReader(kube, args.node_name),  # GPUs DRA gave (read when a pod names one)
+        roster=RosterClient(args.shim_roster) if args.shim_roster else None,
     )
     holder.append(agent)
     registry = CollectorRegistry()

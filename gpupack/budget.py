@@ -10,8 +10,16 @@ without the shim, reading nothing of any process but /proc/<pid>/stat and status
 
 Pure and standard library only: bytes in, a `Budget` out; `BudgetError` for a file that
 is not a budget of this layout.
+
+The roster: the node agent's CSI driver (which writes the pods' directories) answers on a
+Unix socket which processes each pod's budget records, so the exporter beside it learns
+that without reading the kubelet's pod directories or any process's memory. A request is
+one line, a pod's UID; the answer one JSON line, `{"processes": [[pid, start_time], ...]}`
+(none: the pod has no budget), or `{"error": "..."}`.
 """
 
+import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Final
@@ -55,6 +63,42 @@ class Budget:
     def held(self, gpu: str) -> int:
         """Bytes every recorded process holds on `gpu`."""
         return sum(slot.held.get(gpu, 0) for slot in self.slots)
+
+
+# A pod's UID as the kubelet names its directory: nothing else reaches a path.
+POD_UID = re.compile(
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$"
+)
+
+
+def roster_answer(budget: Budget | None) -> bytes:
+    """The roster's answer for a pod: the processes its budget records (none: no budget)."""
+    processes = [[slot.pid, slot.start_time] for slot in budget.slots] if budget else []
+    return json.dumps({"processes": processes}).encode() + b"\n"
+
+
+def roster_error(message: str) -> bytes:
+    return json.dumps({"error": message}).encode() + b"\n"
+
+
+def read_roster(line: bytes) -> frozenset[tuple[int, int]]:
+    """The (pid, start time) pairs of a roster answer. Raises BudgetError for an error
+    answer or one that does not parse."""
+    try:
+        answer = json.loads(line)
+    except ValueError as error:
+        raise BudgetError(f"the roster's answer does not parse: {error}") from None
+    if not isinstance(answer, dict):
+        raise BudgetError("the roster's answer is not an object")
+    if "error" in answer:
+        raise BudgetError(str(answer["error"]))
+    processes = answer.get("processes")
+    if not isinstance(processes, list):
+        raise BudgetError("the roster's answer has no list of processes")
+    try:
+        return frozenset((int(pid), int(start)) for pid, start in processes)
+    except (TypeError, ValueError):
+        raise BudgetError("the roster's processes are not [pid, start time] pairs") from None
 
 
 def uuid_text(raw: bytes) -> str:

@@ -2,9 +2,10 @@
 
 It registers with the kubelet (a socket in the kubelet's plugin registry) and serves the
 CSI Identity and Node services that give each memory-enforced pod the memory shim, its
-limit and its budget (`node.cuda_volumes`). It runs in the exporter's DaemonSet, in
-a container of its own, as root (it writes under the kubelet's pod directories) but
-unprivileged: it mounts nothing.
+limit and its budget (`node.cuda_volumes`), and, with `--roster-socket`, the roster of
+the processes each budget records, for the exporter beside it (`node.shim_roster`). It
+runs in the exporter's DaemonSet, in a container of its own, as root (it writes under the
+kubelet's pod directories) but unprivileged: it mounts nothing.
 
 Exit codes: 0 after SIGTERM/SIGINT, 2 for bad arguments, no cluster to talk to, a
 socket it cannot serve, or no library to hand out.
@@ -20,7 +21,7 @@ from typing import Final
 from gpupack import cuda
 from gpupack.runtime import shell
 from gpupack.runtime.args import conventions, version
-from node import csi
+from node import csi, shim_roster
 from node.cuda_volumes import CudaVolumes
 from node.mps_csi import pod_getter
 
@@ -42,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path(cuda.IMAGE_LIBRARY),
         help="the memory shim handed to pods (default: %(default)s, built into the image)",
     )
+    parser.add_argument(
+        "--roster-socket",
+        type=Path,
+        help="serve the roster of each pod's shim processes on this Unix socket, for the "
+        "exporter (default: not served)",
+    )
+    parser.add_argument(
+        "--pods-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/pods"),
+        help="the kubelet's pod directories, where the pods' budgets are (default: %(default)s)",
+    )
     shell.add_arguments(parser, metrics_port=METRICS_PORT)
     return conventions(parser)
 
@@ -52,6 +65,10 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
     if not args.library.is_file():
         raise ValueError(f"--library {args.library}: no such file: the memory shim to hand out")
     kube = process.connect(args.kubeconfig, "gpupack-cuda-csi")
+    if args.roster_socket:
+        roster = shim_roster.serve(args.roster_socket, args.pods_dir)
+        process.defer(roster.server_close)
+        process.defer(roster.shutdown)
     volumes = CudaVolumes(args.library, node=args.node_name, get_pod=pod_getter(kube))
     csi.run_driver(
         process,

@@ -39,18 +39,26 @@ def test_the_exporter_runs_on_gpu_nodes_with_host_pids_and_the_kubelet_socket() 
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
-    (mount,) = container["volumeMounts"]
+    mount, sockets = container["volumeMounts"]
     assert mount["readOnly"] is True
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mount["mountPath"] == volume["hostPath"]["path"]
+    # Whether a pod's GPU process runs the memory shim: the cuda-csi container's roster,
+    # through a socket in a memory-backed emptyDir the two share; no capability, no host
+    # path of the kubelet's pods.
+    (shared,) = [v for v in spec["volumes"] if v["name"] == sockets["name"]]
+    assert shared["emptyDir"]["medium"] == "Memory"
+    assert args.shim_roster == Path(sockets["mountPath"]) / "shims.sock"
+    driver = container_named(spec, "cuda-csi")
+    assert cuda_csi_parser().parse_args(driver["args"]).roster_socket == args.shim_roster
+    assert sockets in driver["volumeMounts"]
     context = container["securityContext"]
-    # SYS_PTRACE alone: whether a pod's GPU process loaded the memory shim (its maps).
-    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert context["capabilities"] == {"drop": ["ALL"]}
     unshimmed = daemonset("--set=memoryEnforcement.enabled=false")["spec"]["template"]["spec"]
-    assert container_named(unshimmed, "exporter")["securityContext"]["capabilities"] == {
-        "drop": ["ALL"]
-    }
+    exporter = container_named(unshimmed, "exporter")
+    assert exporter["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert build_parser().parse_args(exporter["args"]).shim_roster is None
     assert context["allowPrivilegeEscalation"] is False
     assert context["readOnlyRootFilesystem"] is True
     assert "privileged" not in context
@@ -113,7 +121,7 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
     assert driver["securityContext"]["privileged"] is True
     assert driver["securityContext"]["runAsUser"] == 0  # the image's user cannot mount
     mounts = {m["name"]: m for m in driver["volumeMounts"]}
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert mounts["mps-pods"]["mountPropagation"] == "Bidirectional"
     assert mounts["mps-pods"]["mountPath"] == volumes["mps-pods"] == f"{kubelet}/pods"
     assert mounts["mps-root"]["mountPropagation"] == "Bidirectional"
@@ -157,9 +165,10 @@ def test_the_memory_shims_driver_runs_as_root_without_privilege_or_capabilities(
     assert context["allowPrivilegeEscalation"] is False
     assert context["runAsUser"] == 0  # the kubelet's pod directories are root's
     mounts = {m["name"]: m for m in driver["volumeMounts"]}
-    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert "mountPropagation" not in mounts["cuda-pods"]  # it mounts nothing
     assert mounts["cuda-pods"]["mountPath"] == volumes["cuda-pods"] == f"{kubelet}/pods"
+    assert args.pods_dir == Path(f"{kubelet}/pods")  # where the roster finds the budgets
     (driver_object,) = [d for d in of_kind(docs, "CSIDriver") if "cuda" in d["metadata"]["name"]]
     assert driver_object["metadata"]["name"] == "cuda.gpupack.io"
     assert driver_object["spec"]["podInfoOnMount"] is True

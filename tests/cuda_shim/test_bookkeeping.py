@@ -60,7 +60,9 @@ def test_many_processes_and_threads_with_address_reuse_end_with_the_budget_the_d
         ]
         outputs = [proc.communicate(timeout=300) for proc in procs]
         assert all(proc.returncode == 0 for proc in procs), outputs
-        beside = pod.probe("linked", "ctx", "info", "used", "peak", **quiet)
+        beside = pod.probe(
+            "linked", "ctx", "info", "used", "peak", FAKE_CUDA_CONTEXT="0", GPUPACK_CUDA_QUIET="1"
+        )
         budget = pod.budget()
     finally:
         pod.kill(holder)
@@ -164,7 +166,9 @@ def test_a_context_is_charged_what_its_process_holds_not_what_a_neighbour_took(
         text=True,
     )
     time.sleep(0.15)
-    burst = neighbour.probe("linked", f"alloc:{6 * GIB}", "hold-briefly", **device)
+    burst = neighbour.probe(
+        "linked", f"alloc:{6 * GIB}", "hold-briefly", FAKE_CUDA_STATE=device["FAKE_CUDA_STATE"]
+    )
     assert maker.stdout is not None
     info = next(line for line in maker.stdout if line.startswith("info"))
     maker.kill()
@@ -188,7 +192,13 @@ def test_a_context_measured_beside_a_stranger_is_charged_at_most_the_cap(
         text=True,
     )
     time.sleep(0.15)
-    neighbour.probe("linked", "ctx", f"alloc:{6 * GIB}", "hold-briefly", **device)
+    neighbour.probe(
+        "linked",
+        "ctx",
+        f"alloc:{6 * GIB}",
+        "hold-briefly",
+        FAKE_CUDA_STATE=device["FAKE_CUDA_STATE"],
+    )
     assert maker.stdout is not None
     info = next(line for line in maker.stdout if line.startswith("info"))
     maker.kill()

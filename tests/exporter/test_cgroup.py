@@ -9,6 +9,7 @@ from exporter.cgroup import (
     ProcessTable,
     ProcStat,
     parse_cgroup,
+    parse_ns_pid,
     parse_stat,
 )
 from tests.exporter import cgroup_fixtures as fx
@@ -179,23 +180,30 @@ def test_process_in_a_container_is_owned_by_its_pod(tmp_path: Path) -> None:
     assert table.failures == 0
 
 
-MAPS_WITH_SHIM = (
-    "7f2a3c000000-7f2a3c004000 r--p 00000000 00:2f 1234 /run/gpupack/cuda/libgpupack-cuda.so\n"
-    "7f2a3c100000-7f2a3c200000 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
-)
-
-
-def test_a_pod_process_says_whether_it_maps_the_memory_shim(tmp_path: Path) -> None:
-    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
+def test_a_pod_process_says_who_it_is_in_its_own_namespace(tmp_path: Path) -> None:
+    """What the memory shim's budget records of it (exporter.shims): read from
+    /proc/<pid>/status and stat, world-readable, no capability."""
+    write_proc(tmp_path, 4242, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE, start_time=777)
     write_proc(tmp_path, 4243, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
-    write_proc(tmp_path, 4244, cgroup=fx.V2_SYSTEMD_CONTAINERD_BURSTABLE)
-    (tmp_path / "4242" / "maps").write_text(MAPS_WITH_SHIM)
-    (tmp_path / "4243" / "maps").write_text(MAPS_WITH_SHIM.splitlines()[1] + "\n")
+    (tmp_path / "4242" / "status").write_text("Name:\tpython3\nNSpid:\t4242\t17\nPPid:\t1\n")
     table = ProcessTable(tmp_path)
-    assert table.owner(4242).shim is True
-    assert table.owner(4243).shim is False
-    assert table.owner(4244).shim is None  # unreadable: no CAP_SYS_PTRACE, say
-    assert table.owner(4242).container_id == BURSTABLE_A.container_id
+    owner = table.owner(4242)
+    assert (owner.ns_pid, owner.start_time, owner.shim) == (17, 777, None)
+    assert owner.container_id == BURSTABLE_A.container_id
+    assert table.owner(4243).ns_pid is None  # no status to read
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ("NSpid:\t4242\n", 4242),
+        ("Name:\tx\nNSpid:\t4242\t88\t17\n", 17),
+        ("Name:\tx\n", None),
+        ("NSpid:\n", None),
+    ],
+)
+def test_the_innermost_namespace_pid_is_read(status: str, expected: int | None) -> None:
+    assert parse_ns_pid(status) == expected
 
 
 def test_host_process_is_reported_as_host(tmp_path: Path) -> None:
