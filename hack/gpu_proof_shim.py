@@ -4,10 +4,13 @@ Builds libgpupack-cuda.so and the C probe with the machine's compiler, gives a p
 pod an 8 GiB share (a budget directory), and runs each case in fresh processes under
 LD_PRELOAD, as /etc/ld.so.preload loads the shim in a pod: PyTorch (default allocator
 and expandable segments), CUDA graphs, JAX's preallocation, CuPy's pool, vLLM-style
-sizing, two processes of one budget and a SIGKILL, nvidia-smi, an MPS client, the
-context's cost, and the overhead (a small transformer's training step, and allocation
-calls a second). Needs PyTorch, JAX and CuPy; a case whose framework is missing says so.
-Prints one line a case and writes OUTDIR/shim.json. Exit status 1 if a case failed.
+sizing, PyTorch's cudaMallocAsync backend, a kernel's device malloc, VMM handles released
+while mapped, a graph's memory node, a captured allocation, many threads allocating
+(ending with the budget at NVML's figure), two processes of one budget and a SIGKILL,
+nvidia-smi, an MPS client, the context's cost, and the overhead (a small transformer's
+training step, and allocation calls a second). Needs PyTorch, JAX and CuPy; a case whose
+framework is missing says so. Prints one line a case and writes OUTDIR/shim.json. Exit
+status 1 if a case failed.
 """
 
 import json
@@ -15,7 +18,6 @@ import os
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpupack.budget import read_budget  # the standard library only: no dependencies
+
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def command(args: list[str], **options: Any) -> "subprocess.CompletedProcess[str]":
@@ -79,6 +84,7 @@ def build(out: Path) -> tuple[Path, Path | None]:
             str(probe),
             str(ROOT / "tests/cuda_shim/probe.c"),
             *[f"-L{d}" for d in found],
+            "-Wl,--no-as-needed",
             "-l:libcuda.so.1",
             "-ldl",
             "-lpthread",
@@ -90,12 +96,12 @@ def build(out: Path) -> tuple[Path, Path | None]:
     return shim, probe
 
 
-def budget_used(pod: Path) -> int:
-    """What the budget file says the pod's processes hold (every slot with bytes)."""
-    data = (pod / "budget").read_bytes() if (pod / "budget").exists() else b""
-    return sum(
-        struct.unpack_from("<Q", data, 64 + 64 * i)[0] for i in range((len(data) - 64) // 64)
-    )
+def budget_used(pod: Path, pid: int | None = None) -> int:
+    """What the budget file says the pod's processes (or one of them) hold, all GPUs."""
+    if not (pod / "budget").exists():
+        return 0
+    budget = read_budget((pod / "budget").read_bytes())
+    return sum(sum(slot.held.values()) for slot in budget.slots if pid is None or slot.pid == pid)
 
 
 CASES: dict[str, str] = {}
@@ -265,6 +271,35 @@ print(json.dumps({"median_step_s": times[len(times) // 2]}))
 )
 
 
+case(
+    "device-malloc",
+    """
+import json, cupy
+free0, total = cupy.cuda.runtime.memGetInfo()
+result = {"total": total, "free_before": free0}
+try:
+    cupy.cuda.runtime.deviceSetLimit(0x02, 16 << 30)  # cudaLimitMallocHeapSize
+    result["heap_16gib"] = "granted"
+except cupy.cuda.runtime.CUDARuntimeError as e:
+    result["heap_16gib"] = str(e)[:200]
+cupy.cuda.runtime.deviceSetLimit(0x02, 2 << 30)
+kernel = cupy.RawKernel(
+    'extern "C" __global__ void grab(int *ok) {'
+    '  char *p = (char *)malloc(1 << 20);'
+    '  if (p) { p[0] = 1; free(p); atomicAdd(ok, 1); }'
+    '}',
+    "grab",
+)
+ok = cupy.zeros(1, dtype=cupy.int32)
+kernel((64,), (16,), (ok,))
+cupy.cuda.runtime.deviceSynchronize()
+free1, _ = cupy.cuda.runtime.memGetInfo()
+result.update({"threads_that_allocated": int(ok[0]), "free_after": free1})
+print(json.dumps(result))
+""",
+)
+
+
 class Proof:
     def __init__(self, out: Path, shim: Path, probe: Path | None) -> None:
         self.out, self.shim, self.probe = out, shim, probe
@@ -383,6 +418,27 @@ class Proof:
             r.get("total") == LIMIT and r.get("kv_cache_bytes", 0) > 0,
             "0.9 x the reported total (8 GiB) allocates",
         )
+        r = self.program("torch-default", self.pod("torch-async"),
+                         PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync")  # fmt: skip
+        self.check(
+            "torch-async",
+            r,
+            r.get("total") == LIMIT
+            and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
+            and "out of memory" in r.get("oom_error", "").lower()
+            and r.get("after_free_1gib_ok") is True,
+            "backend:cudaMallocAsync (a pool that keeps all it frees) stops at the share too",
+        )
+        r = self.program("device-malloc", self.pod("heap"))
+        self.check(
+            "device-malloc",
+            r,
+            r.get("heap_16gib") != "granted"
+            and r.get("threads_that_allocated") == 64 * 16
+            and r.get("free_after", LIMIT) <= r.get("free_before", 0) - (2 << 30) + (8 << 20),
+            "a 16 GiB device heap refused; a 2 GiB one charged, and a kernel's malloc works",
+        )
+        self.driver_cases()
         self.two_processes()
         self.nvidia_smi()
         self.context_cost()
@@ -415,6 +471,94 @@ class Proof:
             and after.get("granted") is True,
             "one budget: 4 GiB refused beside 5 GiB (and two contexts), 1 GiB granted; "
             "6 GiB granted once the holder is SIGKILLed",
+        )
+
+    def probe_run(self, name: str, *ops: str) -> tuple[dict[str, Any], int, int | None]:
+        """The probe in a pod of its own, held after its ops: its lines as {op: rc or
+        fields}, what the budget charged it, and NVML's used memory for its process."""
+        assert self.probe is not None
+        pod = self.pod(name)
+        proc = start([str(self.probe), "linked", *ops, "hold"], self.env(pod))
+        assert proc.stdout is not None
+        lines: dict[str, Any] = {}
+        for line in proc.stdout:
+            if line.strip() == "holding":
+                break
+            op, _, rest = line.strip().partition(" ")
+            fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+            lines[op] = int(fields["rc"]) if list(fields) == ["rc"] else fields
+        charged = budget_used(pod, proc.pid)
+        nvml = self.nvml_process_used(proc.pid)
+        proc.kill()
+        _, err = proc.communicate()
+        lines["shim"] = [x for x in err.splitlines() if x.startswith("gpupack-cuda")][:4]
+        return lines, charged, nvml
+
+    def nvml_process_used(self, pid: int) -> int | None:
+        query = [
+            "nvidia-smi",
+            "--query-compute-apps=pid,used_memory",
+            "--format=csv,noheader,nounits",
+        ]
+        done = command(query, env=self.env(None))
+        for line in done.stdout.splitlines():
+            fields = [f.strip() for f in line.split(",")]
+            if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+                return int(fields[1]) << 20
+        return None
+
+    def driver_cases(self) -> None:
+        """What frameworks do not exercise, through the driver API itself (the probe)."""
+        if self.probe is None:
+            self.check("driver-api", {"error": "no probe"}, False, "the probe builds")
+            return
+        six = 6 * GIB
+        rounds = [op for n in range(3) for op in (f"vmm:{six}=r{n}", f"release:r{n}")]
+        r, charged, nvml = self.probe_run("vmm", "ctx", *rounds)
+        r.update(budget=charged, nvml_process_used=nvml)
+        self.check(
+            "vmm-release-while-mapped",
+            r,
+            r.get(f"vmm:{six}=r0") == 0
+            and r.get(f"vmm:{six}=r1") == 2
+            and r.get(f"vmm:{six}=r2") == 2
+            and nvml is not None
+            and nvml <= LIMIT + 64 * MIB,
+            "6 GiB created, mapped, released: still charged, so a second is refused",
+        )
+        r, charged, nvml = self.probe_run(
+            "graph", "ctx", f"graph:{16 * GIB}=big", "launch:big", f"graph:{4 * GIB}=g",
+            "launch:g", "info",
+        )  # fmt: skip
+        r.update(budget=charged, nvml_process_used=nvml)
+        self.check(
+            "graph-memory-node",
+            r,
+            r.get("launch:big") == 2
+            and r.get("launch:g") == 0
+            and int(r.get("info", {}).get("free", LIMIT)) <= LIMIT - 4 * GIB,
+            "a 16 GiB allocation node refused at launch; a 4 GiB one charged as reserved",
+        )
+        r, charged, nvml = self.probe_run(
+            "capture", "ctx", f"capture:{6 * GIB}=k", "launch:k", f"alloc:{3 * GIB}"
+        )
+        r.update(budget=charged, nvml_process_used=nvml)
+        self.check(
+            "captured-allocation",
+            r,
+            r.get(f"capture:{6 * GIB}=k") == 0
+            and r.get("launch:k") == 0
+            and r.get(f"alloc:{3 * GIB}") == 2,
+            "a captured 6 GiB cuMemAllocAsync is charged at launch: 3 GiB more refused",
+        )
+        r, charged, nvml = self.probe_run("stress", "ctx", f"hammer:16:2000:{16 * MIB}", "info")
+        r.update(budget=charged, nvml_process_used=nvml)
+        self.check(
+            "stress",
+            r,
+            nvml is not None and abs(charged - nvml) <= 32 * MIB,
+            "16 threads of alloc/free (addresses reused): the budget ends at what NVML says "
+            "the process holds",
         )
 
     def nvidia_smi(self) -> None:

@@ -119,6 +119,7 @@ class Build:
             str(self.probe),
             str(HERE / "probe.c"),
             f"-L{self.root}",
+            "-Wl,--no-as-needed",  # its references are weak: libcuda is needed all the same
             "-lcuda",
             "-ldl",
             "-lpthread",

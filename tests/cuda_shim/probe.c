@@ -142,14 +142,20 @@ static struct {
 #undef FIELD
 } cu;
 
-/* Linked: the driver's exported names, as a program linked against libcuda calls them. */
-#define DECLARE(field, exported, base, version, type) extern void linked_##field(void) __asm__(exported);
+/* Linked: the driver's exported names, as a program linked against libcuda calls them
+ * (weak: a driver that no longer exports an old name leaves that op unusable, not the
+ * probe unbuilt). */
+#define DECLARE(field, exported, base, version, type) \
+  extern void linked_##field(void) __asm__(exported) __attribute__((weak));
 NAMES(DECLARE)
 #undef DECLARE
 
+static int missing(void) { return 500; /* CUDA_ERROR_NOT_FOUND: the driver lacks the name */ }
+
 static int resolve(const char *mode) {
   if (strcmp(mode, "linked") == 0) {
-#define LINK(field, exported, base, version, type) cu.field = (type)linked_##field;
+#define LINK(field, exported, base, version, type) \
+  cu.field = (type)(linked_##field ? linked_##field : (void (*)(void))missing);
     NAMES(LINK)
 #undef LINK
     return 1;

@@ -120,7 +120,7 @@ def setuid_probe(built: Build) -> Iterator[Path]:
         (lib / "libcuda.so").symlink_to("libcuda.so.1")
         probe = base / "probe"
         compile_c(
-            "-O1", "-o", str(probe), str(HERE / "probe.c"), f"-L{lib}", "-lcuda", "-ldl",
+            "-O1", "-o", str(probe), str(HERE / "probe.c"), f"-L{lib}", "-Wl,--no-as-needed", "-lcuda", "-ldl",
             "-lpthread", f"-Wl,-rpath,{lib}",
         )  # fmt: skip
         os.chown(probe, 0, 0)
