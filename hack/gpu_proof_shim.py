@@ -300,6 +300,17 @@ print(json.dumps(result))
 )
 
 
+def filled_to_the_share(r: dict[str, Any]) -> bool:
+    """TORCH_FILL's result: the share as the total, allocated to within 2 GiB of it, then
+    PyTorch's own out-of-memory error, and memory back once freed."""
+    return (
+        r.get("total") == LIMIT
+        and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
+        and "out of memory" in r.get("oom_error", "").lower()
+        and r.get("after_free_1gib_ok") is True
+    )
+
+
 class Proof:
     def __init__(self, out: Path, shim: Path, probe: Path | None) -> None:
         self.out, self.shim, self.probe = out, shim, probe
@@ -384,10 +395,7 @@ class Proof:
             self.check(
                 name,
                 r,
-                r.get("total") == LIMIT
-                and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
-                and "out of memory" in r.get("oom_error", "").lower()
-                and r.get("after_free_1gib_ok") is True,
+                filled_to_the_share(r),
                 "total = 8 GiB, allocates to within 2 GiB of it, then an out-of-memory error",
             )
         r = self.program("cuda-graph", self.pod("graph"))
@@ -423,10 +431,7 @@ class Proof:
         self.check(
             "torch-async",
             r,
-            r.get("total") == LIMIT
-            and LIMIT - 2 * GIB < r.get("allocated_to_oom", 0) <= LIMIT
-            and "out of memory" in r.get("oom_error", "").lower()
-            and r.get("after_free_1gib_ok") is True,
+            filled_to_the_share(r),
             "backend:cudaMallocAsync (a pool that keeps all it frees) stops at the share too",
         )
         r = self.program("device-malloc", self.pod("heap"))

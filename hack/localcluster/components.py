@@ -512,9 +512,13 @@ class LocalCluster(ControlPlane):
         """Run `gpupack-exporter` for `node` as a local process with the RBAC the chart
         renders (bound to the local user `gpupack-exporter`), talking to the kubelet
         pod-resources socket the caller serves. Returns the process and its port. No NVML
-        here: the exporter reports `gpupack_exporter_nvml_up 0` and works on."""
+        here: the exporter reports `gpupack_exporter_nvml_up 0` and works on. The folder
+        the chart shares with the `cuda-csi` container (its shim roster) is an empty one
+        beside the socket: no roster answers there, so processes' shim reads `unknown`."""
         if pod_resources_socket.name != "kubelet.sock":
             raise ValueError("the chart's exporter reads <pod-resources folder>/kubelet.sock")
+        agent = pod_resources_socket.parent / "agent-sockets"
+        agent.mkdir(exist_ok=True)
         port = free_port()
         process = self._run_component(
             f"{chart.EXPORTER_NAME}-{node}",
@@ -522,7 +526,10 @@ class LocalCluster(ControlPlane):
             "templates/exporter.yaml",
             "exporter",
             sets=(f"exporter.port={port}",),
-            mounts={"/var/lib/kubelet/pod-resources": pod_resources_socket.parent},
+            mounts={
+                "/var/lib/kubelet/pod-resources": pod_resources_socket.parent,
+                "/run/gpupack/agent": agent,
+            },
             env={"NODE_NAME": node},
             extra_args=[*([f"--proc={proc}"] if proc else []), *extra_args],
         )

@@ -11,10 +11,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "driver_types.h"
 #include "fake_device.h"
 
 typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
 
 #define OK 0
 #define INVALID 1

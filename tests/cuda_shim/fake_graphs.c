@@ -11,26 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef struct {
-  int allocType, handleTypes;
-  struct { int type, id; } location;
-  void *win32;
-  size_t maxSize;
-  unsigned short usage;
-  unsigned char reserved[54];
-} POOL_PROPS;
-typedef struct {
-  POOL_PROPS poolProps;
-  const void *accessDescs;
-  size_t accessDescCount, bytesize;
-  CUdeviceptr dptr;
-} ALLOC_PARAMS;
-typedef struct {
-  unsigned long long flags;
-  void *upload_stream, *error_node;
-  int result;
-} INSTANTIATE_PARAMS;
-
 enum { GRAPH_NODE = 4, EMPTY_NODE = 5, ALLOC_NODE = 10, FREE_NODE = 11 };
 struct node {
   int type, device;

@@ -8,12 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY;
-typedef struct { unsigned Width, Height; int Format; unsigned NumChannels; } ARRAY_V1;
-typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D;
-typedef struct { unsigned Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D_V1;
-typedef struct { int type, requested; struct { int type, id; } location; } PROP;
-
 /* ---- pools ---- */
 #define MAX_POOLS 256
 struct pool {

@@ -33,26 +33,9 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct { size_t Width, Height; int Format; unsigned NumChannels; } ARRAY;
-typedef struct { size_t Width, Height, Depth; int Format; unsigned NumChannels, Flags; } ARRAY3D;
-typedef struct { int type, requested; struct { int type, id; } location; void *meta; unsigned char flags[8]; } PROP;
-typedef struct {
-  int allocType, handleTypes;
-  struct { int type, id; } location;
-  void *win32;
-  size_t maxSize;
-  unsigned short usage;
-  unsigned char reserved[54];
-} POOL_PROPS;
-typedef struct {
-  POOL_PROPS poolProps;
-  const void *accessDescs;
-  size_t accessDescCount, bytesize;
-  CUdeviceptr dptr;
-} ALLOC_PARAMS;
+#include "driver_types.h"
 
+typedef int CUresult;
 /* Every entry point the probe uses: its field, exported name, lookup name and version. */
 #define NAMES(X)                                                                        \
   X(init, "cuInit", "cuInit", 13000, CUresult (*)(unsigned))                             \

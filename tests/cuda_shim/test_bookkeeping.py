@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.cuda_shim.build import Build
-from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, OK, OOM, Pod
+from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, OK, OOM, Pod, Run
 
 SHARE = 8 * GIB
 
@@ -152,29 +152,35 @@ def test_a_process_stopped_at_any_moment_stalls_no_other(pod: Pod, moment: float
     assert after.value("info", "free") == SHARE - CONTEXT
 
 
-def test_a_context_is_charged_what_its_process_holds_not_what_a_neighbour_took(
-    built: Build, tmp_path: Path
-) -> None:
-    """A neighbour (another pod) allocates 6 GiB while this pod's context is made."""
+def context_beside_a_burst(built: Build, tmp_path: Path, *neighbour_ops: str) -> tuple[Run, int]:
+    """A pod's process makes its first context (slowly), while a neighbour (another pod,
+    no limit) runs `neighbour_ops` on the same device: its run, and the free memory the
+    pod's process then sees."""
     pod = Pod(built, tmp_path / "pod", limit=SHARE)
     neighbour = Pod(built, tmp_path / "neighbour", limit=None)
-    device = {"FAKE_CUDA_STATE": str(tmp_path / "device")}
+    device = str(tmp_path / "device")
     maker = subprocess.Popen(
         [str(built.probe), "linked", "ctx", "info", "hold"],
-        env=pod.env(extra={**device, "FAKE_CUDA_CONTEXT_DELAY_MS": "400"}),
+        env=pod.env(extra={"FAKE_CUDA_STATE": device, "FAKE_CUDA_CONTEXT_DELAY_MS": "400"}),
         stdout=subprocess.PIPE,
         text=True,
     )
     time.sleep(0.15)
-    burst = neighbour.probe(
-        "linked", f"alloc:{6 * GIB}", "hold-briefly", FAKE_CUDA_STATE=device["FAKE_CUDA_STATE"]
-    )
+    burst = neighbour.probe("linked", *neighbour_ops, "hold-briefly", FAKE_CUDA_STATE=device)
     assert maker.stdout is not None
     info = next(line for line in maker.stdout if line.startswith("info"))
     maker.kill()
     maker.communicate()
+    return burst, int(info.split("free=")[1].split()[0])
+
+
+def test_a_context_is_charged_what_its_process_holds_not_what_a_neighbour_took(
+    built: Build, tmp_path: Path
+) -> None:
+    """A neighbour allocates 6 GiB while this pod's context is made."""
+    burst, free = context_beside_a_burst(built, tmp_path, f"alloc:{6 * GIB}")
     assert burst.rc(f"alloc:{6 * GIB}") == OK
-    assert info.strip() == f"info rc=0 free={SHARE - CONTEXT} total={SHARE}"
+    assert free == SHARE - CONTEXT  # its own NVML line: exact
 
 
 def test_a_context_measured_beside_a_stranger_is_charged_at_most_the_cap(
@@ -182,28 +188,8 @@ def test_a_context_measured_beside_a_stranger_is_charged_at_most_the_cap(
 ) -> None:
     """Two processes appear on the device at once: NVML cannot say which is this one, and
     the device's growth (a 6 GiB burst in it) is capped at 1 GiB."""
-    pod = Pod(built, tmp_path / "pod", limit=SHARE)
-    neighbour = Pod(built, tmp_path / "neighbour", limit=None)
-    device = {"FAKE_CUDA_STATE": str(tmp_path / "device")}
-    maker = subprocess.Popen(
-        [str(built.probe), "linked", "ctx", "info", "hold"],
-        env=pod.env(extra={**device, "FAKE_CUDA_CONTEXT_DELAY_MS": "400"}),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(0.15)
-    neighbour.probe(
-        "linked",
-        "ctx",
-        f"alloc:{6 * GIB}",
-        "hold-briefly",
-        FAKE_CUDA_STATE=device["FAKE_CUDA_STATE"],
-    )
-    assert maker.stdout is not None
-    info = next(line for line in maker.stdout if line.startswith("info"))
-    maker.kill()
-    maker.communicate()
-    free = int(info.split("free=")[1].split()[0])
+    burst, free = context_beside_a_burst(built, tmp_path, "ctx", f"alloc:{6 * GIB}")
+    assert burst.rc(f"alloc:{6 * GIB}") == OK
     assert free == SHARE - GIB  # the cap: not the 6 GiB the neighbour took
 
 
