@@ -69,9 +69,9 @@ static struct state *state(void) {
 static int dead(int32_t pid) { return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH; }
 
 /* Empties the slot of a process that died (its memory is the device's again). */
-static void reclaim(struct state *s, int i) {
+static void reclaim(struct state *s, int i, pid_t self) {
   int32_t pid = __atomic_load_n(&s->proc[i].pid, __ATOMIC_ACQUIRE);
-  if (pid == getpid() || !dead(pid)) return;
+  if (pid <= 0 || pid == self || !dead(pid)) return;
   if (!__atomic_compare_exchange_n(&s->proc[i].pid, &pid, RECLAIMING, 0, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE))
     return;
@@ -85,8 +85,9 @@ static int mine(struct state *s) {
   int found = -1;
   for (int i = 0; i < PROCS && found < 0; i++)
     if (__atomic_load_n(&s->proc[i].pid, __ATOMIC_ACQUIRE) == getpid()) found = i;
+  pid_t self = getpid();
   for (int i = 0; i < PROCS && found < 0; i++) {
-    reclaim(s, i);
+    reclaim(s, i, self);
     int32_t expected = 0;
     if (__atomic_compare_exchange_n(&s->proc[i].pid, &expected, getpid(), 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
@@ -101,8 +102,9 @@ static int mine(struct state *s) {
 
 static uint64_t used_now(struct state *s, int device) {
   uint64_t used = 0;
+  pid_t self = getpid();
   for (int i = 0; i < PROCS; i++) {
-    reclaim(s, i);
+    reclaim(s, i, self);
     if (__atomic_load_n(&s->proc[i].pid, __ATOMIC_ACQUIRE) > 0)
       used += __atomic_load_n(&s->proc[i].bytes[device], __ATOMIC_SEQ_CST);
   }
@@ -153,8 +155,9 @@ uint64_t fake_device_peak(int device) {
 int fake_device_processes(int device, unsigned *pids, uint64_t *bytes, int max) {
   struct state *s = state();
   int n = 0;
+  pid_t self = getpid();
   for (int i = 0; i < PROCS; i++) {
-    reclaim(s, i);
+    reclaim(s, i, self);
     int32_t pid = __atomic_load_n(&s->proc[i].pid, __ATOMIC_ACQUIRE);
     if (pid <= 0 || !(__atomic_load_n(&s->proc[i].joined, __ATOMIC_RELAXED) & (1u << device)))
       continue;
