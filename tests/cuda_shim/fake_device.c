@@ -4,8 +4,9 @@
  *
  * No lock between processes, as the real driver keeps none a process could hold in user
  * space: a process stopped at any moment (a test sends SIGSTOP) must never stall the
- * others here either, or the tests would measure the double, not the shim. A take adds to
- * the process's own counter, sums every slot's and takes it back past the device's total. */
+ * others here either, or the tests would measure the double, not the shim. Each device
+ * keeps one atomic total beside each process's own count: a take adds to both and takes
+ * back past the device's size, so the total (and its peak) is exact at every moment. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #define RECLAIMING (-1)
 struct state {
   uint64_t peak[FAKE_MAX_DEVICES];
+  uint64_t total[FAKE_MAX_DEVICES]; /* every live process's bytes */
   struct {
     int32_t pid; /* 0: free; RECLAIMING: being emptied */
     uint32_t joined; /* a bit per device */
@@ -75,7 +77,9 @@ static void reclaim(struct state *s, int i, pid_t self) {
   if (!__atomic_compare_exchange_n(&s->proc[i].pid, &pid, RECLAIMING, 0, __ATOMIC_ACQ_REL,
                                    __ATOMIC_ACQUIRE))
     return;
-  for (int d = 0; d < FAKE_MAX_DEVICES; d++) __atomic_store_n(&s->proc[i].bytes[d], 0, __ATOMIC_SEQ_CST);
+  for (int d = 0; d < FAKE_MAX_DEVICES; d++)
+    __atomic_fetch_sub(&s->total[d], __atomic_exchange_n(&s->proc[i].bytes[d], 0, __ATOMIC_SEQ_CST),
+                       __ATOMIC_SEQ_CST);
   __atomic_store_n(&s->proc[i].joined, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&s->proc[i].pid, 0, __ATOMIC_RELEASE);
 }
@@ -91,8 +95,7 @@ static int mine(struct state *s) {
     int32_t expected = 0;
     if (__atomic_compare_exchange_n(&s->proc[i].pid, &expected, getpid(), 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE)) {
-      for (int d = 0; d < FAKE_MAX_DEVICES; d++) __atomic_store_n(&s->proc[i].bytes[d], 0, __ATOMIC_SEQ_CST);
-      __atomic_store_n(&s->proc[i].joined, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&s->proc[i].joined, 0, __ATOMIC_RELAXED); /* its bytes were emptied */
       found = i;
     }
   }
@@ -101,14 +104,9 @@ static int mine(struct state *s) {
 }
 
 static uint64_t used_now(struct state *s, int device) {
-  uint64_t used = 0;
   pid_t self = getpid();
-  for (int i = 0; i < PROCS; i++) {
-    reclaim(s, i, self);
-    if (__atomic_load_n(&s->proc[i].pid, __ATOMIC_ACQUIRE) > 0)
-      used += __atomic_load_n(&s->proc[i].bytes[device], __ATOMIC_SEQ_CST);
-  }
-  return used;
+  for (int i = 0; i < PROCS; i++) reclaim(s, i, self);
+  return __atomic_load_n(&s->total[device], __ATOMIC_SEQ_CST);
 }
 
 static int change(int device, int64_t bytes, int check) {
@@ -121,12 +119,15 @@ static int change(int device, int64_t bytes, int check) {
     uint64_t now = __atomic_load_n(held, __ATOMIC_RELAXED), next;
     do next = now > (uint64_t)-bytes ? now - (uint64_t)-bytes : 0;
     while (!__atomic_compare_exchange_n(held, &now, next, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+    __atomic_fetch_sub(&s->total[device], now - next, __ATOMIC_SEQ_CST);
     return 1;
   }
+  if (check) used_now(s, device); /* what dead processes held is free again */
   __atomic_fetch_add(held, (uint64_t)bytes, __ATOMIC_SEQ_CST);
-  uint64_t used = used_now(s, device);
+  uint64_t used = __atomic_add_fetch(&s->total[device], (uint64_t)bytes, __ATOMIC_SEQ_CST);
   if (check && used > fake_device_total(device)) {
     __atomic_fetch_sub(held, (uint64_t)bytes, __ATOMIC_SEQ_CST);
+    __atomic_fetch_sub(&s->total[device], (uint64_t)bytes, __ATOMIC_SEQ_CST);
     return 0;
   }
   uint64_t peak = __atomic_load_n(&s->peak[device], __ATOMIC_RELAXED);
