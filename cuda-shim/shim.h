@@ -10,7 +10,9 @@
  *   pools.c     stream-ordered pools: charged what they keep, host pools not at all
  *   vmm.c       cuMemCreate and its handles: reference counts over maps, retains, exports
  *   graphs.c    graph memory nodes and captured allocations: charged as the driver reserves
- *   contexts.c  contexts and modules (measured), the device heap and stack (cuCtxSetLimit)
+ *   measure.c   NVML read around a call: what a context or a module took
+ *   contexts.c  contexts (measured), the device heap and stack (cuCtxSetLimit)
+ *   modules.c   module globals: read from a cubin, or measured
  *   info.c      what the pod sees: cuMemGetInfo, cuDeviceTotalMem, NVML
  *
  * Everything not listed in entries.h is never touched.
@@ -244,8 +246,26 @@ void pools_reset(void);
 int capturing(CUstream stream); /* a stream capture is recording this stream */
 void graphs_reset(void);
 
-/* ---- vmm.c / contexts.c ---- */
-void vmm_reset(void);
+/* ---- measure.c: NVML around a driver call ---- */
+#define MAX_PROCESSES 64
+struct reading {
+  int device_ok, own_ok;
+  uint64_t device_used, own_used;
+  unsigned count;
+  nvmlProcessInfo_t processes[MAX_PROCESSES];
+};
+nvmlDevice_t nvml_device(int ordinal);
+void read_nvml(nvmlDevice_t device, unsigned host_pid, struct reading *r);
+unsigned newcomer(const struct reading *before, const struct reading *after);
+/* What the call took: exact from the process's own line (`exact`), else the device's
+ * growth, capped. */
+uint64_t took(const struct reading *before, const struct reading *after, int *exact);
+
+/* ---- contexts.c / modules.c / vmm.c ---- */
+int has_context(int index);    /* this process made its first context there */
+unsigned host_pid(int index);  /* this process as NVML names it there; 0: not known */
 void contexts_reset(void);
+void modules_reset(void);
+void vmm_reset(void);
 
 #endif

@@ -135,6 +135,7 @@ static void forked_child(void) {
   vmm_reset();
   graphs_reset();
   contexts_reset();
+  modules_reset();
   __atomic_store_n(&shim.state, UNCONFIGURED, __ATOMIC_RELEASE);
 }
 
