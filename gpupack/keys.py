@@ -106,6 +106,12 @@ GFD_COUNT: Final = "nvidia.com/gpu.count"
 # Cluster autoscaler and Karpenter: do not evict a capacity pod that hosts workloads.
 CA_SAFE_TO_EVICT: Final = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 KARPENTER_DO_NOT_DISRUPT: Final = "karpenter.sh/do-not-disrupt"
+# Taints an autoscaler puts on a node it has decided to remove (Karpenter while it
+# disrupts one, Cluster Autoscaler while it scales one down): gpupack puts nothing new
+# there and gives back the GPUs it holds there that host nothing.
+AUTOSCALER_REMOVAL_TAINTS: Final = frozenset(
+    {"karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler"}
+)
 
 # Container environment.
 ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

@@ -234,8 +234,10 @@ class Cache:
             self.began.pop(name, None)
             self._starting.discard(name)
             return
-        returned = name not in self.snapshot.nodes
-        self.snapshot.add_node(node_of(obj))
+        old = self.snapshot.nodes.get(name)
+        returned = old is None
+        node = node_of(obj)
+        self.snapshot.add_node(node)
         self._note_gpus(obj)
         if starting(obj):
             self._starting.add(name)
@@ -243,7 +245,9 @@ class Cache:
         elif returned or name in self._starting:
             self._starting.discard(name)
             self.began[name] = now
-        if returned:  # a node deleted and made again: its capacity pods' GPUs come back
+        # A node deleted and made again: its capacity pods' GPUs come back. One an
+        # autoscaler began or stopped removing: its GPUs take new pods no more, or again.
+        if old is None or old.removing != node.removing:
             held = [c.name for c in self.capacity.values() if _node_name(c.pod) == name]
             for key in (f"{self._namespace}/{n}" for n in held):
                 self._apply_pod(key, self._pods.get(key))
@@ -404,6 +408,16 @@ def _node_name(pod: JSON) -> str:
 
 def _gpu_changed(old: Gpu, new: Gpu) -> bool:
     def seen(g: Gpu) -> tuple[object, ...]:
-        return (g.node, g.memory, g.model, g.pool, g.holder, g.coming, g.healthy, g.draining)
+        return (
+            g.node,
+            g.memory,
+            g.model,
+            g.pool,
+            g.holder,
+            g.coming,
+            g.healthy,
+            g.draining,
+            g.removing,
+        )
 
     return seen(old) != seen(new)

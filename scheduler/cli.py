@@ -25,7 +25,13 @@ from gpupack.policy import API_VERSION as POLICY_API
 from gpupack.policy import PLURAL as POLICY_PLURAL
 from gpupack.policy import effective_policies
 from gpupack.runtime import shell
-from gpupack.runtime.args import conventions, non_negative_seconds, positive_seconds, version
+from gpupack.runtime.args import (
+    conventions,
+    non_negative_int,
+    non_negative_seconds,
+    positive_seconds,
+    version,
+)
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import Autoscaler
@@ -67,10 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--grace-period",
         type=non_negative_seconds,
-        default=300.0,
+        default=15.0,
         metavar="DURATION",
-        help="how long a capacity pod may hold a GPU nothing uses before it is deleted "
-        "(default: %(default)s)",
+        help="how long a capacity pod may hold a GPU nothing uses and its pool does not "
+        "keep as headroom before it is deleted (default: %(default)s)",
+    )
+    add(
+        "--headroom-pods",
+        type=non_negative_int,
+        default=1,
+        metavar="N",
+        help="the room each pool keeps for its next pods: N more pods as large as the "
+        "largest share it runs, on the GPUs it uses, else on empty GPUs it keeps; 0 keeps "
+        "none (default: %(default)s)",
     )
     add(
         "--unused-grace-period",
@@ -246,6 +261,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         scheduler_name=args.scheduler_name,
         namespace=args.namespace,
         grace_period=args.grace_period,
+        headroom_pods=args.headroom_pods,
         unused_grace=args.unused_grace_period,
         orphan_grace=args.orphan_grace,
         capacity_image=args.capacity_image,

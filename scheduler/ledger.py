@@ -51,6 +51,9 @@ def node_of(obj: JSON) -> Node:
         labels=dict(meta.get("labels") or {}),
         ready=conditions.get("Ready") == "True",
         schedulable=not spec.get("unschedulable"),
+        removing=any(
+            t.get("key") in keys.AUTOSCALER_REMOVAL_TAINTS for t in spec.get("taints") or ()
+        ),
     )
 
 
@@ -127,6 +130,7 @@ def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
         # Unhealthy: the exporter says so, or its MPS daemon does not answer.
         healthy=not annotations.get(keys.GPU_UNHEALTHY) and daemon_ready(pod),
         draining=bool(annotations.get(keys.DRAINING)),
+        removing=node is not None and node.removing,
     )
 
 

@@ -21,12 +21,15 @@ the extender's thread pool through `submit`.
   hosted a share: a burst's capacity its pods did not need) is deleted (uid and
   resourceVersion preconditions), unless a waiting pod of
   its pool could use it: its GPU is not on a node yet, or on a node the pod may go to
-  with the memory the pod asks. A pod larger than every GPU of its pool gets no more of
-  them.
+  with the memory the pod asks, or its pool keeps it as headroom (`scheduler.headroom`:
+  room for one more pod like the largest it runs, made up from empty GPUs only where its
+  used GPUs lack it). A pod larger than every GPU of its pool gets no more of them.
   So a capacity pod that landed where its pool's pods cannot go (their anti-affinity,
   spread or volumes exclude the node) does not hold a GPU for long.
 - **Consolidated:** a capacity pod whose GPU consolidation drained (`scheduler.drain`,
-  `gpupack.io/draining`) is deleted as soon as nothing is booked on it.
+  `gpupack.io/draining`) is deleted as soon as nothing is booked on it; so is one on a
+  node an autoscaler is removing (`keys.AUTOSCALER_REMOVAL_TAINTS`): it must not keep
+  the node, and placement puts nothing new there.
 - **Autoscalers:** one hosting pods carries the do-not-evict annotations.
 - **Orphans:** a pod bound to a GPU that no capacity pod holds any more (someone
   deleted it, its node went away) gets a Warning Event and is evicted through the
@@ -59,13 +62,14 @@ from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError
 from gpupack.shares import scheduling_of, workload
 from scheduler import writer
-from scheduler.cache import Cache
+from scheduler.cache import Cache, Capacity
 from scheduler.capacity_pods import CapacityCreator
 from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
+from scheduler.headroom import headroom_of, kept
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.snapshot import Gpu
+from scheduler.snapshot import Gpu, Request
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,7 @@ class Lifecycle:
         # them. Those there at start may have hosted shares before a restart: not fresh.
         self._fresh: set[str] | None = None
         self._known: set[str] = set()  # capacity pods seen at the last round
+        self.headroom: frozenset[str] = frozenset()  # empty GPUs kept as pools' headroom
         # pool -> node -> (the Node object judged, whether the pool's inherited
         # constraints keep capacity off it): `requirements`, for the nodes it asks about.
         self._excluded: dict[str, dict[str, tuple[JSON | None, bool]]] = {}
@@ -260,6 +265,7 @@ class Lifecycle:
         self._label_nodes()
         self._forget_verdicts(by_pool)
         fresh = self._fresh_capacity()
+        empty: list[tuple[str, Capacity, Gpu | None]] = []
         for name, capacity in list(self.cache.capacity.items()):
             if name in released:
                 continue
@@ -273,17 +279,53 @@ class Lifecycle:
             if pods > 0 or usable:
                 self._empty_since.pop(name, None)
                 continue
+            empty.append((name, capacity, gpu))
+        self.headroom = self._headroom([g for _, _, g in empty if g is not None])
+        for name, capacity, gpu in empty:
+            # At once: `scheduler.drain` emptied it, or an autoscaler is removing its node.
+            reason = "empty"
+            if gpu is not None and gpu.draining:
+                reason = "consolidated"
+            elif gpu is not None and gpu.removing:
+                reason = "node-removed"
+            elif gpu is not None and gpu.uuid in self.headroom:
+                self._empty_since.pop(name, None)  # its grace begins once it is not needed
+                continue
             since = self._empty_since.setdefault(name, now)
             grace = self._settings.unused_grace if name in fresh else self._settings.grace_period
-            consolidated = gpu is not None and gpu.draining  # `scheduler.drain` emptied it
-            if consolidated or now - since >= grace:
+            if reason != "empty" or now - since >= grace:
                 del self._empty_since[name]
-                reason = "consolidated" if consolidated else "empty"
                 self._submit(self._delete_capacity, capacity.pod, now - since, reason)
         for name in [n for n in self._empty_since if n not in self.cache.capacity]:
             del self._empty_since[name]
         self._evict_orphans(now)
         self._report_overcommitted()
+
+    def _headroom(self, empty: list[Gpu]) -> frozenset[str]:
+        """The empty running GPUs each pool keeps as its headroom (`scheduler.headroom`)."""
+        if not empty or self._settings.headroom_pods <= 0:
+            return frozenset()
+        snapshot = self.cache.snapshot
+        pools = {g.pool for g in empty}
+        used: dict[str, list[Gpu]] = {}
+        per_node: dict[str, dict[str, int]] = {}
+        for gpu in snapshot.gpus.values():
+            if gpu.pool in pools and not gpu.coming:
+                nodes = per_node.setdefault(gpu.pool, {})
+                nodes[gpu.node] = nodes.get(gpu.node, 0) + 1
+                if gpu.pods:
+                    used.setdefault(gpu.pool, []).append(gpu)
+        requests: dict[str, list[Request]] = {}
+        for booking in snapshot.bookings.values():
+            on = snapshot.gpus.get(booking.gpus[0]) if booking.gpus else None
+            if on is not None and on.pool in pools:
+                requests.setdefault(on.pool, []).append(booking.request)
+        keep: set[str] = set()
+        for pool in pools:
+            need = headroom_of(requests.get(pool, ()), self._settings.headroom_pods)
+            mine = [g for g in empty if g.pool == pool and not g.coming]
+            keep.update(kept(need, used.get(pool, ()), mine, per_node.get(pool, {})))
+        return frozenset(keep)
 
     def _forget_verdicts(self, by_pool: Mapping[str, list[Waiting]]) -> None:
         """Drop `requirements`' kept verdicts of pools nothing waits in any more, and of

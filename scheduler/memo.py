@@ -273,6 +273,7 @@ def state_key(node: Node) -> tuple[object, ...] | None:
                 g.healthy,
                 g.over > 0,
                 g.draining,
+                g.removing,
             )
         )
     return (

@@ -114,6 +114,8 @@ def gpu_rejects(gpu: Gpu, request: Request) -> str | None:
         return "GPU unhealthy"
     if gpu.draining:
         return "GPU draining (consolidation is emptying it)"
+    if gpu.removing:
+        return "GPU on a node an autoscaler is removing"
     if gpu.over:
         return "GPU over-committed (pods run on it that its books cannot hold)"
     if gpu.free_compute < request.compute:

@@ -11,7 +11,8 @@ class Settings:
     identity: str = "gpupack-scheduler"
     scheduler_name: str = keys.SCHEDULER_NAME
     namespace: str = keys.SYSTEM_NAMESPACE
-    grace_period: float = 300.0  # seconds a capacity pod may stay empty
+    grace_period: float = 15.0  # seconds an empty capacity pod no headroom needs stays
+    headroom_pods: int = 1  # room a pool keeps: this many more of its largest share
     unused_grace: float = 30.0  # ... one that never held a share since it was created
     orphan_grace: float = 30.0  # seconds before a pod on a vanished GPU is evicted
     capacity_image: str = DEFAULT_IMAGE

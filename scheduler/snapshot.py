@@ -79,6 +79,7 @@ class Gpu:
     healthy: bool = True  # False when the exporter reports the GPU unhealthy: no new pods
     over: int = 0  # pods running on it whose share its books cannot hold: no new pods
     draining: bool = False  # being emptied by consolidation: no new pods
+    removing: bool = False  # on a node an autoscaler is removing: no new pods
 
     @property
     def free_compute(self) -> int:
@@ -116,6 +117,7 @@ class Node:
     labels: dict[str, str] = field(default_factory=dict)
     ready: bool = True
     schedulable: bool = True
+    removing: bool = False  # an autoscaler is removing it (`keys.AUTOSCALER_REMOVAL_TAINTS`)
     used_cpu: int = 0
     used_memory: int = 0
     used_pods: int = 0
