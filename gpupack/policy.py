@@ -72,8 +72,16 @@ class Consolidation:
     evictions: int = 1  # per workload in any `window_seconds`
     window_seconds: int = 600
     allow_mps: bool = False  # real-time-mps pods are moved only when this says so
+    # A workload is moved only while at least this many of its pods run: a server of one
+    # replica is down while its pod moves; one of two keeps serving (its
+    # PodDisruptionBudget, honoured by the Eviction API, says how many must stay).
+    min_replicas: int = 1
 
     def __post_init__(self) -> None:
+        if self.min_replicas < 1:
+            raise ContractError(
+                "consolidation.minReplicas", self.min_replicas, "a whole number of 1 or more"
+            )
         if not 0 < self.idle_below <= 1:
             raise ContractError("consolidation.idleBelow", self.idle_below, "a fraction in (0, 1]")
         if self.evictions < 1:
@@ -143,6 +151,13 @@ class Policy:
         return max(self.min_memory, min(upper, nbytes))
 
 
+# The built-ins' consolidation (docs/scheduler.md, "What the bill depends on"): pods that
+# tolerate a restart are moved to empty GPUs and nodes, each workload at most once in ten
+# minutes; a real-time server only while another replica of it keeps serving; training
+# (loses progress) and real-time-mps (one fault ends every client) never.
+MOVED: Final = Consolidation(ConsolidationMode.ON)
+MOVED_IF_REPLICATED: Final = Consolidation(ConsolidationMode.ON, min_replicas=2)
+
 BUILTIN: Final[dict[str, Policy]] = {
     p.name: p
     for p in (
@@ -159,6 +174,7 @@ BUILTIN: Final[dict[str, Policy]] = {
             max_memory=None,
             initial_compute=500,
             initial_memory=8 * GiB,
+            consolidation=MOVED_IF_REPLICATED,
         ),
         Policy(
             name="real-time-mps",
@@ -188,6 +204,7 @@ BUILTIN: Final[dict[str, Policy]] = {
             max_memory=None,
             initial_compute=400,
             initial_memory=8 * GiB,
+            consolidation=MOVED,
         ),
         Policy(
             name="batch",
@@ -202,6 +219,7 @@ BUILTIN: Final[dict[str, Policy]] = {
             max_memory=None,
             initial_compute=250,
             initial_memory=6 * GiB,
+            consolidation=MOVED,
         ),
         Policy(
             name="training",
@@ -230,6 +248,7 @@ BUILTIN: Final[dict[str, Policy]] = {
             max_memory=24 * GiB,
             initial_compute=200,
             initial_memory=4 * GiB,
+            consolidation=MOVED,
         ),
     )
 }
@@ -338,6 +357,7 @@ def _consolidation(value: Any, where: str) -> Consolidation:
     for name, fallback in (
         ("evictionsPerWindow", default.evictions),
         ("windowSeconds", default.window_seconds),
+        ("minReplicas", default.min_replicas),
     ):
         number = value.get(name, fallback)
         if isinstance(number, bool) or not isinstance(number, int):
@@ -353,6 +373,7 @@ def _consolidation(value: Any, where: str) -> Consolidation:
             whole["evictionsPerWindow"],
             whole["windowSeconds"],
             allow,
+            whole["minReplicas"],
         )
     except ContractError as error:
         field = error.key.split(".")[-1]
@@ -367,6 +388,7 @@ def consolidation_spec(consolidation: Consolidation) -> dict[str, Any]:
         "evictionsPerWindow": consolidation.evictions,
         "windowSeconds": consolidation.window_seconds,
         "allowMPS": consolidation.allow_mps,
+        "minReplicas": consolidation.min_replicas,
     }
 
 

@@ -18,8 +18,14 @@ in use, puts them on the GPUs that had room. The plan names those GPUs, but it i
 plan, not a binding: kube-scheduler's other rules (anti-affinity, spread) may send a
 recreated pod elsewhere, which is why each workload's evictions are budgeted.
 
-Only a move that empties a whole GPU is made: thinning a GPU saves nothing. One GPU
-per pool at a time (`per_pool`), so a pool never drains faster than its pods restart.
+Only a move that empties a whole GPU is made: thinning a GPU saves nothing. A round
+empties, per pool, the GPUs of one node (`per_pool` nodes): every GPU of that node that
+qualifies, at once, so the node can go in one step rather than one GPU a round; a pool
+with a GPU still draining starts nothing new, so it never drains faster than its pods
+restart. Nothing moves off or onto a node an autoscaler is removing (`Gpu.removing`):
+its pods are the autoscaler's to move, and a share put there would only move again.
+The targets are GPUs already held on nodes that take pods: a move never makes the
+cluster buy a node.
 """
 
 import math
@@ -86,9 +92,11 @@ def plan(
     *,
     busy: frozenset[str] = frozenset(),
     per_pool: int = 1,
+    planned: Callable[[Move], None] | None = None,
 ) -> list[Move]:
-    """The GPUs to empty now, at most `per_pool` per pool; `busy` pools (one of their
-    GPUs is still draining) get none."""
+    """The GPUs to empty now, those of at most `per_pool` nodes per pool; `busy` pools
+    (one of their GPUs is still draining) get none. `planned` hears of each move as it is
+    made, before the next GPU is judged (a budget the move spends is spent for it)."""
     on_gpu: dict[str, list[Booking]] = {}
     for booking in snapshot.bookings.values():
         for uuid in booking.named:
@@ -113,31 +121,36 @@ def plan(
         if len(gpus) <= needed:
             continue
         room = _Room(snapshot, gpus, per_node)
-        tried = made = 0
+        tried = 0
+        emptying: list[str] = []  # the nodes this round empties GPUs of, in order
         for gpu in sorted(gpus, key=emptiest):
-            if tried == CANDIDATES or made == per_pool:
+            if tried == CANDIDATES:
                 break
+            if gpu.node not in emptying and len(emptying) == per_pool:
+                continue  # the pool's nodes for this round are chosen
             shares = on_gpu.get(gpu.uuid, [])
-            if not _movable(gpu, shares, judge):
+            if gpu.uuid in room.targets or not _movable(gpu, shares, judge):
                 continue
             tried += 1
             targets = room.fit(gpu, [b.request for b in shares])
             if targets is None:
                 continue
             ordered = sorted(shares, key=_largest_first)
-            made += 1
-            moves.append(
-                Move(
-                    pool,
-                    gpu.uuid,
-                    gpu.holder,
-                    gpu.node,
-                    tuple(b.request.key for b in ordered),
-                    targets,
-                    len(gpus),
-                    needed,
-                )
+            if gpu.node not in emptying:
+                emptying.append(gpu.node)
+            move = Move(
+                pool,
+                gpu.uuid,
+                gpu.holder,
+                gpu.node,
+                tuple(b.request.key for b in ordered),
+                targets,
+                len(gpus),
+                needed,
             )
+            moves.append(move)
+            if planned is not None:
+                planned(move)
     return moves
 
 
@@ -148,7 +161,7 @@ def _largest_first(booking: Booking) -> tuple[int, int, str]:
 
 def _movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
     """Whether every pod on `gpu` is a movable share of it alone."""
-    if gpu.draining or gpu.over or not gpu.healthy or not shares:
+    if gpu.draining or gpu.removing or gpu.over or not gpu.healthy or not shares:
         return False
     for booking in shares:
         if booking.over or booking.request.gpus != 1 or booking.request.compute >= gpu.compute:
@@ -164,7 +177,9 @@ class _Room:
     def __init__(self, snapshot: Snapshot, gpus: list[Gpu], per_node: dict[str, int]) -> None:
         self._snapshot = snapshot
         self._per_node = per_node
-        self._gpus = [g for g in gpus if g.healthy and not g.draining and not g.over]
+        self._gpus = [
+            g for g in gpus if g.healthy and not g.draining and not g.removing and not g.over
+        ]
         self._compute = {g.uuid: g.free_compute for g in self._gpus}
         self._memory = {g.uuid: g.free_memory for g in self._gpus}
         self._owners = {g.uuid: set(g.owners) for g in self._gpus}
@@ -173,6 +188,7 @@ class _Room:
         self._host_memory: dict[str, int] = {}
         self._pods: dict[str, int] = {}
         self._emptied: set[str] = set()
+        self.targets: set[str] = set()  # GPUs this round's moves send shares to
 
     def fit(self, source: Gpu, requests: list[Request]) -> tuple[str, ...] | None:
         """Book every request on another GPU, largest first: on another node if one has
@@ -212,6 +228,7 @@ class _Room:
             self._book(best, source, request)
             targets.append(best.uuid)
         self._emptied.add(source.uuid)
+        self.targets.update(targets)
         return tuple(targets)
 
     def _rank(self, gpu: Gpu, source: Gpu) -> tuple[bool, int, int]:
@@ -235,7 +252,7 @@ class _Room:
         if gpu.node == source.node:
             return True  # its CPU and memory are on that node already
         node = self._snapshot.nodes.get(gpu.node)
-        if node is None or not node.ready or not node.schedulable:
+        if node is None or not node.ready or not node.schedulable or node.removing:
             return False
         cpu = self._cpu.get(node.name, node.free_cpu)
         host_memory = self._host_memory.get(node.name, node.free_memory)

@@ -17,6 +17,8 @@ draining starts no other drain. Then it asks
   moved;
 - it does not ask to stay (`karpenter.sh/do-not-disrupt: "true"`,
   `cluster-autoscaler.kubernetes.io/safe-to-evict: "false"`);
+- its workload runs at least the policy's `minReplicas` pods on GPUs (the built-in
+  real-time policy: 2, so a single-replica server is never moved);
 - its workload has budget left: at most `evictionsPerWindow` evictions in any
   `windowSeconds`. The budget is the leader's memory; a new leader starts with every
   budget spent, so the bound holds across restarts and failovers.
@@ -84,6 +86,7 @@ class Drainer:
         self._evicted: dict[str, list[float]] = {}  # workload -> eviction times
         self._now = 0.0
         self._policy_set: PolicySet | None = None
+        self._replicas: dict[str, int] = {}  # workload -> its pods booked on GPUs now
 
     def pause(self) -> None:
         """Not leading: the next leader's budgets start over (spent)."""
@@ -107,21 +110,31 @@ class Drainer:
             for p in self._policy_set.policies.values()
         ):
             return []
-        moves = plan(self.cache.snapshot, self._judge, busy=frozenset(busy))
+        self._replicas = {}
+        for booking in self.cache.snapshot.bookings.values():
+            if booking.gpus:
+                owner = booking.request.owner
+                self._replicas[owner] = self._replicas.get(owner, 0) + 1
+        moves = plan(self.cache.snapshot, self._judge, busy=frozenset(busy), planned=self._spend)
         for move in moves:
             pods: list[JSON] = []
             for key in move.pods:
                 pod = self.cache.pod(key)
                 assert pod is not None  # the judge read it
                 pods.append(pod)
-                owner = self.cache.snapshot.bookings[key].request.owner
-                self._evicted.setdefault(owner, []).append(now)
             holder = self.cache.capacity[move.holder].pod
             log.info("consolidating: %s", move.reason)
             self._submit(self._drain, move, holder, pods)
         return moves
 
     # Judging.
+
+    def _spend(self, move: Move) -> None:
+        """Spend the budgets of the workloads `move` evicts, before the round judges the
+        next GPU."""
+        for key in move.pods:
+            owner = self.cache.snapshot.bookings[key].request.owner
+            self._evicted.setdefault(owner, []).append(self._now)
 
     def policy_of(self, pod: JSON) -> Policy:
         policies = self._policy_set or self._policies()
@@ -145,6 +158,12 @@ class Drainer:
             return "no ReplicaSet, StatefulSet or ReplicationController recreates it"
         if asks_to_stay(pod):
             return "it asks not to be disrupted"
+        replicas = self._replicas.get(booking.request.owner, 0)
+        if replicas < settings.min_replicas:
+            return (
+                f"policy {policy.name}: its workload runs {replicas} pod(s), fewer than "
+                f"minReplicas {settings.min_replicas}"
+            )
         assert self._since is not None
         window = settings.window_seconds
         if self._now - self._since < window:

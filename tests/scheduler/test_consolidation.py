@@ -46,13 +46,40 @@ def test_the_node_holding_fewest_gpus_is_emptied_first_even_if_its_gpu_is_fuller
 def test_shares_go_to_another_node_when_one_has_room_so_the_source_node_can_empty() -> None:
     # n0: g0 (400m), g2 (600m); n1: g1 (300m), g3 (300m), g5 (300m). n0 holds fewest: g0
     # goes first, and its share fits best on g2 (n0), but n1 has room: it goes there.
+    # g2's share fits on n1 too: both GPUs of n0 are emptied in the same round, so the
+    # node can go at once.
     snapshot = cluster([400], [300], [600], [300], [100], [300], nodes=2)
     snapshot.forget("ml/p4-0")  # g4 (n0) empty: n0 holds g0 and g2
 
-    (move,) = plan(snapshot, anyone)
+    first, second = plan(snapshot, anyone)
 
-    assert move.gpu == "g0"
-    assert snapshot.gpus[move.targets[0]].node == "n1"
+    assert (first.gpu, second.gpu) == ("g0", "g2")
+    assert {snapshot.gpus[t].node for m in (first, second) for t in m.targets} == {"n1"}
+
+
+def test_a_round_empties_the_gpus_of_one_node_per_pool() -> None:
+    """n0 and n1 each hold one 100m share on each of two GPUs; n2 holds two 600m ones.
+    The pool needs 2 GPUs and holds 6: this round empties n0's two GPUs (one node), not a
+    GPU of n1 as well, so the pool never drains more than a node at a time."""
+    snapshot = cluster([100], [100], [600], [100], [100], [600], nodes=3)
+
+    moves = plan(snapshot, anyone)
+
+    assert {m.node for m in moves} == {"n0"}
+    assert sorted(m.gpu for m in moves) == ["g0", "g3"]
+
+
+def test_nothing_moves_off_or_onto_a_node_an_autoscaler_is_removing() -> None:
+    snapshot = cluster([100], [500], [100], nodes=2)
+    for gpu in snapshot.gpus.values():
+        gpu.removing = gpu.node == "n1"
+    (move,) = plan(snapshot, anyone)  # n1's g1 would go first; it is Karpenter's now
+    assert move.gpu in ("g0", "g2")
+    assert snapshot.gpus[move.targets[0]].node == "n0"
+
+    for gpu in snapshot.gpus.values():
+        gpu.removing = gpu.node == "n0"
+    assert plan(snapshot, anyone) == []  # g1's share could only go onto n0
 
 
 def test_the_emptiest_gpu_is_emptied_onto_gpus_that_stay_held() -> None:
@@ -160,7 +187,8 @@ def test_of_equally_good_targets_the_one_on_the_busiest_node_is_planned() -> Non
     # share fits as well on g1 (n1) as on n0's GPUs; n0, which holds more, gets it.
     snapshot = cluster([300], [300], [300], [200], [300], nodes=2)
 
-    (move,) = plan(snapshot, anyone)
+    move, *rest = plan(snapshot, anyone)  # then g1, n1's other GPU, onto n0 as well
 
     assert move.gpu == "g3"
+    assert [m.gpu for m in rest] == ["g1"]
     assert snapshot.gpus[move.targets[0]].node == "n0"

@@ -107,20 +107,22 @@ def drainer(
     return made, kube, round_at
 
 
-def test_the_emptiest_gpu_is_marked_draining_and_its_pods_evicted_with_an_event() -> None:
+def test_the_emptiest_gpus_are_marked_draining_and_their_pods_evicted_with_an_event() -> None:
+    """The pool needs one GPU and holds three on one node: the two emptiest are emptied
+    in one round, onto the third."""
     _, kube, round_at = drainer(
         running("a", "600m", 0), running("b", "100m", 1), running("c", "200m", 2)
     )
 
-    assert round_at(WINDOW) == [UUIDS[1]]
+    assert round_at(WINDOW) == [UUIDS[1], UUIDS[2]]
 
-    (mark,) = [b for verb, p, b in kube.calls if verb == "patch"]
-    assert mark is not None
-    assert keys.DRAINING in mark["metadata"]["annotations"]
-    assert kube.evicted() == ["b"]
-    (event,) = kube.events()
-    assert event["reason"] == "GPUConsolidation"
-    assert "holds 3 GPUs where its shares need 1" in event["note"]
+    marks = [b for verb, p, b in kube.calls if verb == "patch" and b is not None]
+    assert len(marks) == 2
+    assert all(keys.DRAINING in mark["metadata"]["annotations"] for mark in marks)
+    assert sorted(kube.evicted()) == ["b", "c"]
+    events = kube.events()
+    assert [e["reason"] for e in events] == ["GPUConsolidation"] * 2
+    assert all("holds 3 GPUs where its shares need 1" in e["note"] for e in events)
 
 
 @pytest.mark.parametrize(
@@ -133,7 +135,7 @@ def test_the_emptiest_gpu_is_marked_draining_and_its_pods_evicted_with_an_event(
             id="do-not-disrupt",
         ),
         pytest.param(
-            running("b", "100m", 1, **{keys.POLICY: "real-time"}), "policy Off", id="policy-off"
+            running("b", "100m", 1, **{keys.POLICY: "training"}), "policy Off", id="policy-off"
         ),
     ],
 )
@@ -158,7 +160,7 @@ def test_a_workload_is_moved_at_most_its_budget_per_window() -> None:
         running("b", "100m", 1, **one),
         running("c", "100m", 2, **one),
     )
-    assert round_at(WINDOW) == [UUIDS[1]]
+    assert round_at(WINDOW) == [UUIDS[1]]  # c's GPU too would empty, but w spent its budget
 
     assert round_at(WINDOW + 1) == []  # w spent its one eviction of this window
     assert round_at(2 * WINDOW) != []
@@ -236,5 +238,35 @@ def test_an_emptied_draining_capacity_pod_is_deleted_and_a_stuck_one_given_back(
     assert unmark == {"metadata": {"annotations": {keys.DRAINING: None}}}
 
 
-def test_consolidation_is_off_for_every_builtin() -> None:
-    assert {p.consolidation for p in BUILTIN.values()} == {Consolidation()}
+def test_the_builtins_move_what_tolerates_a_restart_and_never_training_or_mps() -> None:
+    modes = {
+        name: (p.consolidation.mode, p.consolidation.min_replicas) for name, p in BUILTIN.items()
+    }
+    assert modes == {
+        "real-time": (ConsolidationMode.ON, 2),
+        "near-real-time": (ConsolidationMode.ON, 1),
+        "batch": (ConsolidationMode.ON, 1),
+        "build": (ConsolidationMode.ON, 1),
+        "training": (ConsolidationMode.OFF, 1),
+        "real-time-mps": (ConsolidationMode.OFF, 1),
+    }
+    assert {p.consolidation.evictions for p in BUILTIN.values()} == {Consolidation().evictions}
+
+
+def test_a_real_time_server_moves_only_while_another_replica_of_it_serves() -> None:
+    spec = policy_spec(BUILTIN["real-time"])
+    spec["consolidation"] |= {"windowSeconds": WINDOW}
+    chosen = effective_policies([{"metadata": {"name": "real-time"}, "spec": spec}])
+    rt = {keys.POLICY: "real-time", "workload": "server"}
+
+    _, kube, round_at = drainer(
+        running("a", "950m", 0), running("b", "100m", 1, **rt), policy_set=chosen
+    )
+    assert round_at(WINDOW) == []  # one replica: moving it is an outage
+    assert kube.calls == []
+
+    _, kube, round_at = drainer(
+        running("a", "600m", 0, **rt), running("b", "100m", 1, **rt), policy_set=chosen
+    )
+    assert round_at(WINDOW) == [UUIDS[1]]
+    assert kube.evicted() == ["b"]
