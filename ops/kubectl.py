@@ -158,6 +158,12 @@ def run_status(args: argparse.Namespace, kube: Transport) -> int:
         print(f"GPUs held       {result.held} (+{result.coming} coming)   in use {result.in_use}")
         print(f"GPUs asked for  {result.asked} (one whole GPU per fractional pod)")
         print(f"GPUs saved      {result.saved}")
+        held = result.slack
+        print(f"GPUs needed     {held.needed} (the running shares, rounded up to whole GPUs)")
+        print(
+            f"Held beyond     {held.held - held.needed}: headroom {held.headroom}, grace "
+            f"{held.grace}, fragmentation {held.fragmentation}, draining {held.draining}"
+        )
     rows = [["NAMESPACE", "PODS", "GPUS ASKED", "COMPUTE", "MEMORY", "MEMORY HELD"]]
     for name, share in sorted(result.namespaces.items()):
         rows.append(
@@ -186,6 +192,14 @@ def _status_json(result: report.Status, namespace: str | None) -> JSON:
         "gpusInUse": result.in_use,
         "gpusAskedFor": result.asked,
         "gpusSaved": None if namespace else result.saved,
+        # what holds the GPUs the shares do not need (ops.slack), every namespace's
+        "gpusNeeded": result.slack.needed,
+        "gpusHeldFor": {
+            "headroom": result.slack.headroom,
+            "grace": result.slack.grace,
+            "fragmentation": result.slack.fragmentation,
+            "draining": result.slack.draining,
+        },
         "namespaces": {
             name: {
                 "pods": share.pods,

@@ -30,6 +30,7 @@ from gpupack.objects import JSON, Pod, PodSpec, annotations_of, labels_of
 from gpupack.policy import PolicySet
 from gpupack.quantity import parse_compute, parse_count, parse_memory
 from gpupack.runtime.informer import object_key
+from ops.slack import Slack, slack
 from webhook.decision import Outcome
 from webhook.mutate import MutationContext, decide
 from webhook.review import AdmissionRequest
@@ -97,6 +98,7 @@ class Status:
     namespaces: dict[str, Share] = field(default_factory=dict)
     waiting: list[WaitingPod] = field(default_factory=list)
     escaped: list[str] = field(default_factory=list)
+    slack: Slack = field(default_factory=Slack)
 
     @property
     def saved(self) -> int:
@@ -130,6 +132,8 @@ def status(
 ) -> Status:
     report = Status()
     in_use: set[str] = set()
+    holding: list[JSON] = []  # running capacity pods with a GPU
+    bound: list[JSON] = []  # fractional pods on a GPU
     for pod in (p for p in pods if _live(p)):
         meta, spec = _meta(pod), pod.get("spec") or {}
         annotations = annotations_of(pod)
@@ -139,6 +143,7 @@ def status(
             running = (pod.get("status") or {}).get("phase") == "Running"
             if running and annotations.get(keys.GPU_UUID):
                 report.held += 1
+                holding.append(pod)
             else:
                 report.coming += 1
             continue
@@ -158,6 +163,7 @@ def status(
             if spec.get("nodeName"):
                 if annotations.get(keys.GPU_UUID):
                     in_use.add(annotations[keys.GPU_UUID])
+                    bound.append(pod)
             else:
                 why = last_scheduling_failure(events, object_key(pod)) or "not tried yet"
                 report.waiting.append(WaitingPod(object_key(pod), why))
@@ -166,6 +172,7 @@ def status(
         if escaped(pod, namespace, {system_namespace, *excluded}):
             report.escaped.append(object_key(pod))
     report.in_use = len(in_use)
+    report.slack = slack(holding, bound)
     return report
 
 

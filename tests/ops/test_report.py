@@ -20,10 +20,12 @@ def whole(name: str, ns: str = "ml", gpus: str = "1", node: str = "n1", **meta: 
     }
 
 
-def shared(name: str, ns: str = "ml", *, node: str | None = "n1", gpu: str = "GPU-1") -> JSON:
+def shared(
+    name: str, ns: str = "ml", *, node: str | None = "n1", gpu: str = "GPU-1", compute: str = "300m"
+) -> JSON:
     annotations = {
         keys.DECISION: f"d-{name}",
-        keys.GPU_COMPUTE: "300m",
+        keys.GPU_COMPUTE: compute,
         keys.GPU_MEMORY: "8Gi",
         keys.POLICY: "batch",
         keys.SEAL: "v1.x.y",
@@ -37,8 +39,10 @@ def shared(name: str, ns: str = "ml", *, node: str | None = "n1", gpu: str = "GP
     return {"metadata": meta, "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
 
 
-def capacity(name: str, *, gpu: str | None) -> JSON:
+def capacity(name: str, *, gpu: str | None, draining: bool = False) -> JSON:
     annotations = {keys.GPU_UUID: gpu} if gpu else {}
+    if draining:
+        annotations[keys.DRAINING] = "2026-11-28T09:00:00Z"
     return {
         "metadata": {
             "name": name,
@@ -136,3 +140,29 @@ def test_a_waiting_pod_is_explained_with_its_share_event_and_pool() -> None:
     unbound = whole("w")
     del unbound["spec"]["nodeName"]
     assert "is not gpupack's" in why_pending(unbound, [], [])[0]
+
+
+def test_status_says_what_holds_the_gpus_the_shares_do_not_need() -> None:
+    """Pool p1 holds six GPUs; its four 300m shares need two. GPU-1 and GPU-2 host three
+    of them (needed), GPU-3 hosts one but is draining, and the three empty ones are no
+    headroom (GPU-1 has room for one more 300m share): each is in its grace period."""
+    pods = [
+        shared("a"), shared("b"), shared("c", gpu="GPU-2"), shared("d", gpu="GPU-3"),
+        capacity("cap-1", gpu="GPU-1"), capacity("cap-2", gpu="GPU-2"),
+        capacity("cap-3", gpu="GPU-3", draining=True),
+        capacity("cap-4", gpu="GPU-4"), capacity("cap-5", gpu="GPU-5"),
+        capacity("cap-6", gpu="GPU-6"),
+    ]  # fmt: skip
+    held = status(pods, {}, []).slack
+    assert (held.held, held.needed) == (6, 2)
+    assert (held.draining, held.fragmentation, held.headroom, held.grace) == (1, 0, 0, 3)
+
+    pods = [
+        shared("a", compute="900m"), shared("b", compute="800m", gpu="GPU-2"),
+        capacity("cap-1", gpu="GPU-1"), capacity("cap-2", gpu="GPU-2"),
+        capacity("cap-4", gpu="GPU-4"), capacity("cap-5", gpu="GPU-5"),
+    ]  # fmt: skip
+    held = status(pods, {}, []).slack
+    assert (held.held, held.needed) == (4, 2)
+    # One more 900m share fits on neither used GPU: one empty GPU is the pool's headroom.
+    assert (held.draining, held.fragmentation, held.headroom, held.grace) == (0, 0, 1, 1)
