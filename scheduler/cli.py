@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         "pods again (default: %(default)s)",
     )
     add(
+        "--budgets-configmap",
+        default="",
+        metavar="NAME",
+        help="the ConfigMap of the --namespace where consolidation budgets are kept, so a "
+        "new leader spends what the last one spent; empty: a new leader moves nothing for "
+        "a window (default: none)",
+    )
+    add(
         "--deletion-cost",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -270,6 +278,7 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         reservation_timeout=args.reservation_timeout,
         consolidation_interval=args.consolidation_interval,
         drain_timeout=args.drain_timeout,
+        budgets_configmap=args.budgets_configmap,
         deletion_cost=args.deletion_cost,
         autoscaler=args.autoscaler,
     )

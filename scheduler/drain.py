@@ -20,8 +20,10 @@ draining starts no other drain. Then it asks
 - its workload runs at least the policy's `minReplicas` pods on GPUs (the built-in
   real-time policy: 2, so a single-replica server is never moved);
 - its workload has budget left: at most `evictionsPerWindow` evictions in any
-  `windowSeconds`. The budget is the leader's memory; a new leader starts with every
-  budget spent, so the bound holds across restarts and failovers.
+  `windowSeconds`. The budget is the leader's memory, written to a ConfigMap after each
+  round that moved (`scheduler.budgets`): a new leader reads what the last one spent, or,
+  where it cannot, starts with every budget spent for a window, so the bound holds across
+  restarts and failovers.
 
 A move marks the capacity pod draining (placement puts nothing new on it), then evicts
 its pods one by one through the Eviction API, so PodDisruptionBudgets hold, each with an
@@ -41,7 +43,7 @@ from gpupack.objects import JSON, annotations_of, controller_kind
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
 from gpupack.runtime.api import ApiError
 from gpupack.shares import is_live
-from scheduler import writer
+from scheduler import budgets, writer
 from scheduler.cache import Cache
 from scheduler.consolidation import Move, fill, plan
 from scheduler.kube import Kube
@@ -93,10 +95,33 @@ class Drainer:
         self._since = None
         self._evicted.clear()
 
+    def _begin(self, now: float) -> None:
+        """A new leader's budgets: what the last one spent (`scheduler.budgets`), else
+        every budget spent for a window."""
+        name = self._settings.budgets_configmap
+        ledger = budgets.load(self._kube, self._settings.namespace, name) if name else None
+        if ledger is None:
+            self._since = now
+            return
+        self._since = -math.inf
+        wall = self._wall()
+        self._evicted = {
+            owner: [now - (wall - t) for t in times if wall - t < budgets.KEPT]
+            for owner, times in ledger.items()
+        }
+
+    def _save(self) -> None:
+        name = self._settings.budgets_configmap
+        if not name:
+            return
+        wall = self._wall()
+        ledger = {o: [wall - (self._now - t) for t in ts] for o, ts in self._evicted.items()}
+        self._submit(budgets.save, self._kube, self._settings.namespace, name, ledger, wall)
+
     def round(self, now: float) -> list[Move]:
         """One consolidation round if one is due; the moves started."""
         if self._since is None:
-            self._since = now
+            self._begin(now)
         if self._settings.consolidation_interval <= 0:
             return []
         if now - self._last_round < self._settings.consolidation_interval:
@@ -125,6 +150,8 @@ class Drainer:
             holder = self.cache.capacity[move.holder].pod
             log.info("consolidating: %s", move.reason)
             self._submit(self._drain, move, holder, pods)
+        if moves:
+            self._save()
         return moves
 
     # Judging.

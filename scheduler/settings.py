@@ -22,5 +22,6 @@ class Settings:
     reservation_timeout: float = 60.0  # seconds a GPU share is held from filter for a bind
     consolidation_interval: float = 30.0  # seconds between consolidation rounds; 0: never
     drain_timeout: float = 300.0  # seconds a GPU may stay draining before it is given back
+    budgets_configmap: str = ""  # where consolidation budgets outlive a leader; "": nowhere
     deletion_cost: bool = True  # keep ReplicaSet pods' pod-deletion-cost = their GPU's fill
     autoscaler: str = "auto"  # scheduler.exclusion.Autoscaler: how avoided nodes are named

@@ -73,6 +73,19 @@ def service_account_user(name: str, namespace: str = SYSTEM_NAMESPACE) -> tuple[
     return f"system:serviceaccount:{namespace}:{name}", groups
 
 
+def chart_state_configmaps(
+    helm: Path, namespace: str = SYSTEM_NAMESPACE, sets: Sequence[str] = ()
+) -> list[JSON]:
+    """The ConfigMaps templates/scheduler.yaml renders for the scheduler to write (no
+    data of the chart's own: the consolidation budgets), as rendered."""
+    rendered = render_chart(helm, "templates/scheduler.yaml", namespace, sets)
+    return [
+        doc
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "ConfigMap" and not doc.get("data")
+    ]
+
+
 def chart_scheduler_config(
     helm: Path,
     namespace: str = SYSTEM_NAMESPACE,

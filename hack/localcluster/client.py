@@ -212,6 +212,14 @@ class Kube:
         }
         return self.request("PUT", f"{path}/{name}", obj)
 
+    def create_once(self, obj: JSON) -> None:
+        """Create the object unless it exists (then it is left as it is)."""
+        try:
+            self.create(resource_path(obj), obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
     def create_namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
         """A new namespace `<prefix>-<random>`, once its default ServiceAccount exists
         (pods created before it are refused)."""
@@ -241,6 +249,7 @@ _PLURALS = {
     "Node": ("/api/v1", "nodes", False),
     "Pod": ("/api/v1", "pods", True),
     "Service": ("/api/v1", "services", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
     "EndpointSlice": ("/apis/discovery.k8s.io/v1", "endpointslices", True),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "Deployment": ("/apis/apps/v1", "deployments", True),

@@ -424,6 +424,8 @@ class LocalCluster(ControlPlane):
         house)."""
         port, metrics_port = free_port(), free_port()
         sets = (*sets, f"scheduler.extenderPort={port}", f"scheduler.metricsPort={metrics_port}")
+        for state in chart.chart_state_configmaps(Path(self.binary("helm")), self.namespace, sets):
+            self.kube().create_once(state)  # the budgets' ConfigMap; another replica's kept
         extender = self._run_component(
             name,
             chart.SCHEDULER_NAME,

@@ -1,6 +1,7 @@
 """The consolidation loop over an in-memory cache: what it evicts, what it never touches,
 the budget it keeps, and how it finishes or gives up a drain."""
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -27,13 +28,15 @@ from tests.scheduler.test_cache import POOL, UUIDS, cache_with, capacity, fracti
 
 JSON = dict[str, Any]
 WINDOW = 600
+BUDGETS = "gpupack-scheduler-consolidation"
 
 
 class Kube:
     """Records the writes; evictions of `refuse` answer 429 as a PodDisruptionBudget does."""
 
-    def __init__(self, refuse: frozenset[str] = frozenset()) -> None:
+    def __init__(self, refuse: frozenset[str] = frozenset(), budgets: JSON | None = None) -> None:
         self.refuse = refuse
+        self.budgets = budgets  # the ConfigMap of consolidation budgets; None: absent
         self.calls: list[tuple[str, str, JSON | None]] = []
 
     def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
@@ -51,7 +54,17 @@ class Kube:
         return {}
 
     def get(self, path: str) -> JSON:
-        raise NotImplementedError
+        assert path == f"/api/v1/namespaces/{keys.SYSTEM_NAMESPACE}/configmaps/{BUDGETS}"
+        if self.budgets is None:
+            raise ApiError(404, "NotFound", f'configmaps "{BUDGETS}" not found')
+        return self.budgets
+
+    def saved(self) -> JSON:
+        """The budgets last written to the ConfigMap."""
+        written = [b for verb, p, b in self.calls if verb == "patch" and p.endswith(BUDGETS)]
+        assert written and written[-1] is not None
+        ledger: JSON = json.loads(written[-1]["data"]["evictions"])
+        return ledger
 
     def watch(self, path: str, params: Any) -> Any:
         raise NotImplementedError
@@ -144,6 +157,45 @@ def test_pods_that_must_not_move_keep_their_gpu(pod: JSON, why: str) -> None:
 
     assert round_at(WINDOW) == [], why
     assert kube.calls == []
+
+
+WALL = 1_800_000_000.0
+
+
+def test_a_new_leader_spends_what_the_last_one_spent() -> None:
+    """The last leader moved workload w 100 s ago (WINDOW is longer): this leader reads
+    that from the ConfigMap and leaves w alone, but moves x at once, then writes both."""
+    ledger = {"ml/ReplicaSet/w": [WALL - 100.0]}
+    kube = Kube(budgets={"data": {"evictions": json.dumps(ledger)}})
+    drainer(  # its first round, at once
+        running("a", "600m", 0),
+        running("b", "100m", 1, workload="w"),
+        running("c", "100m", 2, workload="x"),
+        kube=kube,
+        budgets_configmap=BUDGETS,
+    )
+    assert kube.evicted() == ["c"]  # b's GPU would empty too, but w's budget is spent
+    saved = kube.saved()
+    assert saved["ml/ReplicaSet/w"] == [WALL - 100.0]
+    assert saved["ml/ReplicaSet/x"] == [pytest.approx(WALL, abs=2)]
+
+
+@pytest.mark.parametrize(
+    "budgets",
+    [
+        pytest.param(None, id="absent"),
+        pytest.param({"data": {"evictions": "[not json"}}, id="unreadable"),
+    ],
+)
+def test_a_leader_that_cannot_read_the_budgets_waits_a_window(budgets: JSON | None) -> None:
+    _, kube, round_at = drainer(
+        running("a", "600m", 0),
+        running("b", "100m", 1),
+        kube=Kube(budgets=budgets),
+        budgets_configmap=BUDGETS,
+    )
+    assert round_at(WINDOW - 1) == []
+    assert round_at(WINDOW) == [UUIDS[1]]
 
 
 def test_a_new_leader_moves_nothing_until_a_budget_window_has_passed() -> None:
