@@ -141,7 +141,9 @@ class Lifecycle:
         yet is fine), nor on one whose GPUs are known to be smaller than that, and next to
         the pods its required pod affinity names. Nodes the capacity pod's inherited
         constraints keep it off already are not named (`scheduler.exclusion`); that
-        verdict is kept per pool and node object, since every refused filter asks. Nor
+        verdict is kept per pool and node object, since every refused filter asks. A node an
+        autoscaler is removing is avoided even where feasible: placement puts nothing on its
+        GPUs, so a capacity pod there would be given back at once, again and again. Nor
         is a node still starting (`scheduler.exclusion.starting`, one an autoscaler just
         added, maybe for this very pod): kube-scheduler refuses every pod there until it
         is ready, and naming it would ask a GPU elsewhere for pods whose GPU is coming
@@ -155,7 +157,9 @@ class Lifecycle:
         scheduling: JSON | None = None
         avoid = []
         for name, size in self.cache.gpu_nodes.items():
-            if name in feasible and not 0 < size < memory:
+            node_ = self.cache.snapshot.nodes.get(name)
+            removing = node_ is not None and node_.removing  # a GPU there would take nothing
+            if name in feasible and not 0 < size < memory and not removing:
                 continue
             if name not in feasible and self.cache.settling(name, judged):
                 continue
