@@ -14,6 +14,9 @@ from hack.localcluster import SYSTEM_NAMESPACE, Kube, LocalCluster
 JSON = dict[str, Any]
 FAST = [
     "--grace-period=3",
+    # Headroom off: these tests count the capacity pods an emptied pool gives back; the
+    # headroom has tests of its own (test_headroom_on_cluster.py, with the chart's value).
+    "--headroom-pods=0",
     "--unused-grace-period=3",
     "--orphan-grace=2",
     "--retry-period=1",

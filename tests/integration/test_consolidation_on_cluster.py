@@ -169,8 +169,8 @@ def test_a_deployment_that_shrinks_loses_the_pods_on_its_emptiest_gpu_which_then
     """A 700m pod of another workload holds GPU A; of four 300m web pods, one fills A and
     three share GPU B. The scheduler keeps each web pod's pod-deletion-cost at its GPU's
     fill (A 1000, B 900), so when web shrinks to one, the ReplicaSet deletes B's three
-    and B's capacity pod goes: no eviction, no GPU thinned. (Both policies are batch:
-    consolidation stays off.)"""
+    and B's capacity pod goes: no eviction, no GPU thinned. (Both are batch pods, which
+    consolidation may move, but the pool needs both GPUs until the scale-down.)"""
     ns = opted_in_namespace
     pool = f"{ns}-pool"
     create(kube, workloads.in_pool(deployment(ns, "filler", 1, "700m"), pool))

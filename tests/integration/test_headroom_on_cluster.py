@@ -35,7 +35,8 @@ def chart_grace(
 ) -> Iterator[LocalCluster]:
     if cluster is None:
         pytest.skip("runs the scheduler with test timings: needs the local cluster")
-    fast = [a for a in FAST if not a.startswith(("--grace-period", "--unused-grace-period"))]
+    chart = ("--grace-period", "--unused-grace-period", "--headroom-pods")
+    fast = [a for a in FAST if not a.startswith(chart)]
     cluster.install_scheduler(extra_args=fast)
     try:
         yield cluster
