@@ -152,11 +152,12 @@ class Policy:
 
 
 # The built-ins' consolidation (docs/scheduler.md, "What the bill depends on"): pods that
-# tolerate a restart are moved to empty GPUs and nodes, each workload at most once in ten
-# minutes; a real-time server only while another replica of it keeps serving; training
-# (loses progress) and real-time-mps (one fault ends every client) never.
-MOVED: Final = Consolidation(ConsolidationMode.ON)
-MOVED_IF_REPLICATED: Final = Consolidation(ConsolidationMode.ON, min_replicas=2)
+# tolerate a restart are moved to empty GPUs and nodes, at most two pods of a workload in
+# ten minutes (two replicas often share a GPU, and emptying it moves both); a real-time
+# server only while another replica of it keeps serving; training (loses progress) and
+# real-time-mps (one fault ends every client) never.
+MOVED: Final = Consolidation(ConsolidationMode.ON, evictions=2)
+MOVED_IF_REPLICATED: Final = Consolidation(ConsolidationMode.ON, evictions=2, min_replicas=2)
 
 BUILTIN: Final[dict[str, Policy]] = {
     p.name: p

@@ -16,10 +16,11 @@ import math
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from gpupack import keys
-from gpupack.objects import JSON, labels_of
+from gpupack.gpu_request import scan_gpus
+from gpupack.objects import JSON, PodSpec, labels_of
 from gpupack.shares import is_live
 from scheduler.exclusion import SETTLING, starting
 from scheduler.ledger import (
@@ -392,6 +393,33 @@ class Cache:
     def _coming(self, uuid: str) -> bool:
         gpu = self.snapshot.gpus.get(uuid)  # None: its node is gone, nothing is coming
         return gpu is not None and gpu.coming
+
+    def free_gpus(self) -> tuple[dict[str, int], frozenset[str]]:
+        """Whole GPUs nobody holds on each node that offers `nvidia.com/gpu` (allocatable
+        less what its pods ask, capacity pods and others, running or going), and the
+        nodes where pods other than capacity pods hold GPUs. Consolidation reads it
+        (`scheduler.consolidation`, moving a node's GPUs to nodes already paid for)."""
+        used: dict[str, int] = {}
+        foreign: set[str] = set()
+        for pod in self._pods.items():
+            node = _node_name(pod)
+            phase = (pod.get("status") or {}).get("phase")
+            if not node or phase in ("Succeeded", "Failed"):
+                continue
+            count = scan_gpus(cast(PodSpec, pod.get("spec") or {})).total
+            if count:
+                used[node] = used.get(node, 0) + count
+                if not is_capacity(pod, self._namespace):
+                    foreign.add(node)
+        free: dict[str, int] = {}
+        for name in self.gpu_nodes:
+            allocatable = ((self._nodes.get(name) or {}).get("status") or {}).get("allocatable")
+            try:
+                count = int(str((allocatable or {}).get(keys.NVIDIA_GPU, "0")))
+            except ValueError:
+                count = 0
+            free[name] = max(0, count - used.get(name, 0))
+        return free, frozenset(foreign)
 
     def orphans(self) -> Iterable[Booking]:
         """Bound pods whose GPU no capacity pod holds any more."""

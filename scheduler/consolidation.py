@@ -53,9 +53,16 @@ class Move:
     targets: tuple[str, ...]
     held: int  # GPUs the pool holds (hosting a share)
     needed: int  # the lower bound of what its shares need
+    node_gpus: int = 0  # a relocation (`scheduler.relocation`): the node's GPUs, all moving
 
     @property
     def reason(self) -> str:
+        if self.node_gpus:
+            return (
+                f"node {self.node} holds only {self.node_gpus} GPU(s), all of pool "
+                f"{self.pool or '(default)'}; they move to nodes the pool already uses, so "
+                f"the node can go: GPU {self.gpu} (capacity pod {self.holder}) is emptied"
+            )
         return (
             f"pool {self.pool or '(default)'} holds {self.held} GPUs where its shares need "
             f"{self.needed}; GPU {self.gpu} (capacity pod {self.holder} on {self.node}) is "
@@ -120,7 +127,7 @@ def plan(
         needed = lower_bound(gpus)
         if len(gpus) <= needed:
             continue
-        room = _Room(snapshot, gpus, per_node)
+        room = Room(snapshot, gpus, per_node)
         tried = 0
         emptying: list[str] = []  # the nodes this round empties GPUs of, in order
         for gpu in sorted(gpus, key=emptiest):
@@ -129,7 +136,7 @@ def plan(
             if gpu.node not in emptying and len(emptying) == per_pool:
                 continue  # the pool's nodes for this round are chosen
             shares = on_gpu.get(gpu.uuid, [])
-            if gpu.uuid in room.targets or not _movable(gpu, shares, judge):
+            if gpu.uuid in room.targets or not movable(gpu, shares, judge):
                 continue
             tried += 1
             targets = room.fit(gpu, [b.request for b in shares])
@@ -159,7 +166,7 @@ def _largest_first(booking: Booking) -> tuple[int, int, str]:
     return (-request.compute, -request.gpu_memory, request.key)
 
 
-def _movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
+def movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
     """Whether every pod on `gpu` is a movable share of it alone."""
     if gpu.draining or gpu.removing or gpu.over or not gpu.healthy or not shares:
         return False
@@ -171,7 +178,7 @@ def _movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
     return True
 
 
-class _Room:
+class Room:
     """The room left on a pool's GPUs and their nodes as this round's moves use it."""
 
     def __init__(self, snapshot: Snapshot, gpus: list[Gpu], per_node: dict[str, int]) -> None:
@@ -190,12 +197,9 @@ class _Room:
         self._emptied: set[str] = set()
         self.targets: set[str] = set()  # GPUs this round's moves send shares to
 
-    def fit(self, source: Gpu, requests: list[Request]) -> tuple[str, ...] | None:
-        """Book every request on another GPU, largest first: on another node if one has
-        room (so the source's node may empty), best fit, of equals on the node holding
-        most GPUs. None, and nothing booked, when one does not fit. The targets in
-        `_largest_first` order."""
-        saved = (
+    def save(self) -> tuple[object, ...]:
+        """The room as it is, for `restore`."""
+        return (
             dict(self._compute),
             dict(self._memory),
             {k: set(v) for k, v in self._owners.items()},
@@ -203,33 +207,68 @@ class _Room:
             dict(self._cpu),
             dict(self._host_memory),
             dict(self._pods),
+            set(self._emptied),
+            set(self.targets),
         )
+
+    def restore(self, saved: tuple[object, ...]) -> None:
+        (
+            self._compute,
+            self._memory,
+            self._owners,
+            self._exclusive,
+            self._cpu,
+            self._host_memory,
+            self._pods,
+            self._emptied,
+            self.targets,
+        ) = saved  # type: ignore[assignment]
+
+    def fit(
+        self, source: Gpu, requests: list[Request], *, elsewhere: bool = False
+    ) -> tuple[str, ...] | None:
+        """Book every request on another GPU, largest first: on another node if one has
+        room (so the source's node may empty; only there when `elsewhere`), best fit, of
+        equals on the node holding most GPUs. None, and nothing booked, when one does not
+        fit. The targets in `_largest_first` order."""
+        saved = self.save()
         targets: list[str] = []
         for request in sorted(requests, key=lambda r: (-r.compute, -r.gpu_memory, r.key)):
             best: Gpu | None = None
             for gpu in self._gpus:
                 if gpu.uuid == source.uuid or gpu.uuid in self._emptied:
                     continue
+                if elsewhere and gpu.node == source.node:
+                    continue
                 if not self._takes(gpu, source, request):
                     continue
                 if best is None or self._rank(gpu, source) < self._rank(best, source):
                     best = gpu
             if best is None:
-                (
-                    self._compute,
-                    self._memory,
-                    self._owners,
-                    self._exclusive,
-                    self._cpu,
-                    self._host_memory,
-                    self._pods,
-                ) = saved
+                self.restore(saved)
                 return None
             self._book(best, source, request)
             targets.append(best.uuid)
         self._emptied.add(source.uuid)
         self.targets.update(targets)
         return tuple(targets)
+
+    def host_takes(self, name: str, requests: list[Request]) -> bool:
+        """Book `requests`' CPU, memory and pod count on node `name` if it has room for
+        them all (a new GPU there will take them), else book nothing."""
+        node = self._snapshot.nodes.get(name)
+        if node is None or not node.ready or not node.schedulable or node.removing:
+            return False
+        cpu = self._cpu.get(name, node.free_cpu) - sum(r.cpu for r in requests)
+        memory = self._host_memory.get(name, node.free_memory) - sum(r.memory for r in requests)
+        pods = self._pods.get(name, node.max_pods - node.used_pods) - len(requests)
+        if cpu < 0 or memory < 0 or pods < 0:
+            return False
+        self._cpu[name], self._host_memory[name], self._pods[name] = cpu, memory, pods
+        return True
+
+    def emptied(self, source: Gpu) -> None:
+        self._emptied.add(source.uuid)
 
     def _rank(self, gpu: Gpu, source: Gpu) -> tuple[bool, int, int]:
         same_node = gpu.node == source.node

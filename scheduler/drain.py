@@ -48,6 +48,7 @@ from scheduler.cache import Cache
 from scheduler.consolidation import Move, fill, plan
 from scheduler.kube import Kube
 from scheduler.metrics import Metrics
+from scheduler.relocation import describe, relocate
 from scheduler.settings import Settings
 from scheduler.snapshot import Booking, Gpu
 
@@ -140,7 +141,17 @@ class Drainer:
             if booking.gpus:
                 owner = booking.request.owner
                 self._replicas[owner] = self._replicas.get(owner, 0) + 1
-        moves = plan(self.cache.snapshot, self._judge, busy=frozenset(busy), planned=self._spend)
+        snapshot = self.cache.snapshot
+        moves = plan(snapshot, self._judge, busy=frozenset(busy), planned=self._spend)
+        free, foreign = self.cache.free_gpus()
+        moves += relocate(
+            snapshot,
+            self._judge,
+            free,
+            foreign,
+            busy=busy | {m.pool for m in moves},
+            planned=self._spend,
+        )
         for move in moves:
             pods: list[JSON] = []
             for key in move.pods:
@@ -198,7 +209,8 @@ class Drainer:
         owner = booking.request.owner
         recent = [t for t in self._evicted.get(owner, ()) if self._now - t < window]
         self._evicted[owner] = recent
-        if len(recent) >= settings.evictions:
+        # Emptying the GPU evicts every pod of the workload on it: all must fit the budget.
+        if len(recent) + max(1, gpu.owners.get(owner, 1)) > settings.evictions:
             return f"workload {owner} spent its budget ({settings.evictions} per {window}s)"
         return None
 
@@ -237,7 +249,7 @@ class Drainer:
             meta = pod["metadata"]
             note = (
                 f"evicted to consolidate GPUs: {move.reason}; this pod's share is planned "
-                f"onto GPU {target}, and its controller recreates it"
+                f"onto {describe(target)}, and its controller recreates it"
             )
             try:
                 writer.evict(self._kube, pod)

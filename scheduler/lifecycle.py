@@ -143,7 +143,9 @@ class Lifecycle:
         constraints keep it off already are not named (`scheduler.exclusion`); that
         verdict is kept per pool and node object, since every refused filter asks. A node an
         autoscaler is removing is avoided even where feasible: placement puts nothing on its
-        GPUs, so a capacity pod there would be given back at once, again and again. Nor
+        GPUs, so a capacity pod there would be given back at once, again and again; so is
+        one whose every GPU consolidation is draining (`scheduler.relocation` empties it for
+        the autoscaler: the pods it moves must not come back). Nor
         is a node still starting (`scheduler.exclusion.starting`, one an autoscaler just
         added, maybe for this very pod): kube-scheduler refuses every pod there until it
         is ready, and naming it would ask a GPU elsewhere for pods whose GPU is coming
@@ -156,10 +158,12 @@ class Lifecycle:
         verdicts = self._excluded.setdefault(pool, {})
         scheduling: JSON | None = None
         avoid = []
+        emptying = self._emptying()
         for name, size in self.cache.gpu_nodes.items():
             node_ = self.cache.snapshot.nodes.get(name)
             removing = node_ is not None and node_.removing  # a GPU there would take nothing
-            if name in feasible and not 0 < size < memory and not removing:
+            unusable = removing or name in emptying
+            if name in feasible and not 0 < size < memory and not unusable:
                 continue
             if name not in feasible and self.cache.settling(name, judged):
                 continue
@@ -172,6 +176,13 @@ class Lifecycle:
             if not known[1]:
                 avoid.append(name)
         return Where(avoid=tuple(sorted(avoid)), near=affinity_to_others(example))
+
+    def _emptying(self) -> frozenset[str]:
+        """The nodes whose every GPU held there is draining."""
+        draining: dict[str, bool] = {}
+        for gpu in self.cache.snapshot.gpus.values():
+            draining[gpu.node] = draining.get(gpu.node, True) and gpu.draining
+        return frozenset(n for n, all_draining in draining.items() if all_draining)
 
     def request(
         self,

@@ -10,7 +10,6 @@ import pytest
 from gpupack import keys
 from gpupack.policy import (
     BUILTIN,
-    Consolidation,
     ConsolidationMode,
     PolicySet,
     effective_policies,
@@ -62,7 +61,8 @@ class Kube:
     def saved(self) -> JSON:
         """The budgets last written to the ConfigMap."""
         written = [b for verb, p, b in self.calls if verb == "patch" and p.endswith(BUDGETS)]
-        assert written and written[-1] is not None
+        assert written
+        assert written[-1] is not None
         ledger: JSON = json.loads(written[-1]["data"]["evictions"])
         return ledger
 
@@ -188,7 +188,7 @@ def test_a_new_leader_spends_what_the_last_one_spent() -> None:
     ],
 )
 def test_a_leader_that_cannot_read_the_budgets_waits_a_window(budgets: JSON | None) -> None:
-    _, kube, round_at = drainer(
+    _, _kube, round_at = drainer(
         running("a", "600m", 0),
         running("b", "100m", 1),
         kube=Kube(budgets=budgets),
@@ -302,7 +302,29 @@ def test_the_builtins_move_what_tolerates_a_restart_and_never_training_or_mps() 
         "training": (ConsolidationMode.OFF, 1),
         "real-time-mps": (ConsolidationMode.OFF, 1),
     }
-    assert {p.consolidation.evictions for p in BUILTIN.values()} == {Consolidation().evictions}
+    moved = [
+        p.consolidation for p in BUILTIN.values() if p.consolidation.mode is ConsolidationMode.ON
+    ]
+    assert {(c.evictions, c.window_seconds) for c in moved} == {(2, 600)}
+
+
+def test_emptying_a_gpu_spends_the_budget_of_every_pod_of_the_workload_on_it() -> None:
+    """Two pods of w share GPU 1; a budget of one eviction per window cannot move both, so
+    the GPU stays; a budget of two moves them together."""
+    w = {"workload": "w"}
+    stays = {keys.KARPENTER_DO_NOT_DISRUPT: "true"}  # a's GPU is no candidate
+    pods = (
+        running("a", "600m", 0, **stays),
+        running("b", "100m", 1, **w),
+        running("c", "100m", 1, **w),
+    )
+    _, kube, round_at = drainer(*pods)
+    assert round_at(WINDOW) == []
+    assert kube.evicted() == []
+
+    _, kube, round_at = drainer(*pods, policy_set=policies(evictionsPerWindow=2))
+    assert round_at(WINDOW) == [UUIDS[1]]
+    assert sorted(kube.evicted()) == ["b", "c"]
 
 
 def test_a_real_time_server_moves_only_while_another_replica_of_it_serves() -> None:
