@@ -37,6 +37,7 @@ pytestmark = pytest.mark.integration
 JSON = dict[str, Any]
 POLICY = "consolidate-it"
 WINDOW = 10
+HOSTNAME = "kubernetes.io/hostname"
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +207,59 @@ def test_a_deployment_that_shrinks_loses_the_pods_on_its_emptiest_gpu_which_then
         timeout=60,
     )
     assert events(kube, ns, "GPUConsolidation") == []
+
+
+def test_a_node_kept_by_one_gpu_is_emptied_onto_a_whole_gpu_of_a_node_the_pool_uses(
+    kube: Kube, opted_in_namespace: str, consolidating: LocalCluster
+) -> None:
+    """Relocation. `big` (three 900m pods) holds three GPUs of one node, A; with A cordoned,
+    `lone` (900m, the same pool) gets a GPU on B. The pool needs its four GPUs, so no GPU
+    can be emptied onto another, but A has whole GPUs nobody holds: `lone` moves to a new
+    GPU there, and B holds nothing of the pool any more (an autoscaler could remove it)."""
+    ns = opted_in_namespace
+    nodes = ["gpu-a100-2", "gpu-a100-3"]
+    term = {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": nodes}]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
+
+    def on_two_nodes(name: str, replicas: int) -> JSON:
+        made = in_pool(deployment(ns, name, replicas, "900m"), f"{ns}-pool")
+        made["spec"]["template"]["spec"]["affinity"] = affinity
+        return made
+
+    create(kube, on_two_nodes("big", 1))
+    wait_bound(kube, ns, "big", 1, timeout=90)
+    kube.merge_patch(f"/apis/apps/v1/namespaces/{ns}/deployments/big", {"spec": {"replicas": 3}})
+    big = wait_bound(kube, ns, "big", 3, timeout=90)
+    (a,) = {p["spec"]["nodeName"] for p in big}  # the capacity profile packs one node
+    holder = capacity_pods(kube)[big[0]["metadata"]["annotations"][keys.CAPACITY_POD]]
+    pool = holder["metadata"]["labels"][keys.POOL]
+    (b,) = set(nodes) - {a}
+    kube.merge_patch(f"/api/v1/nodes/{a}", {"spec": {"unschedulable": True}})
+    try:
+        create(kube, on_two_nodes("lone", 1))
+        (lone,) = wait_bound(kube, ns, "lone", 1, timeout=90)
+        assert lone["spec"]["nodeName"] == b
+    finally:
+        kube.merge_patch(f"/api/v1/nodes/{a}", {"spec": {"unschedulable": None}})
+
+    def moved() -> JSON | None:
+        pods = [p for p in pods_of(kube, ns, "lone") if p["spec"].get("nodeName")]
+        return pods[0] if pods and pods[0]["spec"]["nodeName"] == a else None
+
+    kube.wait_for("lone moved onto node A", moved, timeout=120)
+
+    def on_b() -> list[str]:
+        return [
+            name
+            for name, c in capacity_pods(kube).items()
+            if c["spec"].get("nodeName") == b and c["metadata"]["labels"].get(keys.POOL) == pool
+        ]
+
+    kube.wait_for("node B holding none of the pool's GPUs", lambda: not on_b(), timeout=60)
+    (event,) = events(kube, ns, "GPUConsolidation")
+    assert f"node {b} holds only 1 GPU(s)" in event["note"]
+    assert f"a new GPU on node {a}" in event["note"]
