@@ -146,6 +146,11 @@ class Replay:
         last departure."""
         seen = self.sample()
         now = time.monotonic()
+        if self.last_departure is not None:  # what still holds nodes, as it drains away
+            log(
+                f"+{now - self.last_departure:5.1f}s after the last departure: "
+                + ", ".join(f"{s} {one.nodes} nodes {one.gpus} GPUs" for s, one in seen.items())
+            )
         for side, one in seen.items():
             self.sides[side].add(one, now - self._last)
             if self.last_departure is not None and side not in self._gone and one.nodes == 0:
