@@ -164,11 +164,14 @@ class Replay:
     @contextmanager
     def sampling(self, interval: float) -> Iterator["Replay"]:
         def run() -> None:
-            while not self._stop.wait(interval):
-                try:
-                    self.look()
-                except Exception as error:  # a sample lost is not a benchmark lost
-                    log(f"sample failed: {error}")
+            try:
+                while not self._stop.wait(interval):
+                    try:
+                        self.look()
+                    except Exception as error:  # a sample lost is not a benchmark lost
+                        log(f"sample failed: {error}")
+            finally:
+                self.kube.close()  # this thread's connection (the client keeps one per thread)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
@@ -244,6 +247,7 @@ def _replay(
             log(f"t={at:7.1f}s {'+' if arrives else '-'}{workload.name}")
         state.last_departure = time.monotonic()
         state.count_moves()
+        state.kube.close()  # the connection count_moves opened in this thread
         log("last departure; waiting for Karpenter to remove every node")
         deadline = time.monotonic() + args.nodes_timeout
         while time.monotonic() < deadline and not all(

@@ -35,7 +35,8 @@ NODE = "gpu-a100-3"
 ON_NODE = {"kubernetes.io/hostname": NODE}
 GPUS = 8
 POLICIES = f"/apis/gpupack.io/v1alpha1/namespaces/{SYSTEM_NAMESPACE}/gpupolicies"
-SCHEDULER_ARGS = ["--grace-period=3", "--retry-period=1"]
+# Headroom off: the test counts the GPUs rightsizing empties (all of them go).
+SCHEDULER_ARGS = ["--grace-period=3", "--headroom-pods=0", "--retry-period=1"]
 WINDOW = 60  # the test policies' history window: full confidence after a minute
 
 
