@@ -143,12 +143,10 @@ class Drainer:
                 self._replicas[owner] = self._replicas.get(owner, 0) + 1
         snapshot = self.cache.snapshot
         moves = plan(snapshot, self._judge, busy=frozenset(busy), planned=self._spend)
-        free, foreign = self.cache.free_gpus()
         moves += relocate(
             snapshot,
             self._judge,
-            free,
-            foreign,
+            self.cache.free_gpus,
             busy=busy | {m.pool for m in moves},
             planned=self._spend,
         )

@@ -49,11 +49,7 @@ RECHECK: Final = 10.0  # seconds between two looks at whether Karpenter's API is
 # still named.
 TRANSIENT_TAINTS: Final = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 TRANSIENT_TAINT_KEYS: Final = frozenset(
-    {
-        "ToBeDeletedByClusterAutoscaler",
-        "DeletionCandidateOfClusterAutoscaler",
-        "karpenter.sh/disrupted",
-    }
+    {"DeletionCandidateOfClusterAutoscaler", *keys.AUTOSCALER_REMOVAL_TAINTS}
 )
 
 

@@ -158,12 +158,8 @@ class Lifecycle:
         verdicts = self._excluded.setdefault(pool, {})
         scheduling: JSON | None = None
         avoid = []
-        emptying = self._emptying()
         for name, size in self.cache.gpu_nodes.items():
-            node_ = self.cache.snapshot.nodes.get(name)
-            removing = node_ is not None and node_.removing  # a GPU there would take nothing
-            unusable = removing or name in emptying
-            if name in feasible and not 0 < size < memory and not unusable:
+            if name in feasible and not 0 < size < memory and not self._unusable(name):
                 continue
             if name not in feasible and self.cache.settling(name, judged):
                 continue
@@ -177,12 +173,13 @@ class Lifecycle:
                 avoid.append(name)
         return Where(avoid=tuple(sorted(avoid)), near=affinity_to_others(example))
 
-    def _emptying(self) -> frozenset[str]:
-        """The nodes whose every GPU held there is draining."""
-        draining: dict[str, bool] = {}
-        for gpu in self.cache.snapshot.gpus.values():
-            draining[gpu.node] = draining.get(gpu.node, True) and gpu.draining
-        return frozenset(n for n, all_draining in draining.items() if all_draining)
+    def _unusable(self, name: str) -> bool:
+        """Whether a GPU new on node `name` would take nothing: an autoscaler is removing
+        the node, or consolidation is draining every GPU held there."""
+        node = self.cache.snapshot.nodes.get(name)
+        if node is None:
+            return False
+        return node.removing or (bool(node.gpus) and all(g.draining for g in node.gpus))
 
     def request(
         self,

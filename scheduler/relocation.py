@@ -27,6 +27,7 @@ autoscaler is removing; never one for which a GPU would have to be bought.
 """
 
 from collections.abc import Callable, Collection, Mapping
+from functools import cache
 
 from scheduler.consolidation import Judge, Move, Room, held, movable
 from scheduler.snapshot import Booking, Gpu, Request, Snapshot
@@ -41,16 +42,22 @@ def describe(target: str) -> str:
     return f"GPU {target}"
 
 
+Whole = tuple[Mapping[str, int], Collection[str]]  # free whole GPUs per node; `foreign`
+
+
 def relocate(
     snapshot: Snapshot,
     judge: Judge,
-    free: Mapping[str, int],
-    foreign: Collection[str],
+    whole: Callable[[], Whole],
     *,
     busy: Collection[str] = (),
     planned: Callable[[Move], None] | None = None,
 ) -> list[Move]:
-    """The moves that empty, per pool not `busy`, its sparsest node that qualifies."""
+    """The moves that empty, per pool not `busy`, its sparsest node that qualifies.
+    `whole` says which whole GPUs are free and which nodes other pods hold GPUs on
+    (`Cache.free_gpus`, a scan of every pod): asked once, and only when a pool has a node
+    worth emptying."""
+    whole = cache(whole)
     on_gpu: dict[str, list[Booking]] = {}
     for booking in snapshot.bookings.values():
         for uuid in booking.named:
@@ -70,14 +77,19 @@ def relocate(
         mine: dict[str, list[Gpu]] = {}
         for gpu in gpus:
             mine.setdefault(gpu.node, []).append(gpu)
-        slots = dict(free)
+        slots: dict[str, int] | None = None
         room = Room(snapshot, gpus, per_node)
         for node in sorted(mine, key=lambda n: (per_node[n], n)):
             on_node = mine[node]
-            if node in foreign or node in unsettled or len(on_node) != per_node[node]:
+            if len(mine) < 2 or node in unsettled or len(on_node) != per_node[node]:
                 continue
             if not all(movable(g, on_gpu.get(g.uuid, []), judge) for g in on_node):
                 continue
+            free, foreign = whole()
+            if node in foreign:
+                continue
+            if slots is None:
+                slots = dict(free)
             made = _empty(pool, node, on_node, mine, per_node, slots, room, on_gpu, len(gpus))
             if made is None:
                 continue
