@@ -25,6 +25,7 @@ processes must keep the budget as its old ones do.
 """
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -90,26 +91,43 @@ def decide(pod: JSON, uid: str, *, node: str) -> Limit | Refusal:
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
-    """Atomically: a container never reads half a file."""
+    """Atomically: a container never reads half a file. The mode is set on the open file
+    (`fchmod`), never by path: a name swapped for a symlink between the write and the
+    chmod would hand that mode to whatever it points at (another pod's file)."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
+            os.fchmod(stream.fileno(), mode)
+        os.replace(temporary, path)  # rename(2) replaces a symlink, never follows it
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
 
 
+def _chmod_directory(path: Path, mode: int) -> None:
+    """chmod of the directory itself, through a descriptor opened without following a
+    symlink (ELOOP, OSError, for one)."""
+    handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchmod(handle, mode)
+    finally:
+        os.close(handle)
+
+
 def _older_layout(budget: Path) -> str | None:
     """What another version of the shim stamped on a budget in use, or None."""
     try:
-        with budget.open("rb") as stream:
-            magic = stream.read(len(budget_file.MAGIC))
+        handle = os.open(budget, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    except OSError as error:  # ELOOP: a symlink swapped in since; read nothing through it
+        if error.errno == errno.ELOOP:
+            return None
+        raise
+    with os.fdopen(handle, "rb") as stream:
+        magic = stream.read(len(budget_file.MAGIC))
     if magic in (budget_file.MAGIC, bytes(len(magic))) or not magic:
         return None
     return magic.decode("ascii", "replace")
@@ -132,8 +150,11 @@ class CudaVolumes:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, decision.reason)
         target = Path(request.target_path)
         target.mkdir(mode=0o755, parents=True, exist_ok=True)
-        os.chmod(target, 0o755)  # noqa: S103 (every container of the pod reads it)
+        _chmod_directory(target, 0o755)  # every container of the pod reads it
         budget = target / cuda.BUDGET
+        if budget.is_symlink():  # not what this driver writes: nothing is read through it
+            log.warning("replaced a symlink at the budget of %s/%s", namespace, name)
+            budget.unlink()
         older = _older_layout(budget)
         if older:
             log.warning(

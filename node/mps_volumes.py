@@ -8,8 +8,9 @@ from the API server and `decide`s:
   gets a new directory for its GPU, `<root>/<its UID>` with `pipe/`, `log/` and `shm/`
   (a tmpfs of `shm_size`, the MPS server's shared memory with its clients);
 - a pod the scheduler placed on such a GPU (`gpupack.io/enforcement: mps`, and a
-  `gpupack.io/capacity-pod` naming an MPS capacity pod on this node, with the same GPU)
-  gets that capacity pod's directory;
+  `gpupack.io/capacity-pod` naming an MPS capacity pod on this node, both naming the
+  same GPU: a GPU either does not name yet is refused) gets that capacity pod's
+  directory, its `pipe/` and `log/` read-only;
 - any other pod is refused, with a reason the kubelet puts in its FailedMount event. A
   pod cannot choose the directory: the kubelet says which pod it is, the scheduler alone
   writes the assignment, and the pod's UID must be the one the API server has.
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
 MS_NOEXEC: Final = 0x8
+MS_RDONLY: Final = 0x1
+MS_REMOUNT: Final = 0x20
 MS_BIND: Final = 0x1000
 MS_REC: Final = 0x4000
 MNT_DETACH: Final = 0x2
@@ -116,7 +119,10 @@ def decide(pod: JSON, uid: str, *, node: str, namespace: str, get_pod: PodGetter
     if (capacity.get("spec") or {}).get("nodeName") != node:
         return Refusal(f"pod {name}: capacity pod {holder} is not on node {node}")
     mine, theirs = annotations.get(keys.GPU_UUID), annotations_of(capacity).get(keys.GPU_UUID)
-    if mine and theirs and mine != theirs:
+    if not mine or not theirs:  # fail closed: an unknown GPU is not the capacity pod's
+        whose = f"pod {name}" if not mine else f"pod {name}: its capacity pod {holder}"
+        return Refusal(f"{whose} names no GPU ({keys.GPU_UUID}) yet")
+    if mine != theirs:
         return Refusal(f"pod {name} is assigned GPU {mine}, capacity pod {holder} holds {theirs}")
     return Client(str(_meta(capacity).get("uid", "")), holder)
 
@@ -146,6 +152,21 @@ class Mounter:
                 str(source).encode(), str(target).encode(), None, MS_BIND | MS_REC, None
             ),
             f"bind {source} on {target}",
+        )
+
+    def read_only(self, path: Path) -> None:
+        """`path` (inside a bind mount) bound onto itself and made read-only: a client
+        connects to the daemon's sockets and pipes there (which a read-only mount allows)
+        but cannot create, replace or remove anything in it."""
+        self._check(
+            self._libc.mount(str(path).encode(), str(path).encode(), None, MS_BIND, None),
+            f"bind {path} on itself",
+        )
+        self._check(
+            self._libc.mount(
+                None, str(path).encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None
+            ),
+            f"remount {path} read-only",
         )
 
     def tmpfs(self, target: Path, size: int) -> None:
@@ -235,6 +256,9 @@ class MpsVolumes:
         target.mkdir(parents=True, exist_ok=True)
         if not self._mounter.mounted(target):
             self._mounter.bind(directory, target)
+            if isinstance(decision, Client):  # the daemon's pipes and logs: read-only
+                for part in (mps.PIPE, mps.LOG):
+                    self._mounter.read_only(target / part)
         log.info(
             "published the MPS directory of %s for %s/%s",
             decision.uid,

@@ -2,6 +2,7 @@
 MPS CSI driver's node side publishes and unpublishes with real mount(2) calls, and this
 reports what each party's target path shows. Argument: a scratch directory."""
 
+import errno
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ from node.mps_volumes import MpsVolumes
 NODE, NS = "gpu-1", "gpupack-system"
 
 
+GPU = "GPU-0b1c2d3e-0000-4000-8000-000000000001"
+
+
 def pods() -> dict[tuple[str, str], Any]:
     capacity: dict[str, Any] = {
         "metadata": {
@@ -23,6 +27,7 @@ def pods() -> dict[tuple[str, str], Any]:
             "namespace": NS,
             "uid": "cap-uid",
             "labels": {keys.ROLE: keys.ROLE_CAPACITY, "gpupack.io/sharing": "mps"},
+            "annotations": {keys.GPU_UUID: GPU},
         },
         "spec": {"nodeName": NODE},
     }
@@ -31,7 +36,11 @@ def pods() -> dict[tuple[str, str], Any]:
             "name": "llm-0",
             "namespace": "ml",
             "uid": "llm-uid",
-            "annotations": {keys.ENFORCEMENT: "mps", keys.CAPACITY_POD: "cap-0"},
+            "annotations": {
+                keys.ENFORCEMENT: "mps",
+                keys.CAPACITY_POD: "cap-0",
+                keys.GPU_UUID: GPU,
+            },
         },
         "spec": {"nodeName": NODE},
     }
@@ -88,11 +97,19 @@ def main(scratch: Path) -> None:
 
     volumes.publish(client)
     volumes.publish(client)  # the kubelet may call again
-    seen["republish_is_idempotent"] = mount_points(client_target) == [
+    seen["republish_is_idempotent"] = sorted(mount_points(client_target)) == sorted([
         str(client_target),
         str(client_target / "shm"),
-    ]
+        str(client_target / "pipe"),
+        str(client_target / "log"),
+    ])  # fmt: skip
     seen["client_sees_daemon_pipe"] = (client_target / "pipe" / "control").read_text()
+    for part in ("pipe", "log"):
+        try:
+            (client_target / part / "planted").write_text("a client's file")
+            seen[f"client_writes_{part}"] = "written"
+        except OSError as error:
+            seen[f"client_writes_{part}"] = errno.errorcode.get(error.errno or 0, str(error))
     (client_target / "shm" / "segment").write_text("written by the client")
     seen["daemon_sees_client_shm"] = (daemon_target / "shm" / "segment").read_text()
     seen["intruder"] = refusal(

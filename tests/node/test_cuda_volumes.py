@@ -113,6 +113,34 @@ def test_a_pod_whose_budget_an_older_shim_uses_keeps_that_shim(
     assert (target / "limit").read_text() == f"{1 << 30}\n"
 
 
+def test_a_republish_never_follows_a_symlink_the_pods_side_put_there(
+    built: Build, tmp_path: Path
+) -> None:
+    """Names swapped for symlinks to another pod's files between publishes: the driver
+    replaces the links and leaves the files they point at (their content and mode) as
+    they were."""
+    target = tmp_path / "mount"
+    driver = volumes(built, pod())
+    driver.publish(publish_request(target))
+    other = tmp_path / "other-pod"
+    other.mkdir()
+    victims = {}
+    for name in ("budget", "limit", "libgpupack-cuda.so"):
+        victim = other / name
+        victim.write_bytes(b"GPUPACK2 another pod's " + name.encode())
+        victim.chmod(0o600)
+        victims[name] = victim
+        (target / name).unlink()
+        (target / name).symlink_to(victim)
+    driver.publish(publish_request(target))
+    for name, victim in victims.items():
+        assert not (target / name).is_symlink(), name
+        assert victim.read_bytes() == b"GPUPACK2 another pod's " + name.encode()
+        assert victim.stat().st_mode & 0o777 == 0o600, name
+    assert (target / "limit").read_text() == f"{1 << 30}\n"
+    assert (target / "budget").stat().st_size == budget.BYTES
+
+
 def test_unpublish_removes_the_directory(built: Build, tmp_path: Path) -> None:
     target = tmp_path / "mount"
     driver = volumes(built, pod())

@@ -107,6 +107,15 @@ def test_a_pod_placed_on_an_mps_gpu_gets_its_capacity_pods_directory() -> None:
             "is assigned GPU GPU-other",
             id="another-gpu",
         ),
+        pytest.param(
+            client(**{keys.GPU_UUID: ""}), [capacity()], "names no GPU", id="no-gpu-of-its-own"
+        ),
+        pytest.param(
+            client(),
+            [capacity(metadata={"annotations": {}})],
+            "its capacity pod gpupack-capacity-p-0 names no GPU",
+            id="capacity-names-no-gpu",
+        ),
     ],
 )
 def test_every_other_pod_is_refused_with_a_reason(pod: Any, others: list[Any], reason: str) -> None:
@@ -180,6 +189,8 @@ def test_a_daemon_and_its_clients_share_pipes_and_shared_memory_and_nothing_is_l
     assert seen["client_before_daemon"] == "UNAVAILABLE"
     assert seen["daemon_shm_type"] == "tmpfs"
     assert seen["client_sees_daemon_pipe"] == "control socket of the daemon"
+    assert seen["client_writes_pipe"] == "EROFS"
+    assert seen["client_writes_log"] == "EROFS"
     assert seen["daemon_sees_client_shm"] == "written by the client"
     assert seen["republish_is_idempotent"] is True
     assert seen["intruder"] == "FAILED_PRECONDITION"
