@@ -16,6 +16,7 @@ from typing import Final
 from exporter.pods import PodInfo
 from exporter.readings import Device
 from gpupack import codec, keys
+from gpupack.dra import current_slices
 from gpupack.errors import ContractError
 from gpupack.objects import JSON
 from gpupack.quantity import format_memory
@@ -68,7 +69,7 @@ def claim_gpu_uuids(
     if not results:
         return (), f"ResourceClaim {name} has no allocation for {', '.join(sorted(requests))} yet"
     attributes: dict[tuple[str, str, str], JSON] = {}
-    for obj in slices:
+    for obj in current_slices(slices):
         spec = obj.get("spec") or {}
         pool = str((spec.get("pool") or {}).get("name", ""))
         for device in spec.get("devices") or ():
@@ -96,8 +97,9 @@ def plan(
 
     `allocated` maps (namespace, name) to the `nvidia.com/gpu` device IDs kubelet gave
     the pod. Annotations are rewritten when they differ: kubelet is the truth about
-    which device a pod holds. A device that NVML
-    does not list (NVML down) gets its UUID and no memory: the scheduler then reads the
+    which device a pod holds, but a GPU UUID NVML answers without (when it answers) is
+    not written: only a GPU of this node is. With NVML down, a device gets its UUID and
+    no memory: the scheduler then reads the
     node's GFD memory label, and the memory follows once NVML answers. `unhealthy` says
     why each unhealthy GPU is, by UUID: its capacity pod carries the reason in
     `gpupack.io/gpu-unhealthy` (the scheduler places no new pod there), removed once the
@@ -126,6 +128,12 @@ def plan(
             problems.append(
                 f"{where}: device ID {ids[0]!r} is neither a GPU/MIG UUID nor the index of a "
                 "GPU NVML lists"
+            )
+            continue
+        if by_uuid and uuid.startswith("GPU-") and uuid not in by_uuid:
+            problems.append(
+                f"{where}: kubelet names GPU {uuid}, which NVML on this node does not list; "
+                "not written"
             )
             continue
         want: dict[str, str | None] = {keys.GPU_UUID: uuid}

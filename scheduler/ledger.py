@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 from gpupack import codec, keys, seal
+from gpupack.dra import current_slices
 from gpupack.errors import ContractError
 from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
@@ -74,13 +75,12 @@ class DraGpus:
 
 def dra_gpus(slices: Iterable[JSON | None]) -> DraGpus:
     """The whole GPUs NVIDIA's DRA driver lists in a node's ResourceSlices (`keys.DRA_DRIVER`
-    devices of type `keys.DRA_GPU_TYPE`; MIG devices and other drivers' are not whole
-    GPUs). A device whose memory does not parse counts, with its memory unknown."""
+    devices of type `keys.DRA_GPU_TYPE`, in each pool's newest generation; MIG devices
+    and other drivers' are not whole GPUs). A device whose memory does not parse counts,
+    with its memory unknown."""
     count, memories = 0, []
-    for obj in slices:
-        spec = (obj or {}).get("spec") or {}
-        if spec.get("driver") != keys.DRA_DRIVER:
-            continue
+    for obj in current_slices(slices):
+        spec = obj.get("spec") or {}
         for device in spec.get("devices") or ():
             attributes = device.get("attributes") or {}
             if (attributes.get("type") or {}).get("string") != keys.DRA_GPU_TYPE:

@@ -356,12 +356,28 @@ def test_a_claim_not_allocated_yet_is_a_problem_naming_it_and_nothing_is_written
 def test_a_device_no_slice_gives_a_uuid_is_a_problem_and_asked_again(
     kube: PatchingKube, parts: Parts, caplog: pytest.LogCaptureFixture
 ) -> None:
-    api = DraApi(allocation("cap-c-claim", "gpu-3"), [node_slice(fake_uuid(0))])
+    api = DraApi(allocation("cap-c-claim", "gpu-1"), [node_slice(fake_uuid(0))])
     agent = dra_agent(kube, parts, api)
     synced_put(kube, parts, claimed("cap-c", "cap-c-claim"))
 
     with caplog.at_level(logging.WARNING):
         assert agent.discover() == 0
-    assert f"no ResourceSlice of this node gives device gpu-3 of pool {NODE}" in caplog.text
-    api.slices = [node_slice(fake_uuid(0), fake_uuid(1), fake_uuid(2), fake_uuid(3))]
+    assert f"no ResourceSlice of this node gives device gpu-1 of pool {NODE}" in caplog.text
+    api.slices = [node_slice(fake_uuid(0), fake_uuid(1))]
     assert agent.discover() == 1  # the driver published it since
+
+
+def test_a_slice_naming_a_gpu_nvml_does_not_list_is_not_written(
+    kube: PatchingKube, parts: Parts, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ResourceSlice is anyone's to write who may write slices: the UUID it gives is
+    written on the capacity pod only if NVML on this node lists that GPU."""
+    api = DraApi(allocation("cap-d-claim", "gpu-0"), [node_slice(fake_uuid(9))])
+    agent = dra_agent(kube, parts, api)
+    synced_put(kube, parts, claimed("cap-d", "cap-d-claim"))
+    with caplog.at_level(logging.WARNING):
+        assert agent.discover() == 0
+    assert kube.patches == []
+    assert f"kubelet names GPU {fake_uuid(9)}, which NVML on this node does not list" in (
+        caplog.text
+    )

@@ -96,6 +96,11 @@ def test_without_nvml_the_uuid_is_written_and_memory_follows_later() -> None:
         pytest.param({}, "kubelet lists no nvidia.com/gpu device", id="not-listed"),
         pytest.param({("gpupack-system", "cap-a"): [GPU0, GPU1]}, "2 nvidia.com/gpu", id="two"),
         pytest.param({("gpupack-system", "cap-a"): ["x"]}, "device ID 'x'", id="unknown-id"),
+        pytest.param(
+            {("gpupack-system", "cap-a"): ["GPU-99999999-2222-4333-8444-555555555555"]},
+            "which NVML on this node does not list",
+            id="a-gpu-of-another-node",
+        ),
     ],
 )
 def test_what_cannot_be_annotated_is_a_problem_naming_the_pod(
