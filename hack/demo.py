@@ -254,8 +254,9 @@ def start(workdir: Path) -> int:
                 "hack.localcluster",
                 "assign-gpus",
                 f"--kubeconfig={cluster.kubeconfig}",
-                # The chart's exporter ServiceAccount, whose RBAC helm installed.
-                f"--writer-kubeconfig={cluster.service_account_kubeconfig(EXPORTER_NAME)}",
+                # The chart's exporter ServiceAccount, whose RBAC helm installed, as each
+                # node's agent holds it (a token bound to the node).
+                f"--node-agent={SYSTEM_NAMESPACE}/{EXPORTER_NAME}",
             ],
             workdir / "logs" / "gpu-assigner.log",
         )

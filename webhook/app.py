@@ -33,6 +33,7 @@ from gpupack.recommendation import Recommendation
 from webhook import scope
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
+from webhook.devices import device_env_patch
 from webhook.metrics import ErrorKind, WebhookMetrics
 from webhook.mutate import PROCESS_KEY, MutationContext
 from webhook.mutate import decide as decide_pod
@@ -181,6 +182,31 @@ class Admissions:
             self.metrics.recommendation_applied()
         self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
         return response
+
+    async def devices(self, request: Request) -> Response:
+        """`POST /devices`: `NVIDIA_VISIBLE_DEVICES=void` on every container the kubelet
+        gives no GPU and that names none (`webhook.devices`). Pure and quick: no cluster
+        read, no audit line (every pod of the cluster may come here); counted. A bug
+        admits the pod unchanged, and the admission policy `gpupack-device-env` then
+        refuses it: the boundary fails closed."""
+        try:
+            review = parse_review(await read_body(request))
+        except ClientDisconnect:
+            return Response(status_code=400)
+        except ReviewError as exc:
+            kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
+            self.metrics.error(kind)
+            log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
+            return json_response({"error": exc.message}, exc.status)
+        try:
+            old = review.old_pod if review.operation == "UPDATE" else None
+            patch = device_env_patch(review.pod, old)
+        except Exception:
+            log.exception("device env failed; admitting the pod as is", extra={"uid": review.uid})
+            self.metrics.error(ErrorKind.INTERNAL)
+            return json_response(allow(review.uid))
+        self.metrics.device_env(len(patch))
+        return json_response(allow(review.uid, patch or None))
 
     async def _namespace(self, review: AdmissionRequest) -> JSON | None:
         """The pod's Namespace from the cache, or read live where the cache alone would
@@ -359,6 +385,7 @@ def create_app(
     return Starlette(
         routes=[
             Route("/mutate", admissions.mutate, methods=["POST"]),
+            Route("/devices", admissions.devices, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
         ]

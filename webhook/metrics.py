@@ -74,6 +74,8 @@ class _HotPath(Collector):
         self.plans = {"hit": 0, "miss": 0}
         self.errors = dict.fromkeys((kind.value for kind in ErrorKind), 0)
         self.recommendations = 0
+        self.devices = {"guarded": 0, "unchanged": 0}  # POST /devices reviews by result
+        self.guarded_containers = 0
         self.work_seconds = 0.0
         self.work_cpu_seconds = 0.0
 
@@ -129,6 +131,20 @@ class _HotPath(Collector):
             "from gpupack_webhook_admission_work_seconds_total is time spent waiting for "
             "the GIL (the watch threads hold it) or for a core.",
             value=self.work_cpu_seconds,
+        )
+        yield _counters(
+            "gpupack_webhook_device_env_reviews",
+            "Pods POST /devices reviewed, by result (guarded: containers given "
+            "NVIDIA_VISIBLE_DEVICES=void; unchanged: every container was given a GPU or "
+            "names its devices).",
+            "result",
+            self.devices,
+        )
+        yield CounterMetricFamily(
+            "gpupack_webhook_device_env_containers",
+            "Containers given NVIDIA_VISIBLE_DEVICES=void because the kubelet gives them no "
+            "GPU and their image's environment would otherwise choose one.",
+            value=self.guarded_containers,
         )
         yield _counters(
             "gpupack_webhook_plan_cache_lookups",
@@ -190,6 +206,12 @@ class WebhookMetrics:
 
     def recommendation_applied(self) -> None:
         self._hot.recommendations += 1
+
+    def device_env(self, containers: int) -> None:
+        """One POST /devices review that guarded `containers` containers."""
+        hot = self._hot
+        hot.devices["guarded" if containers else "unchanged"] += 1
+        hot.guarded_containers += containers
 
     def capacity(self, action: str) -> None:
         capacity = self._hot.capacity

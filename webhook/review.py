@@ -32,6 +32,7 @@ class AdmissionRequest:
     dry_run: bool
     pod: Pod
     username: str = ""
+    old_pod: Pod | None = None  # the pod before an UPDATE (e.g. of its ephemeral containers)
 
 
 def _require(doc: JSON, field: str, where: str) -> Any:
@@ -87,12 +88,15 @@ def parse_review(body: bytes) -> AdmissionRequest:
         if field in pod and not isinstance(pod[field], dict):
             raise ReviewError(400, f"request.object.{field} must be an object")
     spec = pod.get("spec") or {}
-    for field in ("containers", "initContainers"):
+    for field in ("containers", "initContainers", "ephemeralContainers"):
         if field in spec and not isinstance(spec[field], list):
             raise ReviewError(400, f"request.object.spec.{field} must be a list")
         for index, container in enumerate(spec.get(field) or []):
             if not isinstance(container, dict):
                 raise ReviewError(400, f"request.object.spec.{field}[{index}] must be an object")
+    old = request.get("oldObject")
+    if old is not None and not isinstance(old, dict):
+        raise ReviewError(400, "request.oldObject must be the Pod before the update")
     user = request.get("userInfo") or {}
     meta = pod.get("metadata") or {}
     return AdmissionRequest(
@@ -103,6 +107,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         dry_run=request.get("dryRun") is True,
         pod=pod,  # type: ignore[arg-type]
         username=str(user.get("username", "")) if isinstance(user, dict) else "",
+        old_pod=old,  # type: ignore[arg-type]
     )
 
 

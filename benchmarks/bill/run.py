@@ -213,8 +213,10 @@ def replay(workdir: Path, workloads: list[Workload], args: argparse.Namespace) -
         ).start()  # before gpupack: its --autoscaler=auto finds it
         try:
             local.install_scheduler(extra_args=("--no-leader-elect",))
-            writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+            local.exporter_kubeconfig()  # the chart's RBAC for the node agents
+            with SimulatedGpuAssigner(
+                Kube.from_kubeconfig(local.kubeconfig), agent=local.node_agent
+            ):
                 return _replay(local, karpenter, workloads, args)
         finally:
             karpenter.stop()

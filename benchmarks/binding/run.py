@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         cluster.install_webhook()
         kube = cluster.kube()
-        writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
-        with SimulatedGpuAssigner(cluster.kube(), writer=writer):
+        cluster.exporter_kubeconfig()  # the chart's RBAC for the node agents
+        with SimulatedGpuAssigner(cluster.kube(), agent=cluster.node_agent):
             scheduler_args = ["--no-leader-elect", "--grace-period=3600"]
             cluster.install_scheduler(extra_args=scheduler_args)
             warm = namespace(kube, opted_in=True)

@@ -180,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
                 extra_args=("--no-leader-elect",),
                 sets=["scheduler.gracePeriodSeconds=10", "scheduler.unusedGraceSeconds=10"],
             )
-            writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+            local.exporter_kubeconfig()  # the chart's RBAC for the node agents
+            with SimulatedGpuAssigner(
+                Kube.from_kubeconfig(local.kubeconfig), agent=local.node_agent
+            ):
                 for name in chosen:
                     log(f"case {name}")
                     results[name] = run_case(local, karpenter, name, args.timeout)

@@ -314,8 +314,10 @@ def cluster(
         bought = autoscaler(local).start() if autoscaler is not None else None
         try:
             local.install_scheduler(extra_args=SCHEDULER_ARGS)
-            writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+            local.exporter_kubeconfig()  # the chart's RBAC for the node agents
+            with SimulatedGpuAssigner(
+                Kube.from_kubeconfig(local.kubeconfig), agent=local.node_agent
+            ):
                 yield local, bought
         finally:
             if bought is not None:
@@ -435,10 +437,12 @@ def churn(workdir: Path, settle: float) -> JSON:
         )
         kube = local.kube()
         churn_policy(kube, local.namespace, "Off")
-        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
+        local.exporter_kubeconfig()  # the chart's RBAC for the node agents
         autoscaler = Karpenter(local).start()
         try:
-            with SimulatedGpuAssigner(Kube.from_kubeconfig(local.kubeconfig), writer=writer):
+            with SimulatedGpuAssigner(
+                Kube.from_kubeconfig(local.kubeconfig), agent=local.node_agent
+            ):
                 ns = kube.create_namespace("bench-churn", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
                 watch = Watch(kube, ns, local.namespace)
                 for index in range(4):

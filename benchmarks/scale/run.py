@@ -326,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         cluster.install_webhook()
         kube = cluster.kube()
-        writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
-        with SimulatedGpuAssigner(cluster.kube(), writer=writer):
+        cluster.exporter_kubeconfig()  # the chart's RBAC for the node agents
+        with SimulatedGpuAssigner(cluster.kube(), agent=cluster.node_agent):
             cluster.install_scheduler()  # the chart's arguments
             timeline, stop = Timeline(), threading.Event()
             watcher = follow(cluster.kube(), timeline, stop)

@@ -132,8 +132,28 @@ ensure_node_images() {
     _buildah push -q registry.k8s.io/pause:3.10 "oci-archive:$archive:registry.k8s.io/pause:3.10"
   fi
   _PAUSE_ARCHIVE=$archive
+  cuda_env_image
   kube_scheduler_image "$KUBERNETES_VERSION" "$(command -v kube-scheduler)"
-  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
+  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$_CUDA_ENV_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
+}
+
+# An image whose ENV says what every CUDA base image says (NVIDIA_VISIBLE_DEVICES=all,
+# CUDA_VERSION): the pause binary, so it runs anywhere. The trust-boundary test runs it
+# on the real node and reads the environment containerd gives its container, what the
+# NVIDIA container toolkit reads. Needs _PAUSE_ARCHIVE. Exports GPUPACK_CUDA_ENV_IMAGE.
+cuda_env_image() {
+  local key container name=gpupack.test/cuda-env:1
+  key=$( (declare -f cuda_env_image; echo "$_PAUSE_ARCHIVE") | sha256sum | cut -c1-12)
+  _CUDA_ENV_ARCHIVE="$_image_cache/archives/cuda-env-$key.tar"
+  if [ ! -f "$_CUDA_ENV_ARCHIVE" ]; then
+    container=$(_buildah from -q "oci-archive:$_PAUSE_ARCHIVE")
+    _buildah config --env NVIDIA_VISIBLE_DEVICES=all --env CUDA_VERSION=13.0.0 \
+      --env NVIDIA_DRIVER_CAPABILITIES=compute,utility "$container"
+    _buildah commit -q --rm "$container" "$name" >/dev/null
+    _buildah push -q "$name" "oci-archive:$_CUDA_ENV_ARCHIVE.partial:$name"
+    mv "$_CUDA_ENV_ARCHIVE.partial" "$_CUDA_ENV_ARCHIVE"
+  fi
+  export GPUPACK_CUDA_ENV_IMAGE=$name
 }
 
 # registry.k8s.io/kube-scheduler:<version> from that release's binary, for a node of a
@@ -156,5 +176,5 @@ kube_scheduler_image() {  # version binary
 # pause and gpupack images, that release's kube-scheduler. Needs ensure_node_images.
 use_node_images_of() {  # version folder
   kube_scheduler_image "$1" "$2/kube-scheduler"
-  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
+  export GPUPACK_NODE_IMAGES="$_PAUSE_ARCHIVE:$_CUDA_ENV_ARCHIVE:$KUBE_SCHEDULER_ARCHIVE:$GPUPACK_IMAGE_ARCHIVE"
 }

@@ -19,11 +19,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     assign = commands.add_parser("assign-gpus", help="play the node agent for kwok nodes")
     assign.add_argument("--kubeconfig", required=True, type=Path)
     assign.add_argument(
-        "--writer-kubeconfig", type=Path, help="write the GPU UUIDs as this user (the exporter)"
+        "--node-agent",
+        metavar="NAMESPACE/ACCOUNT",
+        help="write the GPU UUIDs as this ServiceAccount (the exporter's), with a token "
+        "bound to each pod's node as its DaemonSet pod would hold it",
     )
     args = parser.parse_args(argv)
-    writer = Kube.from_kubeconfig(args.writer_kubeconfig) if args.writer_kubeconfig else None
-    assigner = SimulatedGpuAssigner(Kube.from_kubeconfig(args.kubeconfig), writer=writer)
+    kube = Kube.from_kubeconfig(args.kubeconfig)
+    agent = None
+    if args.node_agent:
+        namespace, _, account = args.node_agent.partition("/")
+
+        def agent(node: str) -> Kube:
+            return kube.with_token(kube.node_bound_token(namespace, account, node))
+
+    assigner = SimulatedGpuAssigner(kube, agent=agent)
     signal.signal(signal.SIGTERM, lambda *_: assigner.stop())
     with assigner:
         while not assigner.stopped(1.0):

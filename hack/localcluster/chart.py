@@ -7,6 +7,7 @@ chart's configuration, so a test proves the permissions and selectors users get,
 hand-written copy of them."""
 
 import subprocess
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
@@ -19,6 +20,7 @@ SYSTEM_NAMESPACE: Final = "gpupack-system"
 WEBHOOK_NAME: Final = "gpupack-webhook"
 SCHEDULER_NAME: Final = "gpupack-scheduler"
 EXPORTER_NAME: Final = "gpupack-exporter"
+CSI_NAME: Final = "gpupack-csi"
 RECOMMENDER_NAME: Final = "gpupack-recommender"
 ADMISSION_POLICIES: Final = "templates/admission-policies.yaml"
 CHART_DIR: Final = Path(__file__).resolve().parents[2] / "charts" / "gpupack"
@@ -100,3 +102,12 @@ def chart_scheduler_config(
             config: JSON = yaml.safe_load(doc["data"][key])
             return config
     raise LookupError(f"templates/scheduler.yaml renders no ConfigMap with {key}")
+
+
+def webhook_path(entry: JSON) -> str:
+    """The path a webhook entry calls (`/mutate`, `/devices`), from its Service or URL."""
+    config = entry.get("clientConfig") or {}
+    service = config.get("service") or {}
+    if service.get("path"):
+        return str(service["path"])
+    return urllib.parse.urlsplit(str(config.get("url", ""))).path or "/mutate"

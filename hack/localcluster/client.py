@@ -53,6 +53,8 @@ class Kube:
     context: ssl.SSLContext
     token: str | None = None
     _local: threading.local = field(default_factory=threading.local, repr=False)
+    ca: str = field(default="", repr=False)  # the cluster's CA (PEM): for `with_token`
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
 
     def _connection(
         self, url: urllib.parse.SplitResult, timeout: float
@@ -76,12 +78,13 @@ class Kube:
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
         user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
         context = ssl.create_default_context()
+        ca = ""
         if "certificate-authority-data" in cluster:
-            context.load_verify_locations(
-                cadata=base64.b64decode(cluster["certificate-authority-data"]).decode()
-            )
+            ca = base64.b64decode(cluster["certificate-authority-data"]).decode()
         elif "certificate-authority" in cluster:
-            context.load_verify_locations(cafile=cluster["certificate-authority"])
+            ca = Path(cluster["certificate-authority"]).read_text()
+        if ca:
+            context.load_verify_locations(cadata=ca)
         token = user.get("token")
         if "client-certificate-data" in user:
             with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +94,43 @@ class Kube:
                 context.load_cert_chain(cert, key)
         elif "client-certificate" in user:
             context.load_cert_chain(user["client-certificate"], user["client-key"])
-        return cls(cluster["server"], context, token)
+        return cls(cluster["server"], context, token, ca=ca)
+
+    def with_token(self, token: str) -> "Kube":
+        """A client of the same API server that authenticates with `token` alone (no
+        client certificate, which the API server would prefer)."""
+        context = ssl.create_default_context()
+        if self.ca:
+            context.load_verify_locations(cadata=self.ca)
+        return Kube(self.server, context, token, ca=self.ca)
+
+    def impersonating(self, user: str, extra: dict[str, str] | None = None) -> "Kube":
+        """This client acting as `user` (with one value per `extra` key), as `kubectl
+        --as` does: what the API server, RBAC and admission decide for that user."""
+        headers = {"Impersonate-User": user}
+        for key, value in (extra or {}).items():
+            headers[f"Impersonate-Extra-{urllib.parse.quote(key, safe='')}"] = value
+        return Kube(self.server, self.context, self.token, ca=self.ca, headers=headers)
+
+    def node_bound_token(self, namespace: str, account: str, node: str) -> str:
+        """A token of ServiceAccount `namespace/account` bound to Node `node`, as a
+        kubelet gets one for a DaemonSet pod there: the API server gives its requests the
+        node claim `authentication.kubernetes.io/node-name`. Made with this client's
+        rights (TokenRequest); the ServiceAccount is created if missing."""
+        self.create_once({"apiVersion": "v1", "kind": "ServiceAccount",
+                          "metadata": {"name": account, "namespace": namespace}})  # fmt: skip
+        uid = self.get(f"/api/v1/nodes/{node}")["metadata"]["uid"]
+        bound = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+        answer = self.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 86400, "boundObjectRef": bound},
+            },
+        )
+        token: str = answer["status"]["token"]
+        return token
 
     def text(
         self,
@@ -107,7 +146,7 @@ class Kube:
         url = urllib.parse.urlsplit(self.server)
         if params:
             path = f"{path}?{urllib.parse.urlencode(params)}"
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        headers = {"Accept": "application/json", "Content-Type": content_type, **self.headers}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         payload = None if body is None else json.dumps(body).encode()
@@ -165,7 +204,7 @@ class Kube:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(int(timeout)),
         }
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", **self.headers}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         connection = http.client.HTTPSConnection(
@@ -274,6 +313,16 @@ _PLURALS = {
         "validatingadmissionpolicybindings",
         False,
     ),
+    "MutatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        False,
+    ),
+    "MutatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicybindings",
+        False,
+    ),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
     "CustomResourceDefinition": (
         "/apis/apiextensions.k8s.io/v1",
@@ -291,8 +340,12 @@ _PLURALS = {
 
 
 def resource_path(obj: JSON) -> str:
-    """The collection path of an object of the kinds this harness creates."""
+    """The collection path of an object of the kinds this harness creates (in the API
+    version the object names, where it names one)."""
     base, plural, namespaced = _PLURALS[obj["kind"]]
+    version = obj.get("apiVersion")
+    if isinstance(version, str) and version:
+        base = "/api/v1" if version == "v1" else f"/apis/{version}"
     if namespaced:
         return f"{base}/namespaces/{obj['metadata'].get('namespace', 'default')}/{plural}"
     return f"{base}/{plural}"

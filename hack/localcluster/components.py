@@ -8,11 +8,9 @@ import base64
 import contextlib
 import http.client
 import json
-import os
 import secrets
 import socket
 import ssl
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,28 +22,15 @@ import yaml
 from certs import pem
 from hack.localcluster import chart, containers
 from hack.localcluster.chart import SYSTEM_NAMESPACE, WEBHOOK_NAME
-from hack.localcluster.client import JSON
+from hack.localcluster.client import JSON, Kube
 from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
-from hack.localcluster.processes import Process, free_port
+from hack.localcluster.processes import Process, free_port, host_environment, local_executables
 from hack.localcluster.prometheus import (
     Prometheus,
     Target,
     scrape_configs,
     service_monitor_endpoint,
 )
-
-
-def local_executables() -> dict[str, str]:
-    """gpupack's console scripts as this Python environment installs them: the local
-    stand-ins for the image's `/opt/gpupack/bin`."""
-    scripts = Path(sys.executable).parent
-    return {path.name: str(path) for path in scripts.glob("gpupack-*")}
-
-
-def host_environment() -> dict[str, str]:
-    """This process's environment less KUBECONFIG: a component finds the API server
-    through the `--kubeconfig` the harness passes, as a pod through its token."""
-    return {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
 
 
 @dataclass
@@ -160,7 +145,7 @@ class LocalCluster(ControlPlane):
         self.metrics_targets[WEBHOOK_NAME] = Target(
             self.metrics_service("templates/webhook.yaml"), WEBHOOK_NAME, self.webhook_metrics_port
         )
-        url = f"https://127.0.0.1:{self.webhook_port}/mutate"
+        base = f"https://127.0.0.1:{self.webhook_port}"
         ca_bundle = (self.pki / "ca.crt").read_bytes()
         if configuration is None:
             configuration = chart.chart_webhook_configuration(
@@ -168,7 +153,10 @@ class LocalCluster(ControlPlane):
             )
         configuration = json.loads(json.dumps(configuration))
         for entry in configuration["webhooks"]:
-            entry["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+            entry["clientConfig"] = {
+                "url": base + chart.webhook_path(entry),
+                "caBundle": base64.b64encode(ca_bundle).decode(),
+            }
         admin.apply(configuration)
         self._webhook_configuration = configuration
         self.install_admission_policies()
@@ -273,7 +261,7 @@ class LocalCluster(ControlPlane):
         for entry in configuration["webhooks"]:
             reference = {"namespace": self.namespace, "name": WEBHOOK_NAME, "port": 443}
             entry["clientConfig"] = {
-                "service": {**reference, "path": "/mutate"},
+                "service": {**reference, "path": chart.webhook_path(entry)},
                 "caBundle": entry["clientConfig"]["caBundle"],
             }
         if configuration != self._webhook_configuration:
@@ -296,6 +284,11 @@ class LocalCluster(ControlPlane):
         """A kubeconfig of the exporter's ServiceAccount, with the chart's RBAC for it: who
         writes GPU UUIDs on capacity pods where no real exporter runs."""
         return self.component_kubeconfig(chart.EXPORTER_NAME, "templates/exporter.yaml")
+
+    def node_agent(self, node: str) -> Kube:
+        """The exporter's ServiceAccount as `node`'s agent holds it (`node_bound_kube`):
+        `SimulatedGpuAssigner`'s `agent`. Its RBAC: `exporter_kubeconfig`, or helm's."""
+        return self.node_bound_kube(self.namespace, chart.EXPORTER_NAME, node)
 
     def component_kubeconfig(self, name: str, template: str, sets: Sequence[str] = ()) -> Path:
         """A kubeconfig of gpupack's ServiceAccount `name`, with the RBAC the chart's
@@ -353,13 +346,17 @@ class LocalCluster(ControlPlane):
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         node_env: Mapping[str, str] | None = None,
+        on_node: str | None = None,
     ) -> Process:
         """Run the chart's `container` of `template` (rendered with `sets`) as a local
         process, with its rendered command line (`containers.Container.argv`), as
         gpupack's ServiceAccount `user` with the RBAC the chart renders for it
         (`component_kubeconfig`; in a pod, the ServiceAccount token), then `extra_args`.
-        `node_env`: what the node adds to its environment (`clock.skewed`)."""
+        `node_env`: what the node adds to its environment (`clock.skewed`). `on_node`: a
+        node agent's, with a token bound to that Node, as its DaemonSet pod's would be."""
         kubeconfig = self.component_kubeconfig(user, template, sets=sets)
+        if on_node is not None:
+            kubeconfig = self.node_bound_kubeconfig(self.namespace, user, on_node)
         argv, environment = self.chart_command(
             template, container, sets=sets, mounts=mounts, env=env
         )
@@ -534,11 +531,12 @@ class LocalCluster(ControlPlane):
             },
             env={"NODE_NAME": node},
             extra_args=[*([f"--proc={proc}"] if proc else []), *extra_args],
+            on_node=node,
         )
         return process, port
 
     def install_mps_csi(self, node: str, folder: Path) -> tuple[Process, int]:
-        """Run the exporter DaemonSet's `mps-csi` container (the CSI driver
+        """Run the CSI DaemonSet's `mps-csi` container (the CSI driver
         mps.gpupack.io) for `node` as a local process, with the chart's command line and
         RBAC; its mounts (sockets, the kubelet's pods, the MPS root) are folders under
         `folder`. Returns the process and its metrics port."""
@@ -551,8 +549,8 @@ class LocalCluster(ControlPlane):
             local.mkdir(parents=True, exist_ok=True)
         process = self._run_component(
             f"mps-csi-{node}",
-            chart.EXPORTER_NAME,
-            "templates/exporter.yaml",
+            chart.CSI_NAME,
+            "templates/csi.yaml",
             "mps-csi",
             sets=(f"mps.metricsPort={port}",),
             mounts=mounts,

@@ -262,6 +262,38 @@ class ControlPlane:
         path.chmod(0o600)
         return path
 
+    def node_bound_kube(self, namespace: str, account: str, node: str) -> Kube:
+        """ServiceAccount `namespace/account` as its pod on `node` holds it: a client with
+        a fresh token (`Kube.node_bound_token`; a token dies with its ServiceAccount, as
+        when a release is uninstalled and installed again)."""
+        admin = self.kube()
+        return admin.with_token(admin.node_bound_token(namespace, account, node))
+
+    def node_bound_kubeconfig(self, namespace: str, account: str, node: str) -> Path:
+        """A kubeconfig of `node_bound_kube`'s token, for a process of the harness."""
+        token = self.node_bound_kube(namespace, account, node).token
+        name = f"{account}-on-{node}"
+        path = self.workdir / f"kubeconfig-{name}"
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpupack-local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority": str(self.pki / "ca.crt"),
+                    },
+                }
+            ],
+            "users": [{"name": name, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": "gpupack-local", "user": name}}],
+            "current-context": name,
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
     def tool(self, name: str, *args: str, check: bool = True, timeout: float = 600) -> str:
         """Run a pinned command-line tool (`kubectl`, `helm`) as the cluster's admin, as a
         user would; its output (stdout, then stderr). ClusterError with that output if it

@@ -3,6 +3,7 @@
 import http.client
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 from hack.localcluster.chart import SYSTEM_NAMESPACE
@@ -28,7 +29,8 @@ class SimulatedGpuAssigner:
     Running capacity pod gets a fake but stable GPU UUID of a free device on its node, and
     the node's GPU memory. It reads with `kube` and writes with `writer` (the exporter's
     ServiceAccount, whose annotations the chart's admission policy allows), by default
-    `kube`.
+    `kube`; with `agent` (node -> client: `LocalCluster.node_agent`), each write goes as
+    the agent of the pod's node, whose node claim the policy checks.
 
     Event-driven, as the node agents it stands for: it lists the capacity pods once and
     then watches them, naming a pod as soon as the event that shows it Running arrives
@@ -41,11 +43,14 @@ class SimulatedGpuAssigner:
         interval: float = 0.3,
         writer: Kube | None = None,
         namespace: str = SYSTEM_NAMESPACE,
+        agent: Callable[[str], Kube] | None = None,
     ) -> None:
         self._namespace = namespace
         self._path = f"/api/v1/namespaces/{namespace}/pods"
         self._kube = kube
         self._writer = writer or kube
+        self._agent = agent  # node -> that node's agent: writes carry its node claim
+        self._agents: dict[str, Kube] = {}  # node -> its agent, made once (and again on 401)
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
         self._labels: dict[str, dict[str, str]] = {}  # node -> its labels, read once
@@ -199,13 +204,32 @@ class SimulatedGpuAssigner:
         try:
             while (item := self._writes.get()) is not None:
                 name, patch = item
+                with self._lock:
+                    asked = self._asked.get(name)
+                node = asked[1] if asked is not None else None
                 try:
-                    self._writer.merge_patch(
-                        f"{self._path}/{name}", {"metadata": {"annotations": patch}}
-                    )
-                except (ApiError, OSError, http.client.HTTPException):
+                    writer = self._writer if node is None else self._agent_of(node)
+                    writer.merge_patch(f"{self._path}/{name}", {"metadata": {"annotations": patch}})
+                except (ApiError, OSError, http.client.HTTPException) as error:
                     with self._lock:  # gone, or the API server restarting: ask again later
                         self._asked.pop(name, None)
+                        if isinstance(error, ApiError) and error.status == 401 and node:
+                            self._agents.pop(node, None)  # its token died: a new one next
                     self._failed.set()
         finally:
-            self._writer.close()  # this thread's connection
+            with self._lock:
+                clients = [self._writer, *self._agents.values()]
+            for client in clients:
+                client.close()  # this thread's connection
+
+    def _agent_of(self, node: str) -> Kube:
+        """Who writes for `node`: its agent (a token asked for once), or `writer`."""
+        if self._agent is None:
+            return self._writer
+        with self._lock:
+            known = self._agents.get(node)
+        if known is None:
+            known = self._agent(node)
+            with self._lock:
+                self._agents[node] = known
+        return known

@@ -191,3 +191,16 @@ def routable_address() -> str:
     if address.startswith("127."):
         raise OSError("this machine has no address but loopback; a Service endpoint needs one")
     return address
+
+
+def local_executables() -> dict[str, str]:
+    """gpupack's console scripts as this Python environment installs them: the local
+    stand-ins for the image's `/opt/gpupack/bin`."""
+    scripts = Path(sys.executable).parent
+    return {path.name: str(path) for path in scripts.glob("gpupack-*")}
+
+
+def host_environment() -> dict[str, str]:
+    """This process's environment less KUBECONFIG: a component finds the API server
+    through the `--kubeconfig` the harness passes, as a pod through its token."""
+    return {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}

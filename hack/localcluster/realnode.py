@@ -218,6 +218,16 @@ state = "{base / "state"}"
     def _ctr(self, *args: str) -> str:
         return _run("ctr", f"--address={self.containerd_socket}", "-n", "k8s.io", *args).stdout
 
+    def container_env(self, container_id: str) -> dict[str, str]:
+        """The environment containerd gives container `container_id` (a pod status's
+        `containerd://...` or the bare id): its OCI spec's `process.env`, which the
+        runtime, and the NVIDIA container toolkit's hook, read."""
+        info = json.loads(
+            self._ctr("containers", "info", container_id.rsplit("://", maxsplit=1)[-1])
+        )
+        pairs = (entry.partition("=") for entry in info["Spec"]["process"]["env"])
+        return {name: value for name, _, value in pairs}
+
     def _import(self, archive: Path) -> None:
         """An OCI archive made by buildah: its index names the image in full."""
         self._ctr("images", "import", str(archive))

@@ -194,8 +194,9 @@ def test_the_chart_registers_the_webhook_as_specified() -> None:
         {k: v for k, v in e.items() if k not in ("clientConfig", "matchConditions")}
         for e in config["webhooks"]
     ]
-    assert entries == EXPECTED_ENTRIES
-    for entry in config["webhooks"]:
+    assert entries[:2] == EXPECTED_ENTRIES
+    assert [e["name"] for e in entries[2:]] == ["devices.gpupack.io"]  # below
+    for entry in config["webhooks"][:2]:
         assert entry["clientConfig"]["service"] == {
             "name": "gpupack-webhook",
             "namespace": NAMESPACE,
@@ -208,13 +209,70 @@ def test_excluded_namespaces_join_the_system_ones() -> None:
     (config,) = of_kind(
         render("--set=excludedNamespaces[0]=monitoring"), "MutatingWebhookConfiguration"
     )
-    for entry in config["webhooks"]:
+    for entry in config["webhooks"][:2]:
         names = next(
             e
             for e in entry["namespaceSelector"]["matchExpressions"]
             if e["key"] == "kubernetes.io/metadata.name"
         )
         assert names["values"] == ["kube-system", NAMESPACE, "monitoring"]
+
+
+MAP_SERVED = "--api-versions=admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"
+
+
+def device_env_mutations(*args: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the webhook's devices.gpupack.io entries, the MutatingAdmissionPolicies)."""
+    docs = render(*args)
+    (config,) = of_kind(docs, "MutatingWebhookConfiguration")
+    entries = [e for e in config["webhooks"] if e["name"] == "devices.gpupack.io"]
+    return entries, of_kind(docs, "MutatingAdmissionPolicy")
+
+
+def test_no_image_chooses_its_gpus_the_api_server_or_the_webhook_says_void() -> None:
+    """Where the API server serves MutatingAdmissionPolicy it sets NVIDIA_VISIBLE_DEVICES
+    itself; elsewhere the webhook's /devices does, for every namespace but the exempt ones;
+    the validating policy refuses what neither guarded either way."""
+    exempt: dict[str, Any] = {"key": "kubernetes.io/metadata.name", "operator": "NotIn"}
+    exempt["values"] = [NAMESPACE, "kube-system", "gpu-operator", "nvidia-gpu-operator"]
+    (entry,), policies = device_env_mutations()
+    assert policies == []
+    assert entry["clientConfig"]["service"]["path"] == "/devices"
+    assert entry["failurePolicy"] == "Ignore"  # the validating policy fails closed
+    assert entry["reinvocationPolicy"] == "IfNeeded"  # sidecars injected after us
+    assert entry["namespaceSelector"] == {"matchExpressions": [exempt]}
+    assert "objectSelector" not in entry
+    assert {r["resources"][0] for r in entry["rules"]} == {"pods", "pods/ephemeralcontainers"}
+
+    entries, (policy,) = device_env_mutations(MAP_SERVED)
+    assert entries == []
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (binding,) = of_kind(render(MAP_SERVED), "MutatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": [exempt]}
+    assert device_env_mutations(MAP_SERVED, "--set=security.deviceEnv.mutation=webhook")[1] == []
+
+    for scope in (MAP_SERVED, ""):
+        off = device_env_mutations(*filter(None, [scope, "--set=security.deviceEnv.scope=optedIn"]))
+        assert off == ([], [])
+    (validating,) = [
+        p
+        for p in of_kind(render(), "ValidatingAdmissionPolicy")
+        if p["metadata"]["name"].endswith("-device-env")
+    ]
+    assert (
+        "NVIDIA_VISIBLE_DEVICES=void" in validating["spec"]["validations"][0]["messageExpression"]
+    )
+
+
+def test_the_policy_mutation_is_refused_where_the_api_server_cannot_serve_it() -> None:
+    failed = subprocess.run(
+        [helm(), "template", "gpupack", str(CHART), f"--kube-version={KUBERNETES}.0",
+         "--set=security.deviceEnv.mutation=policy"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    assert "serves no MutatingAdmissionPolicy" in failed.stderr
 
 
 def test_the_default_policies_are_the_builtins() -> None:
@@ -618,3 +676,29 @@ def test_every_gpupack_container_is_probed_for_liveness_and_readiness() -> None:
     assert probed["gpupack-recommender/recommender"] == ("/healthz", "/readyz")
     assert probed["gpupack-webhook/webhook"][1] == "/readyz"
     assert all(live for live, _ in probed.values()), probed
+
+
+def test_network_policies_leave_only_the_webhook_and_the_chosen_scrapers_in() -> None:
+    assert of_kind(render(), "NetworkPolicy") == []  # off: it needs an enforcing CNI
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    docs = render(
+        "--set=networkPolicy.enabled=true",
+        "--set=networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=mon",
+    )
+    policies = {p["metadata"]["name"]: p["spec"] for p in of_kind(docs, "NetworkPolicy")}
+    for policy in of_kind(docs, "NetworkPolicy"):
+        kubernetes_validate.validate(policy, KUBERNETES, strict=True)
+    assert policies["gpupack-default-deny"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    webhook = policies["gpupack-webhook"]["ingress"]
+    assert webhook[0] == {"ports": [{"port": 8443, "protocol": "TCP"}]}  # the API server
+    assert webhook[1] == {"from": [monitoring], "ports": [{"port": 9090, "protocol": "TCP"}]}
+    exporter = policies["gpupack-exporter"]["ingress"]
+    assert exporter[0]["from"] == [monitoring]
+    assert exporter[1]["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == (
+        "recommender"
+    )
+    closed = render("--set=networkPolicy.enabled=true")
+    scheduler = next(
+        p for p in of_kind(closed, "NetworkPolicy") if p["metadata"]["name"] == "gpupack-scheduler"
+    )
+    assert scheduler["spec"].get("ingress") is None  # nobody scrapes unless chosen

@@ -1,5 +1,6 @@
-"""The exporter's part of the chart: a DaemonSet on GPU nodes with what NVML and the
-kubelet need, and no more permission than it uses."""
+"""The node agent's part of the chart: the exporter's DaemonSet on GPU nodes with what NVML
+and the kubelet need, the CSI drivers' beside it, each with no more permission than it
+uses."""
 
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,14 @@ from tests.chart.test_chart import KUBERNETES, NAMESPACE, of_kind, render
 
 
 def daemonset(*values: str) -> dict[str, Any]:
-    (found,) = of_kind(render(*values), "DaemonSet")
-    assert found["metadata"]["name"] == "gpupack-exporter"
-    return found
+    return named(render(*values), "DaemonSet", "gpupack-exporter")
+
+
+def csi_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The CSI drivers' DaemonSet's pod spec: a pod (and a ServiceAccount) of their own."""
+    spec: dict[str, Any] = named(docs, "DaemonSet", "gpupack-csi")["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "gpupack-csi"
+    return spec
 
 
 def container_named(spec: dict[str, Any], name: str) -> dict[str, Any]:
@@ -44,15 +50,19 @@ def test_the_exporter_runs_on_gpu_nodes_with_host_pids_and_the_kubelet_socket() 
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
     assert mount["mountPath"] == volume["hostPath"]["path"]
-    # Whether a pod's GPU process runs the memory shim: the cuda-csi container's roster,
-    # through a socket in a memory-backed emptyDir the two share; no capability, no host
-    # path of the kubelet's pods.
+    # Whether a pod's GPU process runs the memory shim: the cuda-csi container's roster
+    # (in the CSI DaemonSet's pod), through a socket in a folder of the node both mount;
+    # no capability, no host path of the kubelet's pods.
     (shared,) = [v for v in spec["volumes"] if v["name"] == sockets["name"]]
-    assert shared["emptyDir"]["medium"] == "Memory"
+    assert shared["hostPath"]["path"] == "/run/gpupack/agent"
     assert args.shim_roster == Path(sockets["mountPath"]) / "shims.sock"
-    driver = container_named(spec, "cuda-csi")
+    drivers = csi_spec(render())
+    driver = container_named(drivers, "cuda-csi")
     assert cuda_csi_parser().parse_args(driver["args"]).roster_socket == args.shim_roster
     assert sockets in driver["volumeMounts"]
+    (theirs,) = [v for v in drivers["volumes"] if v["name"] == sockets["name"]]
+    assert theirs == shared
+    assert [c["name"] for c in spec["containers"]] == ["exporter"]  # the drivers elsewhere
     context = container["securityContext"]
     assert context["capabilities"] == {"drop": ["ALL"]}
     unshimmed = daemonset("--set=memoryEnforcement.enabled=false")["spec"]["template"]["spec"]
@@ -104,15 +114,37 @@ def test_the_exporter_may_read_pods_and_patch_only_gpupacks_own() -> None:
     assert service["spec"]["clusterIP"] == "None"  # every exporter is scraped, not one
 
 
+def test_the_csi_drivers_may_only_read_pods() -> None:
+    """The privileged mps-csi container's token: the pod a volume is for, nothing else."""
+    docs = render()
+    (cluster_role,) = [
+        d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == "gpupack-csi"
+    ]
+    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert not [d for d in of_kind(docs, "Role") if d["metadata"]["name"] == "gpupack-csi"]
+    (binding,) = [
+        d for d in of_kind(docs, "ClusterRoleBinding") if d["metadata"]["name"] == "gpupack-csi"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpupack-csi", "namespace": NAMESPACE}
+    ]
+    for daemonset_name in ("gpupack-exporter", "gpupack-csi"):
+        rendered = named(docs, "DaemonSet", daemonset_name)
+        kubernetes_validate.validate(rendered, KUBERNETES, strict=True)
+    off = render("--set=mps.enabled=false", "--set=memoryEnforcement.enabled=false")
+    assert [d["metadata"]["name"] for d in of_kind(off, "DaemonSet")] == ["gpupack-exporter"]
+    assert not [d for d in off if d["metadata"]["name"] == "gpupack-csi"]
+
+
 def test_the_exporter_can_be_left_out() -> None:
     docs = render("--set=exporter.enabled=false")
     assert of_kind(docs, "DaemonSet") == []
-    assert not [d for d in docs if d["metadata"]["name"] == "gpupack-exporter"]
+    assert not [d for d in docs if d["metadata"]["name"] in ("gpupack-exporter", "gpupack-csi")]
 
 
-def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelets_paths() -> None:
+def test_the_mps_csi_driver_runs_privileged_in_a_pod_of_its_own_with_the_kubelets_paths() -> None:
     docs = render("--set=mps.kubeletDir=/var/snap/microk8s/common/var/lib/kubelet/")
-    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    spec = csi_spec(docs)
     driver = container_named(spec, "mps-csi")
     args = mps_csi_parser().parse_args(driver["args"])  # every rendered flag exists
     kubelet = "/var/snap/microk8s/common/var/lib/kubelet"
@@ -127,7 +159,9 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
     assert mounts["mps-root"]["mountPropagation"] == "Bidirectional"
     assert volumes["mps-root"] == "/run/gpupack/mps"
     assert volumes["mps-registration"] == f"{kubelet}/plugins_registry"
-    assert "privileged" not in container_named(spec, "exporter")["securityContext"]
+    assert "privileged" not in container_named(spec, "cuda-csi")["securityContext"]
+    exporter = container_named(daemonset()["spec"]["template"]["spec"], "exporter")
+    assert "privileged" not in exporter["securityContext"]
     (driver_object,) = [d for d in of_kind(docs, "CSIDriver") if "mps" in d["metadata"]["name"]]
     assert driver_object["metadata"]["name"] == "mps.gpupack.io"
     assert driver_object["spec"]["podInfoOnMount"] is True
@@ -138,8 +172,7 @@ def test_the_mps_csi_driver_runs_privileged_beside_the_exporter_with_the_kubelet
 
 def test_with_mps_off_nothing_privileged_runs_and_the_webhook_keeps_mps_pods_whole() -> None:
     docs = render("--set=mps.enabled=false", "--set=memoryEnforcement.enabled=false")
-    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
-    assert [c["name"] for c in spec["containers"]] == ["exporter"]
+    assert [d["metadata"]["name"] for d in of_kind(docs, "DaemonSet")] == ["gpupack-exporter"]
     assert of_kind(docs, "CSIDriver") == []
     webhook = named(docs, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
     assert "--no-mps" in webhook["containers"][0]["args"]
@@ -153,7 +186,7 @@ def test_with_mps_off_nothing_privileged_runs_and_the_webhook_keeps_mps_pods_who
 
 def test_the_memory_shims_driver_runs_as_root_without_privilege_or_capabilities() -> None:
     docs = render("--set=mps.kubeletDir=/var/snap/microk8s/common/var/lib/kubelet/")
-    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
+    spec = csi_spec(docs)
     driver = container_named(spec, "cuda-csi")
     args = cuda_csi_parser().parse_args(driver["args"])  # every rendered flag exists
     kubelet = "/var/snap/microk8s/common/var/lib/kubelet"
@@ -180,8 +213,8 @@ def test_the_memory_shims_driver_runs_as_root_without_privilege_or_capabilities(
 
 def test_with_memory_enforcement_off_the_webhook_says_so_and_no_driver_runs() -> None:
     docs = render("--set=memoryEnforcement.enabled=false")
-    spec = named(docs, "DaemonSet", "gpupack-exporter")["spec"]["template"]["spec"]
-    assert "cuda-csi" not in [c["name"] for c in spec["containers"]]
+    spec = csi_spec(docs)
+    assert [c["name"] for c in spec["containers"]] == ["mps-csi"]
     assert [d["metadata"]["name"] for d in of_kind(docs, "CSIDriver")] == ["mps.gpupack.io"]
     webhook = named(docs, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
     assert "--no-memory-enforcement" in webhook["containers"][0]["args"]

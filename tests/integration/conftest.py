@@ -50,8 +50,8 @@ def gpu_assigner(kube: Kube, cluster: LocalCluster | None) -> Iterator[Simulated
     if cluster is None:  # a real or kind cluster has its own node agent
         yield None
         return
-    writer = Kube.from_kubeconfig(cluster.exporter_kubeconfig())
-    with SimulatedGpuAssigner(kube, writer=writer) as assigner:
+    cluster.exporter_kubeconfig()  # the chart's RBAC for the node agents
+    with SimulatedGpuAssigner(kube, agent=cluster.node_agent) as assigner:
         yield assigner
 
 

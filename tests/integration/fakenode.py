@@ -28,6 +28,7 @@ from exporter.sampler import Sampler
 from gpupack import keys
 from gpupack.runtime.transport import connect
 from hack.localcluster import SYSTEM_NAMESPACE, LocalCluster, SimulatedGpuAssigner, free_port
+from hack.localcluster.chart import EXPORTER_NAME
 from tests.exporter.fake_reader import A100, FakeReader
 from tests.exporter.procfs import containerd_v2, write_proc
 
@@ -71,9 +72,12 @@ class FakeNode:
         # The node's GPUs are DRA devices: the exporter's own discovery reads the GPU a
         # capacity pod holds from its ResourceClaim and the node's ResourceSlices.
         self._dra = dra
-        # As the exporter's ServiceAccount, with the chart's RBAC: the admission policies
-        # let only it write a capacity pod's GPU annotations.
-        self._client = connect(str(cluster.exporter_kubeconfig()), user_agent="gpupack-exporter")
+        # As the exporter's ServiceAccount on this node (a token bound to it), with the
+        # chart's RBAC: the admission policies let only it write the GPU annotations of
+        # this node's capacity pods.
+        cluster.exporter_kubeconfig()
+        bound = cluster.node_bound_kubeconfig(cluster.namespace, EXPORTER_NAME, node)
+        self._client = connect(str(bound), user_agent="gpupack-exporter")
         self._informer = node_pods(self._client, node)
         self._sampler, self._agent = self._exporter()
         self._discovery: threading.Thread | None = None

@@ -20,7 +20,7 @@ from typing import Any, Final
 import pytest
 
 from gpupack import keys
-from hack.localcluster import Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster import LocalCluster, SimulatedGpuAssigner
 from hack.localcluster.karpenter import (
     A100_X8,
     FULL_NODE_POOLS,
@@ -55,9 +55,9 @@ def autoscaled(
             local, instance_types=(L4_X2, A100_X8), more_pools={"h100": (H100_X8,)}
         ).start()
         local.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
-        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())  # with the chart's RBAC
+        local.exporter_kubeconfig()  # the chart's RBAC for the node agents
         try:
-            with SimulatedGpuAssigner(local.kube(), writer=writer):
+            with SimulatedGpuAssigner(local.kube(), agent=local.node_agent):
                 yield local, karpenter
         finally:
             karpenter.stop()

@@ -50,9 +50,9 @@ def autoscaled(
         local.install_scheduler(
             extra_args=FAST, sets=[*FAST_LEASE, "scheduler.consolidation.intervalSeconds=1"]
         )
-        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())  # with the chart's RBAC
+        local.exporter_kubeconfig()  # the chart's RBAC for the node agents
         try:
-            with SimulatedGpuAssigner(local.kube(), writer=writer):
+            with SimulatedGpuAssigner(local.kube(), agent=local.node_agent):
                 yield local, karpenter
         finally:
             karpenter.stop()

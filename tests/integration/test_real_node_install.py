@@ -36,7 +36,6 @@ from hack.localcluster import (
     log,
     realnode,
 )
-from hack.localcluster.chart import EXPORTER_NAME
 from tests.integration.tools import REPO, cluster_of_its_own
 from tests.integration.workloads import RESTRICTED, TOLERATE_GPUS, deployment
 
@@ -163,8 +162,7 @@ def test_helm_install_runs_gpupack_on_a_real_node_and_uninstall_leaves_nothing(
     # pods are rewritten and placed on a shared GPU of a (simulated) GPU node. Like the
     # public inference charts it carries no toleration of the GPU nodes' taint: the API
     # server's ExtendedResourceToleration gives it one, before the webhook runs.
-    writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
-    with SimulatedGpuAssigner(kube, writer=writer):
+    with SimulatedGpuAssigner(kube, agent=cluster.node_agent):
         ns = kube.create_namespace("it-real", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
         infer = deployment(ns, "infer", 3, memory="8Gi")
         kube.create(f"/apis/apps/v1/namespaces/{ns}/deployments", infer)
@@ -290,6 +288,192 @@ def test_a_node_left_by_a_run_that_died_is_cleaned_up_before_the_next_starts(
     assert cleaned == [dead]
 
 
+def make_one_gpu_node(kube: Kube, name: str) -> None:
+    """The real node as a one-GPU node: labels as GPU feature discovery writes them, and
+    one nvidia.com/gpu advertised (no device plugin: the capacity pod is pause)."""
+    kube.merge_patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": {
+        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
+        "nvidia.com/gpu.product": "Fake-GPU", "nvidia.com/gpu.memory": "16384",
+    }}})  # fmt: skip
+    kube.request(
+        "PATCH",
+        f"/api/v1/nodes/{name}/status",
+        [
+            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"},
+            {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "1"},
+        ],
+        content_type="application/json-patch+json",
+    )
+
+
+def running(kube: Kube, ns: str, name: str, containers: int) -> dict[str, Any] | None:
+    """Pod `name` once `containers` of its containers (ephemeral ones included) run."""
+    found = kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    status = found.get("status") or {}
+    statuses = [*(status.get("containerStatuses") or []),
+                *(status.get("ephemeralContainerStatuses") or [])]  # fmt: skip
+    started = [s for s in statuses if "running" in (s.get("state") or {})]
+    return found if len(started) >= containers else None
+
+
+def environments(cluster: LocalCluster, pod: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per running container, the environment containerd gave it (what the toolkit reads)."""
+    assert cluster.node is not None
+    status = pod["status"]
+    statuses = [*(status.get("containerStatuses") or []),
+                *(status.get("ephemeralContainerStatuses") or [])]  # fmt: skip
+    return {
+        s["name"]: cluster.node.container_env(s["containerID"])
+        for s in statuses
+        if "running" in (s.get("state") or {})
+    }
+
+
+@pytest.mark.smoke
+def test_no_container_on_the_real_node_reaches_a_gpu_its_image_names(
+    node_cluster: LocalCluster,
+) -> None:
+    """An image whose ENV says NVIDIA_VISIBLE_DEVICES=all (as every CUDA base image does),
+    run on the real node by pods gpupack never shares: what containerd gives each
+    container (what the NVIDIA toolkit reads) names no GPU, whether the pod asked for none,
+    took the variable from a ConfigMap, had its image changed or a debugger added; a
+    gpupack pod's sidecar neither. A whole-GPU container keeps what the kubelet gives it,
+    a fractional one gets exactly its GPU. Where the API server serves
+    MutatingAdmissionPolicy (1.36+) it writes `void`, elsewhere the webhook; with neither
+    answering, the API server refuses the pod."""
+    cluster, kube = node_cluster, node_cluster.kube()
+    node = cluster.node
+    assert node is not None
+    image = os.environ.get("GPUPACK_CUDA_ENV_IMAGE", "")
+    assert image, "GPUPACK_CUDA_ENV_IMAGE is set by hack/lib/image.sh: run through hack/test"
+    make_one_gpu_node(kube, node.name)
+    chart = str(REPO / "charts" / "gpupack")
+    root = node.kubelet_root
+    values = [f"--set=image.tag={image_tag()}", f"--set=mps.kubeletDir={root}",
+              f"--set=exporter.podResourcesPath={root}/pod-resources", "--set=mps.enabled=false",
+              "--set=memoryEnforcement.enabled=false"]  # fmt: skip
+    # No --wait: the exporter finds no NVML on this node and is never Ready.
+    cluster.tool("helm", "install", "gpupack", chart, f"--namespace={NS}", "--create-namespace",
+                 "--timeout=5m", *values)  # fmt: skip
+    for deployment_name in ("gpupack-webhook", "gpupack-scheduler"):
+        cluster.tool("kubectl", "rollout", "status", f"deployment/{deployment_name}",
+                     f"--namespace={NS}", "--timeout=300s")  # fmt: skip
+    served = kube.get("/apis/admissionregistration.k8s.io/v1")["resources"]
+    by_policy = any(r["name"] == "mutatingadmissionpolicies" for r in served)
+    plain = kube.create_namespace("it-devices", {})
+    shared = kube.create_namespace("it-devices-shared", {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED})
+    on_node = {"kubernetes.io/hostname": node.name}
+    pods_of = f"/api/v1/namespaces/{plain}/pods"
+    try:
+        kube.create(f"/api/v1/namespaces/{plain}/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpus"},
+            "data": {"NVIDIA_VISIBLE_DEVICES": "all"},
+        })  # fmt: skip
+        kube.create(pods_of, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+            "spec": {"nodeSelector": on_node, "terminationGracePeriodSeconds": 0, "containers": [
+                {"name": "app", "image": image},
+                {"name": "from-config", "image": image,
+                 "envFrom": [{"configMapRef": {"name": "gpus"}}]},
+                {"name": "later", "image": "registry.k8s.io/pause:3.10"},
+            ]},
+        })  # fmt: skip
+        kube.wait_for("the plain pod running", lambda: running(kube, plain, "plain", 3), 120)
+        # kubectl set image: the next container runs the CUDA image; env is immutable.
+        cluster.tool(
+            "kubectl", "set", "image", "pod/plain", f"later={image}", f"--namespace={plain}"
+        )
+
+        def changed() -> dict[str, Any] | None:
+            found = running(kube, plain, "plain", 3)
+            statuses = (found or {}).get("status", {}).get("containerStatuses") or []
+            later = [s for s in statuses if s["name"] == "later" and "cuda-env" in s["image"]]
+            return found if later else None
+
+        kube.wait_for("the new image running", changed, 120)
+        # A debugger added to the running pod (kubectl debug's ephemeral container).
+        current = kube.get(f"{pods_of}/plain")
+        current["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": image}]
+        kube.request("PUT", f"{pods_of}/plain/ephemeralcontainers", current)
+        plain_pod = kube.wait_for(
+            "the debugger running", lambda: running(kube, plain, "plain", 4), 120
+        )
+        seen = environments(cluster, plain_pod)
+
+        # A whole GPU: what the kubelet gives (here no device plugin: the image's own).
+        kube.create(pods_of, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "whole"},
+            "spec": {"nodeSelector": on_node, "terminationGracePeriodSeconds": 0,
+                     "tolerations": TOLERATE_GPUS, "containers": [
+                {"name": "cuda", "image": image, "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            ]},
+        })  # fmt: skip
+        whole = kube.wait_for(
+            "the whole-GPU pod running", lambda: running(kube, plain, "whole", 1), 120
+        )
+        whole_seen = environments(cluster, whole)
+        kube.delete(f"{pods_of}/whole")
+        kube.wait_for("the whole GPU free", lambda: not any(
+            p["metadata"]["name"] == "whole" for p in pods(kube, plain)), 120)  # fmt: skip
+
+        # A fractional pod with a sidecar, on the real node's one GPU.
+        with SimulatedGpuAssigner(kube, agent=cluster.node_agent):
+            kube.create(f"/api/v1/namespaces/{shared}/pods", {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "share",
+                    "annotations": {keys.POLICY: "batch", keys.GPU_COMPUTE: "300m",
+                                    keys.GPU_MEMORY: "1Gi"}},
+                "spec": {"nodeSelector": on_node, "terminationGracePeriodSeconds": 0, "containers": [
+                    {"name": "cuda", "image": image, "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "sidecar", "image": image},
+                ]},
+            })  # fmt: skip
+            share = kube.wait_for(
+                "the share running", lambda: running(kube, shared, "share", 2), 180
+            )
+        share_seen = environments(cluster, share)
+
+        # Nobody answering (the webhook scaled to zero), a pod that would reach the GPUs
+        # is refused by the API server; with the policy in the API server it never is.
+        cluster.tool("kubectl", "scale", "deployment/gpupack-webhook", "--replicas=0",
+                     f"--namespace={NS}")  # fmt: skip
+        kube.wait_for("no webhook pod", lambda: not pods(
+            kube, NS, "app.kubernetes.io/component=webhook"), 120)  # fmt: skip
+        orphan = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orphan"},
+                  "spec": {"containers": [{"name": "app", "image": image}]}}  # fmt: skip
+        if by_policy:
+            stored = kube.create(pods_of, orphan, dry_run=True)
+            assert stored["spec"]["containers"][0]["env"] == [VOID]
+        else:
+            with pytest.raises(ApiError) as refused:
+                kube.create(pods_of, orphan, dry_run=True)
+            assert refused.value.status == 403, refused.value
+            assert "NVIDIA_VISIBLE_DEVICES=void" in refused.value.body
+            assert "gpupack webhook sets it and did not answer" in refused.value.body
+    finally:
+        for namespace in (plain, shared):
+            kube.delete(f"/api/v1/namespaces/{namespace}")
+        kube.wait_for("the test pods gone",
+                      lambda: not pods(kube, plain) and not pods(kube, shared), timeout=120)  # fmt: skip
+        cluster.tool("helm", "uninstall", "gpupack", f"--namespace={NS}", "--wait", "--timeout=3m")
+
+    log(f"real node ({'MutatingAdmissionPolicy' if by_policy else 'webhook'}): {seen}")
+    for container in ("app", "from-config", "later", "debugger"):
+        assert seen[container]["NVIDIA_VISIBLE_DEVICES"] == "void", (container, seen)
+    assert seen["from-config"]["CUDA_VERSION"] == "13.0.0"  # the image's ENV is there ...
+    assert (
+        "NVIDIA_VISIBLE_DEVICES" not in plain_pod["spec"]["containers"][0].get("envFrom", [{}])[0]
+    )
+    # ... the kubelet's choice is left alone (a device plugin's variable would win) ...
+    assert whole_seen["cuda"]["NVIDIA_VISIBLE_DEVICES"] == "all", whole_seen
+    assert "env" not in whole["spec"]["containers"][0]
+    # ... and a share sees exactly its GPU, its sidecar none.
+    uuid = share["metadata"]["annotations"][keys.GPU_UUID]
+    assert uuid == SimulatedGpuAssigner.fake_uuid(node.name, 0)
+    assert share_seen["cuda"]["NVIDIA_VISIBLE_DEVICES"] == uuid, share_seen
+    assert share_seen["sidecar"]["NVIDIA_VISIBLE_DEVICES"] == "void", share_seen
+
+
+VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 SHIM_LIMIT = 1 << 30
 # Each container runs the C probe against the fake driver (from a ConfigMap), with no
 # LD_PRELOAD of its own: only /etc/ld.so.preload can load the shim. `main` takes 600 MiB
@@ -386,21 +570,7 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     root = node.kubelet_root
     build = Build(tmp_path / "fake").make()
 
-    # The real node as a one-GPU node: labels as GPU feature discovery writes them, and
-    # one nvidia.com/gpu advertised (there is no device plugin: the capacity pod is pause).
-    kube.merge_patch(f"/api/v1/nodes/{node.name}", {"metadata": {"labels": {
-        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
-        "nvidia.com/gpu.product": "Fake-GPU", "nvidia.com/gpu.memory": "16384",
-    }}})  # fmt: skip
-    kube.request(
-        "PATCH",
-        f"/api/v1/nodes/{node.name}/status",
-        [
-            {"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"},
-            {"op": "add", "path": "/status/allocatable/nvidia.com~1gpu", "value": "1"},
-        ],
-        content_type="application/json-patch+json",
-    )
+    make_one_gpu_node(kube, node.name)
     chart = str(REPO / "charts" / "gpupack")
     values = [f"--set=image.tag={image_tag()}", f"--set=mps.kubeletDir={root}",
               f"--set=exporter.podResourcesPath={root}/pod-resources", "--set=mps.enabled=false"]  # fmt: skip
@@ -419,22 +589,24 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     for deployment_name in ("gpupack-webhook", "gpupack-scheduler"):
         cluster.tool("kubectl", "rollout", "status", f"deployment/{deployment_name}",
                      f"--namespace={NS}", "--timeout=300s")  # fmt: skip
-    writer = Kube.from_kubeconfig(cluster.service_account_kubeconfig(EXPORTER_NAME))
-    ns = kube.create_namespace(
-        "it-shim",
-        {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED, "pod-security.kubernetes.io/enforce": "restricted"},
-    )
+        ns = kube.create_namespace(
+            "it-shim",
+            {
+                keys.OPTIMIZE: keys.OPTIMIZE_ENABLED,
+                "pod-security.kubernetes.io/enforce": "restricted",
+            },
+        )
     rooted = kube.create_namespace(
         "it-shim-root",
         {keys.OPTIMIZE: keys.OPTIMIZE_ENABLED, "pod-security.kubernetes.io/enforce": "baseline"},
     )
     try:
-        with SimulatedGpuAssigner(kube, writer=writer):
+        with SimulatedGpuAssigner(kube, agent=cluster.node_agent):
             kube.wait_for(
                 "the memory shim's driver running on the real node",
                 lambda: any(
                     s["name"] == "cuda-csi" and s.get("ready")
-                    for p in pods(kube, NS, "app.kubernetes.io/component=exporter")
+                    for p in pods(kube, NS, "app.kubernetes.io/component=csi")
                     if p["spec"].get("nodeName") == node.name
                     for s in (p.get("status") or {}).get("containerStatuses") or []
                 ),
@@ -470,7 +642,7 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
             except ClusterError as exc:
                 describe = cluster.tool("kubectl", "describe", "pod", "held",
                                         f"--namespace={ns}", check=False)  # fmt: skip
-                driver = cluster.tool("kubectl", "logs", "--selector=app.kubernetes.io/component=exporter",
+                driver = cluster.tool("kubectl", "logs", "--selector=app.kubernetes.io/component=csi",
                                       "-c", "cuda-csi", f"--namespace={NS}", "--tail=50", check=False)  # fmt: skip
                 raise AssertionError(
                     f"{exc}\n--- pod\n{describe}\n--- main\n{logs('main')}\n"

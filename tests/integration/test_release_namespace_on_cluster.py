@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpupack import keys
-from hack.localcluster import ApiError, Kube, LocalCluster, SimulatedGpuAssigner
+from hack.localcluster import ApiError, LocalCluster, SimulatedGpuAssigner
 from tests.integration.scheduling import FAST, FAST_LEASE, create, wait_bound
 from tests.integration.tools import cluster_of_its_own
 from tests.integration.workloads import deployment
@@ -30,8 +30,10 @@ def released(
     ) as local:
         local.install_webhook()
         local.install_scheduler(extra_args=FAST, sets=FAST_LEASE)
-        writer = Kube.from_kubeconfig(local.exporter_kubeconfig())
-        with SimulatedGpuAssigner(local.kube(), writer=writer, namespace=RELEASE_NAMESPACE):
+        local.exporter_kubeconfig()  # the chart's RBAC for the node agents
+        with SimulatedGpuAssigner(
+            local.kube(), agent=local.node_agent, namespace=RELEASE_NAMESPACE
+        ):
             yield local
 
 

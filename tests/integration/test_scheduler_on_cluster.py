@@ -291,14 +291,12 @@ def test_pods_a_gpu_cannot_hold_any_more_are_reported_and_left_running(
 
     # The node agent reports that the GPU has only 40 GiB after all (it came back
     # smaller): the two pods' 60 GiB no longer fit its books.
-    writer = Kube.from_kubeconfig(scheduler.exporter_kubeconfig())
-    try:
-        writer.merge_patch(
-            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}",
-            {"metadata": {"annotations": {keys.GPU_MEMORY: "40Gi"}}},
-        )
-    finally:
-        writer.close()
+    scheduler.exporter_kubeconfig()  # the chart's RBAC for the node agent
+    writer = scheduler.node_agent(pods[0]["spec"]["nodeName"])
+    writer.merge_patch(
+        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}",
+        {"metadata": {"annotations": {keys.GPU_MEMORY: "40Gi"}}},
+    )
 
     reported = kube.wait_for(
         "a GPUOvercommitted event", lambda: events(kube, ns, "GPUOvercommitted"), timeout=30

@@ -195,17 +195,29 @@ def test_the_limit_gpupack_writes_passes_its_own_policy(
     assert {"name": "gpupack-cuda", "csi": {"driver": "cuda.gpupack.io"}} in pod["spec"]["volumes"]
 
 
-def test_device_variables_outside_opted_in_scopes_are_left_alone(
+def test_device_variables_are_refused_everywhere_but_the_exempt_namespaces(
     kube: Kube, plain_namespace: str
 ) -> None:
+    """security.deviceEnv.scope=cluster (the default): a namespace gpupack never shares
+    in is no way onto every GPU of a node; kube-system (exempt, with the GPU operator's
+    namespaces) keeps its device agents' variables as written."""
     env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
     kube.create(
         f"/api/v1/namespaces/{plain_namespace}/pods", bare_pod("ok", container={"env": env})
     )
     env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    kube.create(
-        f"/api/v1/namespaces/{plain_namespace}/pods", bare_pod("all", container={"env": env})
-    )
+    with pytest.raises(ApiError) as refused:
+        kube.create(
+            f"/api/v1/namespaces/{plain_namespace}/pods", bare_pod("all", container={"env": env})
+        )
+    assert refused.value.status == 403
+    assert "may not set NVIDIA_VISIBLE_DEVICES" in refused.value.body
+    agent = bare_pod(f"device-agent-{plain_namespace}", container={"env": env})
+    stored = kube.create("/api/v1/namespaces/kube-system/pods", agent)
+    try:
+        assert stored["spec"]["containers"][0]["env"] == env
+    finally:
+        kube.delete(f"/api/v1/namespaces/kube-system/pods/{agent['metadata']['name']}")
 
 
 @pytest.fixture

@@ -149,7 +149,12 @@ def assert_mutated(stored: JSON, compute: str | None = None) -> None:
     assert {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"} in env
 
 
+NO_DEVICES = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
 def assert_as_submitted(stored: JSON, submitted: JSON) -> None:
+    """Nothing of gpupack's sharing on the pod; a container the kubelet gives no GPU has
+    only NVIDIA_VISIBLE_DEVICES=void added (no image chooses its GPUs: docs/security.md)."""
     annotations = stored["metadata"].get("annotations") or {}
     assert not [k for k in annotations if k.startswith("gpupack.io/")]
     assert stored["spec"]["schedulerName"] == "default-scheduler"
@@ -158,7 +163,9 @@ def assert_as_submitted(stored: JSON, submitted: JSON) -> None:
         stored["spec"]["containers"], submitted["spec"]["containers"], strict=True
     ):
         assert got["resources"] == sent["resources"]
-        assert got.get("env") == sent.get("env")
+        given_a_gpu = "nvidia.com/gpu" in (sent["resources"].get("limits") or {})
+        expected = sent.get("env") if given_a_gpu else [*(sent.get("env") or []), NO_DEVICES]
+        assert got.get("env") == expected
 
 
 @pytest.mark.smoke

@@ -141,6 +141,14 @@ app.kubernetes.io/component: scheduler
 
 {{- define "gpupack.exporter.name" -}}{{ include "gpupack.fullname" . }}-exporter{{- end -}}
 
+{{- define "gpupack.csi.name" -}}{{ include "gpupack.fullname" . }}-csi{{- end -}}
+
+{{- define "gpupack.csi.selector" -}}
+app.kubernetes.io/name: {{ include "gpupack.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: csi
+{{- end -}}
+
 {{- define "gpupack.exporter.selector" -}}
 app.kubernetes.io/name: {{ include "gpupack.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -251,13 +259,37 @@ operator's list. */ -}}
 {{- concat (list "kube-system" .Release.Namespace) .Values.excludedNamespaces | uniq | toJson -}}
 {{- end -}}
 
-{{- /* gpupack's own identities as a CEL list: the only users who may write gpupack's
-annotations and labels, or delete a capacity pod that hosts pods. */ -}}
+{{- /* gpupack's control-plane identities as a CEL list: the webhook and the scheduler,
+who may write gpupack's annotations and labels, create pods for gpupack-capacity, or
+delete a capacity pod that hosts pods. The node agent (exporter) is not one: its token is
+on every GPU node, so it is fenced on its own (gpupack-exporter-writes). */ -}}
 {{- define "gpupack.identities" -}}
 {{- $ns := .Release.Namespace -}}
-[{{- range $i, $n := list (include "gpupack.webhook.name" .) (include "gpupack.scheduler.name" .) (include "gpupack.exporter.name" .) -}}
+[{{- range $i, $n := list (include "gpupack.webhook.name" .) (include "gpupack.scheduler.name" .) -}}
 {{- if $i }}, {{ end }}'system:serviceaccount:{{ $ns }}:{{ $n }}'
 {{- end -}}]
+{{- end -}}
+
+{{- /* The node agent's identity, as the API server names its ServiceAccount. */ -}}
+{{- define "gpupack.exporter.identity" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupack.exporter.name" . }}
+{{- end -}}
+
+{{- /* The annotations the node agent owns on a capacity pod of its node. */ -}}
+{{- define "gpupack.exporter.annotations" -}}
+['gpupack.io/gpu-uuid', 'gpupack.io/gpu-memory', 'gpupack.io/gpu-unhealthy']
+{{- end -}}
+
+{{- /* CEL: `object` and `oldObject` have the same owner references and finalizers: what
+a fence that allows a narrow change must also hold still (a dangling owner makes the
+garbage collector delete the object; a finalizer removed lets it go early). */ -}}
+{{- define "gpupack.cel.sameOwnership" -}}
+- expression: "object == null || oldObject == null || (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) == (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
+  message: "gpupack: {{ . }} may not change owner references"
+  reason: Forbidden
+- expression: "object == null || oldObject == null || (has(object.metadata.finalizers) ? object.metadata.finalizers : []) == (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : [])"
+  message: "gpupack: {{ . }} may not add or remove finalizers"
+  reason: Forbidden
 {{- end -}}
 
 {{- /* CEL: whether the pod (`object`) is in an opted-in scope, as the webhook's two
@@ -292,6 +324,53 @@ and the values that select none. */ -}}
 {{- /* CEL: whether container `.` asks for nvidia.com/gpu in its limits or requests. */ -}}
 {{- define "gpupack.cel.asksGpu" -}}
 has({{ . }}.resources) && ((has({{ . }}.resources.limits) && 'nvidia.com/gpu' in {{ . }}.resources.limits) || (has({{ . }}.resources.requests) && 'nvidia.com/gpu' in {{ . }}.resources.requests))
+{{- end -}}
+
+{{- /* CEL: whether container `.` reaches GPUs through its image's environment: the
+kubelet gives it none (no nvidia.com/* resource, no DRA claim) and its env does not set
+NVIDIA_VISIBLE_DEVICES. Such a container gets NVIDIA_VISIBLE_DEVICES=void. */ -}}
+{{- define "gpupack.cel.unguarded" -}}
+!(has({{ . }}.resources) && ((has({{ . }}.resources.limits) && {{ . }}.resources.limits.exists(k, k.startsWith('nvidia.com/'))) || (has({{ . }}.resources.requests) && {{ . }}.resources.requests.exists(k, k.startsWith('nvidia.com/'))) || (has({{ . }}.resources.claims) && {{ . }}.resources.claims.size() > 0))) && !(has({{ . }}.env) && {{ . }}.env.exists(e, e.name == 'NVIDIA_VISIBLE_DEVICES'))
+{{- end -}}
+
+{{- /* CEL: whether ephemeral container `.` was on the pod before this update (immutable:
+neither guarded nor judged again). */ -}}
+{{- define "gpupack.cel.ephemeralExisting" -}}
+oldObject != null && has(oldObject.spec.ephemeralContainers) && oldObject.spec.ephemeralContainers.exists(o, o.name == {{ . }}.name)
+{{- end -}}
+
+{{- /* CEL: whether the pod (`object`) has a container that reaches GPUs through its
+image's environment (ephemeral containers: only those this update adds). */ -}}
+{{- define "gpupack.cel.anyUnguarded" -}}
+object.spec.containers.exists(c, {{ include "gpupack.cel.unguarded" "c" }})
+|| (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ include "gpupack.cel.unguarded" "c" }}))
+|| (has(object.spec.ephemeralContainers) && object.spec.ephemeralContainers.exists(c, !({{ include "gpupack.cel.ephemeralExisting" "c" }}) && {{ include "gpupack.cel.unguarded" "c" }}))
+{{- end -}}
+
+{{- /* CEL: a kubelet's mirror of a static pod (written by the node, not a user). */ -}}
+{{- define "gpupack.cel.notMirror" -}}
+!(has(object.metadata.annotations) && 'kubernetes.io/config.mirror' in object.metadata.annotations)
+{{- end -}}
+
+{{- /* The namespaces the device-env boundary leaves alone: the release namespace and
+security.deviceEnv.exemptNamespaces, as a JSON list. */ -}}
+{{- define "gpupack.deviceEnv.exempt" -}}
+{{- concat (list .Release.Namespace) .Values.security.deviceEnv.exemptNamespaces | uniq | toJson -}}
+{{- end -}}
+
+{{- /* Which API version of MutatingAdmissionPolicy sets NVIDIA_VISIBLE_DEVICES=void, or
+"" where the webhook does (security.deviceEnv: scope cluster only). */ -}}
+{{- define "gpupack.deviceEnv.policyVersion" -}}
+{{- $d := .Values.security.deviceEnv -}}
+{{- if and (eq $d.scope "cluster") (ne $d.mutation "webhook") -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+admissionregistration.k8s.io/v1
+{{- else if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy" -}}
+admissionregistration.k8s.io/v1beta1
+{{- else if eq $d.mutation "policy" -}}
+{{- fail "security.deviceEnv.mutation=policy: this API server serves no MutatingAdmissionPolicy (admissionregistration.k8s.io/v1 from Kubernetes 1.36, v1beta1 when enabled); use auto or webhook" -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpupack.decisionKey.secret" -}}
