@@ -7,6 +7,12 @@ the pool grows) and N in a namespace that is not opted in (the API server's sele
 skip the webhook), one after another over one keep-alive connection, in alternating
 rounds. Reports both times and `ratio` = opted-in / not. Target: ratio <= 1.5.
 
+`device_env`: what the node's trust boundary adds to every other pod of the cluster
+where the webhook writes `NVIDIA_VISIBLE_DEVICES=void` (Kubernetes before 1.36): N
+CPU-only pods in the namespace that is not opted in (each sent to `POST /devices`)
+against the same pods carrying the variable already (the API server's match condition
+skips the call), in the same rounds; `ratio` = sent / skipped.
+
 Where the difference goes (`breakdown`, milliseconds per pod, medians over the rounds;
 the three parts add up to `extra_ms_per_pod`). The same rounds also run as dry runs:
 the API server admits, validates and answers, and writes nothing; the webhook decides
@@ -71,15 +77,29 @@ def gpu_pod(name: str) -> dict[str, Any]:
     }
 
 
+def cpu_pod(name: str, guarded: bool = False) -> dict[str, Any]:
+    """A pod that asks for no GPU; `guarded`: its container says NVIDIA_VISIBLE_DEVICES=void
+    already, so the webhook is not called for it."""
+    pod = gpu_pod(name)
+    container = pod["spec"]["containers"][0]
+    container["resources"] = {"limits": {"cpu": "100m", "memory": "128Mi"}}
+    if guarded:
+        container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    return pod
+
+
 def namespace(kube: Kube, opted_in: bool) -> str:
     labels = {"gpupack.io/optimize": "enabled"} if opted_in else {}
     return kube.create_namespace(f"bench-{'in' if opted_in else 'out'}", labels)
 
 
-def create_pods(kube: Kube, ns: str, count: int, dry_run: bool = False) -> float:
+def create_pods(kube: Kube, ns: str, count: int, dry_run: bool = False, cpu: str = "") -> float:
+    """Seconds to create `count` pods: GPU pods, or with `cpu` ("sent", "skipped") CPU-only
+    pods that the devices webhook is, or is not, called for."""
     started = time.perf_counter()
     for index in range(count):
-        kube.create(f"/api/v1/namespaces/{ns}/pods", gpu_pod(f"p-{index}"), dry_run=dry_run)
+        body = cpu_pod(f"p-{index}", cpu == "skipped") if cpu else gpu_pod(f"p-{index}")
+        kube.create(f"/api/v1/namespaces/{ns}/pods", body, dry_run=dry_run)
     return time.perf_counter() - started
 
 
@@ -129,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=200, help="pods per namespace and round")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (median)")
     args = parser.parse_args(argv)
-    kinds = ("opted_in", "not_opted_in", "opted_in_dry", "not_opted_in_dry")
+    kinds = ("opted_in", "not_opted_in", "opted_in_dry", "not_opted_in_dry",
+             "cpu_sent", "cpu_skipped")  # fmt: skip
     times: dict[str, list[float]] = {k: [] for k in kinds}
     call_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
     handler_ms: dict[str, list[float]] = {"opted_in": [], "opted_in_dry": []}
@@ -143,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             order = kinds if round_ % 2 == 0 else tuple(reversed(kinds))
             for kind in order:
-                opted_in, dry = not kind.startswith("not"), kind.endswith("dry")
+                devices = kind.removeprefix("cpu_") if kind.startswith("cpu_") else ""
+                opted_in = not kind.startswith(("not", "cpu"))
+                dry = kind.endswith("dry")
                 ns = namespace(kube, opted_in)
                 before = waits(kube, webhook_metrics)
-                seconds = create_pods(kube, ns, args.pods, dry_run=dry)
+                seconds = create_pods(kube, ns, args.pods, dry_run=dry, cpu=devices)
                 after = waits(kube, webhook_metrics)
                 times[kind].append(seconds)
                 if kind in call_ms:
@@ -194,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         "real_rounds_webhook_work_ms": round(work["opted_in"], 3),
         "real_rounds_webhook_work_cpu_ms": round(cpu["opted_in"], 3),
         "capacity_pods_created": capacity,
+        "device_env": {
+            "sent_ms_per_pod": round(per_pod["cpu_sent"], 2),
+            "skipped_ms_per_pod": round(per_pod["cpu_skipped"], 2),
+            "ratio": round(per_pod["cpu_sent"] / per_pod["cpu_skipped"], 3),
+        },
         "ratio": round(opted / plain, 3),
         "dry_run_ratio": round(per_pod["opted_in_dry"] / per_pod["not_opted_in_dry"], 3),
         "target": TARGET,
