@@ -22,7 +22,7 @@ import yaml
 from certs import pem
 from hack.localcluster import chart, containers
 from hack.localcluster.chart import SYSTEM_NAMESPACE, WEBHOOK_NAME
-from hack.localcluster.client import JSON, Kube
+from hack.localcluster.client import JSON, ApiError, Kube
 from hack.localcluster.controlplane import READY_TIMEOUT, ControlPlane
 from hack.localcluster.processes import Process, free_port, host_environment, local_executables
 from hack.localcluster.prometheus import (
@@ -356,7 +356,11 @@ class LocalCluster(ControlPlane):
         node agent's, with a token bound to that Node, as its DaemonSet pod's would be."""
         kubeconfig = self.component_kubeconfig(user, template, sets=sets)
         if on_node is not None:
-            kubeconfig = self.node_bound_kubeconfig(self.namespace, user, on_node)
+            try:
+                kubeconfig = self.node_bound_kubeconfig(self.namespace, user, on_node)
+            except ApiError as error:  # no such Node: its client certificate (writes nothing)
+                if error.status != 404:
+                    raise
         argv, environment = self.chart_command(
             template, container, sets=sets, mounts=mounts, env=env
         )

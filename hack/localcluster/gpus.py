@@ -51,6 +51,7 @@ class SimulatedGpuAssigner:
         self._writer = writer or kube
         self._agent = agent  # node -> that node's agent: writes carry its node claim
         self._agents: dict[str, Kube] = {}  # node -> its agent, made once (and again on 401)
+        self._creating = threading.Lock()
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
         self._labels: dict[str, dict[str, str]] = {}  # node -> its labels, read once
@@ -214,7 +215,9 @@ class SimulatedGpuAssigner:
                     with self._lock:  # gone, or the API server restarting: ask again later
                         self._asked.pop(name, None)
                         if isinstance(error, ApiError) and error.status == 401 and node:
-                            self._agents.pop(node, None)  # its token died: a new one next
+                            dead = self._agents.pop(node, None)  # its token died: anew
+                            if dead is not None:
+                                dead.close()
                     self._failed.set()
         finally:
             with self._lock:
@@ -226,10 +229,11 @@ class SimulatedGpuAssigner:
         """Who writes for `node`: its agent (a token asked for once), or `writer`."""
         if self._agent is None:
             return self._writer
-        with self._lock:
-            known = self._agents.get(node)
-        if known is None:
-            known = self._agent(node)
+        with self._creating:  # one agent per node, even when writers race for it
             with self._lock:
-                self._agents[node] = known
+                known = self._agents.get(node)
+            if known is None:
+                known = self._agent(node)
+                with self._lock:
+                    self._agents[node] = known
         return known

@@ -110,6 +110,8 @@ def test_an_mps_capacity_pod_meets_baseline_not_restricted(
             mps_image="ghcr.io/gpupack/gpupack:test",
             namespace=ns,
         )
+        # PodSecurity judges the rest; gpupack-capacity is its scheduler's alone.
+        pod["spec"]["schedulerName"] = "default-scheduler"
         try:
             kube.create(f"/api/v1/namespaces/{ns}/pods", pod, dry_run=True)
             refused = None

@@ -7,6 +7,7 @@ policies decide as for the real token)."""
 import re
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,16 @@ def two_nodes_pods(kube: Kube, cluster: LocalCluster | None) -> Iterator[tuple[s
         kube.delete(f"{path}/{pod['metadata']['name']}")
 
 
+@contextmanager
+def acting_as(kube: Kube, user: str, extra: dict[str, str] | None = None) -> Iterator[Kube]:
+    """`kube` impersonating `user`; its connection closed after."""
+    client = kube.impersonating(user, extra)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def refused_by(write: Any, policy: str) -> str:
     """The API server's refusal of `write()`, which must name the admission policy."""
     with pytest.raises(ApiError) as refused:
@@ -192,68 +203,51 @@ def test_the_node_agent_writes_only_its_annotations_on_its_own_nodes_capacity_po
     kube: Kube, two_nodes_pods: tuple[str, str]
 ) -> None:
     here, there = two_nodes_pods
-    agent = kube.impersonating(EXPORTER, {NODE_NAME: here})
     pods = f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods"
     uuid = {
         "metadata": {"annotations": {keys.GPU_UUID: "GPU-11111111-2222-3333-4444-555555555555"}}
     }
+    fence = "gpupack-exporter-writes"
+    with acting_as(kube, EXPORTER, {NODE_NAME: here}) as agent:
+        stored = agent.merge_patch(f"{pods}/fence-here", uuid)  # its own: admitted
+        assert stored["metadata"]["annotations"][keys.GPU_UUID].startswith("GPU-1111")
 
-    stored = agent.merge_patch(f"{pods}/fence-here", uuid)  # its own: admitted
-    assert stored["metadata"]["annotations"][keys.GPU_UUID].startswith("GPU-1111")
-
-    said = refused_by(
-        lambda: agent.merge_patch(f"{pods}/fence-there", uuid), "gpupack-exporter-writes"
-    )
-    assert f"its token is bound to node {here}, the pod runs on {there}" in said
-    label = {"metadata": {"labels": {keys.ROLE: "capacity", "team": "x"}}}
-    said = refused_by(
-        lambda: agent.merge_patch(f"{pods}/fence-here", label), "gpupack-exporter-writes"
-    )
-    assert "may not change a pod's labels" in said
-    other = {"metadata": {"annotations": {keys.GPU_COMPUTE: "1"}}}
-    said = refused_by(
-        lambda: agent.merge_patch(f"{pods}/fence-here", other), "gpupack-exporter-writes"
-    )
-    assert "not gpupack.io/gpu-compute" in said
-    owner = {"metadata": {"ownerReferences": [
-        {"apiVersion": "v1", "kind": "Node", "name": there, "uid": "00000000-0000-0000-0000-000000000000"}]}}  # fmt: skip
-    refused_by(lambda: agent.merge_patch(f"{pods}/fence-here", owner), "gpupack-exporter-writes")
-    image = {"spec": {"containers": [{"name": "hold", "image": "evil.example/scheduler:1"}]}}
-    said = refused_by(
-        lambda: agent.merge_patch(f"{pods}/fence-scheduler", image), "gpupack-exporter-writes"
-    )
-    assert "only annotate gpupack's capacity pods" in said
-    unbound = kube.impersonating(EXPORTER)  # a token from anywhere but a kubelet
-    said = refused_by(
-        lambda: unbound.merge_patch(f"{pods}/fence-here", uuid), "gpupack-exporter-writes"
-    )
-    assert "bound to no node" in said
-    with pytest.raises(ApiError) as deleted:  # and RBAC: no delete at all
-        agent.delete(f"{pods}/fence-here")
-    assert deleted.value.status == 403
+        said = refused_by(lambda: agent.merge_patch(f"{pods}/fence-there", uuid), fence)
+        assert f"its token is bound to node {here}, the pod runs on {there}" in said
+        label = {"metadata": {"labels": {keys.ROLE: "capacity", "team": "x"}}}
+        said = refused_by(lambda: agent.merge_patch(f"{pods}/fence-here", label), fence)
+        assert "may not change a pod's labels" in said
+        other = {"metadata": {"annotations": {keys.GPU_COMPUTE: "1"}}}
+        said = refused_by(lambda: agent.merge_patch(f"{pods}/fence-here", other), fence)
+        assert "not gpupack.io/gpu-compute" in said
+        owner = {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+                 "name": there, "uid": "00000000-0000-0000-0000-000000000000"}]}}  # fmt: skip
+        refused_by(lambda: agent.merge_patch(f"{pods}/fence-here", owner), fence)
+        image = [{"op": "replace", "path": "/spec/containers/0/image", "value": "evil.example/s:1"}]
+        said = refused_by(
+            lambda: agent.request("PATCH", f"{pods}/fence-scheduler", image,
+                                  content_type="application/json-patch+json"),
+            fence,
+        )  # fmt: skip
+        assert "only annotate gpupack's capacity pods" in said
+        with pytest.raises(ApiError) as deleted:  # and RBAC: no delete at all
+            agent.request("DELETE", f"{pods}/fence-here")
+        assert deleted.value.status == 403
+    with acting_as(kube, EXPORTER) as unbound:  # a token from anywhere but a kubelet
+        said = refused_by(lambda: unbound.merge_patch(f"{pods}/fence-here", uuid), fence)
+        assert "bound to no node" in said
 
 
 # --- the scheduler's fences, and its scheduler name --------------------------------------
 
 
 def test_the_scheduler_cannot_re_own_or_un_finalize_a_node_or_a_users_pod(
-    kube: Kube, plain_namespace: str, two_nodes_pods: tuple[str, str]
+    kube: Kube, plain_namespace: str, two_nodes_pods: tuple[str, str], cluster: LocalCluster
 ) -> None:
     node = two_nodes_pods[0]
-    scheduler = kube.impersonating(SCHEDULER)
+    cluster.component_kubeconfig(SCHEDULER_NAME, "templates/scheduler.yaml")  # its RBAC
     dangling = [{"apiVersion": "v1", "kind": "Namespace", "name": "gone",
                  "uid": "00000000-0000-0000-0000-000000000001"}]  # fmt: skip
-    said = refused_by(
-        lambda: scheduler.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"ownerReferences": dangling}}),
-        "gpupack-scheduler-node-writes",
-    )  # fmt: skip
-    assert "may not change owner references" in said
-    said = refused_by(
-        lambda: scheduler.merge_patch(f"/api/v1/nodes/{node}", {"metadata": {"finalizers": ["x.io/hold"]}}),
-        "gpupack-scheduler-node-writes",
-    )  # fmt: skip
-    assert "finalizers" in said
-
     path = f"/api/v1/namespaces/{plain_namespace}/pods"
     kube.create(path, {
         "apiVersion": "v1", "kind": "Pod",
@@ -261,17 +255,24 @@ def test_the_scheduler_cannot_re_own_or_un_finalize_a_node_or_a_users_pod(
         "spec": {"containers": [{"name": "c", "image": "busybox"}]},
     })  # fmt: skip
     try:
-        said = refused_by(
-            lambda: scheduler.merge_patch(f"{path}/kept", {"metadata": {"finalizers": None}}),
-            "gpupack-scheduler-pod-writes",
-        )
-        assert "finalizers" in said
-        refused_by(
-            lambda: scheduler.merge_patch(f"{path}/kept", {"metadata": {"ownerReferences": dangling}}),
-            "gpupack-scheduler-pod-writes",
-        )  # fmt: skip
-        cost = {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "5"}}}
-        scheduler.merge_patch(f"{path}/kept", cost)  # what its patch is for: admitted
+        with acting_as(kube, SCHEDULER) as scheduler:
+            nodes = "gpupack-scheduler-node-writes"
+            owned = {"metadata": {"ownerReferences": dangling}}
+            said = refused_by(lambda: scheduler.merge_patch(f"/api/v1/nodes/{node}", owned), nodes)
+            assert "may not change owner references" in said
+            held = {"metadata": {"finalizers": ["example.com/hold"]}}
+            said = refused_by(lambda: scheduler.merge_patch(f"/api/v1/nodes/{node}", held), nodes)
+            assert "finalizers" in said
+
+            pods = "gpupack-scheduler-pod-writes"
+            freed = {"metadata": {"finalizers": None}}
+            said = refused_by(lambda: scheduler.merge_patch(f"{path}/kept", freed), pods)
+            assert "finalizers" in said
+            refused_by(lambda: scheduler.merge_patch(f"{path}/kept", owned), pods)
+            cost = {
+                "metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "5"}}
+            }
+            scheduler.merge_patch(f"{path}/kept", cost)  # what its patch is for: admitted
     finally:
         kube.merge_patch(f"{path}/kept", {"metadata": {"finalizers": None}})
         kube.delete(f"{path}/kept")
@@ -280,7 +281,14 @@ def test_the_scheduler_cannot_re_own_or_un_finalize_a_node_or_a_users_pod(
 def test_only_the_scheduler_creates_pods_for_the_capacity_profile(
     kube: Kube, plain_namespace: str
 ) -> None:
-    body = {
+    """A user who may create pods in their namespace (the built-in `edit` role)."""
+    kube.create(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{plain_namespace}/rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "alice-edits"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    })  # fmt: skip
+    body: JSON = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "crowding"},
@@ -289,8 +297,9 @@ def test_only_the_scheduler_creates_pods_for_the_capacity_profile(
             "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         },
     }  # fmt: skip
-    said = refused_by(
-        lambda: kube.create(f"/api/v1/namespaces/{plain_namespace}/pods", body),
-        "gpupack-capacity-scheduler",
-    )
-    assert "schedulerName gpupack-capacity is gpupack's own" in said
+    pods = f"/api/v1/namespaces/{plain_namespace}/pods"
+    with acting_as(kube, "alice") as alice:
+        said = refused_by(lambda: alice.create(pods, body), "gpupack-capacity-scheduler")
+        assert "schedulerName gpupack-capacity is gpupack's own" in said
+        body["spec"]["schedulerName"] = "default-scheduler"
+        alice.create(pods, body, dry_run=True)  # the same pod for the default scheduler

@@ -151,7 +151,14 @@ def test_capacity_pods_are_placed_by_a_kube_scheduler_of_their_own(
             index=0,
             created_for="test/Pod/alone",
         )
-        kube.create(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", manifest)
+        # As the extender creates it: only gpupack's scheduler names gpupack-capacity.
+        as_scheduler = kube.impersonating(
+            f"system:serviceaccount:{SYSTEM_NAMESPACE}:gpupack-scheduler"
+        )
+        try:
+            as_scheduler.create(f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods", manifest)
+        finally:
+            as_scheduler.close()
         node = kube.wait_for(
             "the capacity pod bound", lambda: kube.get(path)["spec"].get("nodeName"), timeout=30
         )
@@ -293,10 +300,13 @@ def test_pods_a_gpu_cannot_hold_any_more_are_reported_and_left_running(
     # smaller): the two pods' 60 GiB no longer fit its books.
     scheduler.exporter_kubeconfig()  # the chart's RBAC for the node agent
     writer = scheduler.node_agent(pods[0]["spec"]["nodeName"])
-    writer.merge_patch(
-        f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}",
-        {"metadata": {"annotations": {keys.GPU_MEMORY: "40Gi"}}},
-    )
+    try:
+        writer.merge_patch(
+            f"/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{holder}",
+            {"metadata": {"annotations": {keys.GPU_MEMORY: "40Gi"}}},
+        )
+    finally:
+        writer.close()
 
     reported = kube.wait_for(
         "a GPUOvercommitted event", lambda: events(kube, ns, "GPUOvercommitted"), timeout=30
