@@ -267,7 +267,10 @@ class ControlPlane:
         a fresh token (`Kube.node_bound_token`; a token dies with its ServiceAccount, as
         when a release is uninstalled and installed again)."""
         admin = self.kube()
-        return admin.with_token(admin.node_bound_token(namespace, account, node))
+        try:
+            return admin.with_token(admin.node_bound_token(namespace, account, node))
+        finally:
+            admin.close()  # this thread's connection: a node agent's writer thread's own
 
     def node_bound_kubeconfig(self, namespace: str, account: str, node: str) -> Path:
         """A kubeconfig of `node_bound_kube`'s token, for a process of the harness."""

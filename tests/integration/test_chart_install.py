@@ -268,7 +268,9 @@ def test_install_upgrade_uninstall(chart_cluster: LocalCluster) -> None:
         "--no-hooks",
     )
     out = run_hook(chart_cluster, args)  # post-install: caBundle, owner
-    assert "caBundle set on 2 webhook(s)" in out
+    # namespaces, workloads, and devices (before 1.36 the webhook writes
+    # NVIDIA_VISIBLE_DEVICES=void: docs/security.md)
+    assert "caBundle set on 3 webhook(s)" in out
     serving = kube.get(f"{secrets}/gpupack-webhook-tls")
     assert serving["type"] == "kubernetes.io/tls"
     assert {w["clientConfig"]["caBundle"] for w in webhook_config(kube)["webhooks"]} == {
