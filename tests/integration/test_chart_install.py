@@ -134,7 +134,22 @@ def assert_uninstall_guard(cluster: LocalCluster, kube: Kube) -> None:
         "spec": {
             "schedulerName": keys.SCHEDULER_NAME,
             "containers": [
-                {"name": "c", "image": "x", "resources": {"limits": charge, "requests": charge}}
+                {
+                    "name": "c",
+                    "image": "x",
+                    "resources": {"limits": charge, "requests": charge},
+                    # as the webhook writes it (no webhook runs here): its GPU, none other
+                    "env": [
+                        {
+                            "name": "NVIDIA_VISIBLE_DEVICES",
+                            "valueFrom": {
+                                "fieldRef": {
+                                    "fieldPath": f"metadata.annotations['{keys.GPU_UUID}']"
+                                }
+                            },
+                        }
+                    ],
+                }
             ],
         },
     }
