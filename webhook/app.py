@@ -158,10 +158,7 @@ class Admissions:
         except ClientDisconnect:
             return Response(status_code=400)  # nobody is listening any more
         except ReviewError as exc:
-            kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
-            self.metrics.error(kind)
-            log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
-            return json_response({"error": exc.message}, exc.status)
+            return self._rejected(exc)
         try:
             namespace = await self._namespace(review)
         except Exception as exc:
@@ -194,10 +191,7 @@ class Admissions:
         except ClientDisconnect:
             return Response(status_code=400)
         except ReviewError as exc:
-            kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
-            self.metrics.error(kind)
-            log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
-            return json_response({"error": exc.message}, exc.status)
+            return self._rejected(exc)
         try:
             old = review.old_pod if review.operation == "UPDATE" else None
             patch = device_env_patch(review.pod, old)
@@ -207,6 +201,13 @@ class Admissions:
             return json_response(allow(review.uid))
         self.metrics.device_env(len(patch))
         return json_response(allow(review.uid, patch or None))
+
+    def _rejected(self, exc: ReviewError) -> Response:
+        """Not a usable AdmissionReview: 400 or 413 naming what was wrong, counted."""
+        kind = ErrorKind.BODY_TOO_LARGE if exc.status == 413 else ErrorKind.BAD_REQUEST
+        self.metrics.error(kind)
+        log.warning("rejected a request", extra={"status": exc.status, "error": exc.message})
+        return json_response({"error": exc.message}, exc.status)
 
     async def _namespace(self, review: AdmissionRequest) -> JSON | None:
         """The pod's Namespace from the cache, or read live where the cache alone would

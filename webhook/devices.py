@@ -72,7 +72,7 @@ def unguarded(pod: AnyPod, old: AnyPod | None = None) -> Iterator[tuple[str, int
     image: given no GPU and naming no devices. With `old` (an update of ephemeral
     containers), only the containers `old` does not have."""
     for field in CONTAINER_FIELDS:
-        existing = _names(old, field) if old is not None else set()
+        existing = _names(old, field)
         for index, container in enumerate(_containers(pod, field)):
             if not isinstance(container, dict) or container.get("name") in existing:
                 continue

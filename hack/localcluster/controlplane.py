@@ -240,6 +240,12 @@ class ControlPlane:
         )
         cert, key = self._write_pair(f"user-{name}", pair)
         path = self.workdir / f"kubeconfig-{name}" if name != "admin" else self.kubeconfig
+        return self._write_kubeconfig(
+            path, name, {"client-certificate": str(cert), "client-key": str(key)}
+        )
+
+    def _write_kubeconfig(self, path: Path, name: str, user: dict[str, str]) -> Path:
+        """A kubeconfig at `path` for this API server (its CA) as `user`, owner-only."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -252,9 +258,7 @@ class ControlPlane:
                     },
                 }
             ],
-            "users": [
-                {"name": name, "user": {"client-certificate": str(cert), "client-key": str(key)}}
-            ],
+            "users": [{"name": name, "user": user}],
             "contexts": [{"name": name, "context": {"cluster": "gpupack-local", "user": name}}],
             "current-context": name,
         }
@@ -274,28 +278,9 @@ class ControlPlane:
 
     def node_bound_kubeconfig(self, namespace: str, account: str, node: str) -> Path:
         """A kubeconfig of `node_bound_kube`'s token, for a process of the harness."""
-        token = self.node_bound_kube(namespace, account, node).token
+        token = self.node_bound_kube(namespace, account, node).token or ""
         name = f"{account}-on-{node}"
-        path = self.workdir / f"kubeconfig-{name}"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "gpupack-local",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority": str(self.pki / "ca.crt"),
-                    },
-                }
-            ],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": name, "context": {"cluster": "gpupack-local", "user": name}}],
-            "current-context": name,
-        }
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return self._write_kubeconfig(self.workdir / f"kubeconfig-{name}", name, {"token": token})
 
     def tool(self, name: str, *args: str, check: bool = True, timeout: float = 600) -> str:
         """Run a pinned command-line tool (`kubectl`, `helm`) as the cluster's admin, as a
