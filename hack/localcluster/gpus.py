@@ -51,6 +51,7 @@ class SimulatedGpuAssigner:
         self._writer = writer or kube
         self._agent = agent  # node -> that node's agent: writes carry its node claim
         self._agents: dict[str, Kube] = {}  # node -> its agent, made once (and again on 401)
+        self._retired: list[Kube] = []  # agents whose token died: closed with the rest
         self._creating = threading.Lock()
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
@@ -115,6 +116,10 @@ class SimulatedGpuAssigner:
             for thread in writers:
                 thread.join(timeout=10)
             self._kube.close()
+            with self._lock:
+                owned = [*self._agents.values(), *self._retired]
+            for agent in owned:
+                agent.close_all()  # the assigner's own: every writer thread's connection
 
     def _relist(self) -> str:
         if not self._labels:  # every node's at once: one read, not one per node in a burst
@@ -216,14 +221,11 @@ class SimulatedGpuAssigner:
                         self._asked.pop(name, None)
                         if isinstance(error, ApiError) and error.status == 401 and node:
                             dead = self._agents.pop(node, None)  # its token died: anew
-                            if dead is not None:
-                                dead.close()
+                            if dead is not None:  # other writers may be using it still
+                                self._retired.append(dead)
                     self._failed.set()
         finally:
-            with self._lock:
-                clients = [self._writer, *self._agents.values()]
-            for client in clients:
-                client.close()  # this thread's connection
+            self._writer.close()  # this thread's connection (the writer may be shared)
 
     def _agent_of(self, node: str) -> Kube:
         """Who writes for `node`: its agent (a token asked for once), or `writer`."""
