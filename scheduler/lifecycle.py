@@ -1,14 +1,17 @@
 """The capacity lifecycle: scale up when pods fit nowhere, scale down what nothing can
 use, mark what hosts pods for the autoscalers, evict pods whose GPU nobody holds.
 
-Called by the extender under its lock (it reads the extender's cache); API writes go to
-the extender's thread pool through `submit`.
+Called by the extender under its lock (it reads the extender's cache), but for
+`ensure_hosting`, which a bind calls and which takes the lock itself; the waiting room
+(`scheduler.waiting`) asks it for capacity. API writes go to the extender's thread pool
+through `submit`.
 
 - **Scale up:** the first-fit plan of the pool's waiting pods over its coming GPUs says
-  how many capacity pods are missing; they are created under deterministic names (a
-  retry or a racing webhook collides). Each may land only where the pod it is made for
-  could then run: never on an existing node kube-scheduler found infeasible for it, and
-  next to what its required pod affinity names; among those it prefers the feasible
+  how many capacity pods are missing; they are created under deterministic names
+  (`scheduler.capacity_pods`: a retry, or another replica after a failover, collides).
+  Each may land only where the pod it is made for could then run: never on an
+  existing node kube-scheduler found infeasible for it, and next to what its required
+  pod affinity names; among those it prefers the feasible
   nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`). The nodes it
   avoids are named so that the cluster's autoscaler acts on the pod: by their
   `gpupack.io/node` label where Karpenter runs, which housekeeping writes on every GPU
@@ -30,7 +33,10 @@ the extender's thread pool through `submit`.
   `gpupack.io/draining`) is deleted as soon as nothing is booked on it; so is one on a
   node an autoscaler is removing (`keys.AUTOSCALER_REMOVAL_TAINTS`): it must not keep
   the node, and placement puts nothing new there.
-- **Autoscalers:** one hosting pods carries the do-not-evict annotations.
+- **Hosting:** the one owner of the `gpupack.io/hosting` label: written before the first
+  bind on a capacity pod's GPU (`ensure_hosting`), taken off by housekeeping once
+  nothing runs there. One hosting pods carries the autoscalers' do-not-evict
+  annotations.
 - **Orphans:** a pod bound to a GPU that no capacity pod holds any more (someone
   deleted it, its node went away) gets a Warning Event and is evicted through the
   Eviction API after `orphan_grace` seconds: its controller recreates it and the new pod
@@ -43,8 +49,8 @@ the extender's thread pool through `submit`.
 """
 
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpupack import keys
@@ -70,22 +76,9 @@ from scheduler.kube import Kube
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.snapshot import Gpu, Request
+from scheduler.waiting import Waiting, unschedulable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """A pod that fit on no GPU at its last filter."""
-
-    pool: str
-    allocation: Allocation
-    nodes: frozenset[str]  # where kube-scheduler would let it go
-    since: float
-    rejected: frozenset[str] = frozenset()  # the nodes it would not (others are new)
-    placement: str = ""  # the key of where a GPU for it may land (`Lifecycle.requirements`)
-    gpu_nodes: int = 0  # `Cache.gpu_nodes_changed` when `placement` was judged
-    verdict: str | None = None  # kube-scheduler's word when no node was feasible
 
 
 class Lifecycle:
@@ -96,9 +89,11 @@ class Lifecycle:
         settings: Settings,
         submit: Callable[..., Any],
         metrics: Metrics | None = None,
+        lock: "threading.Lock | None" = None,
     ) -> None:
         self._kube = kube
         self.cache = cache
+        self._lock = lock or threading.Lock()  # the cache's: `ensure_hosting` runs outside it
         self._settings = settings
         self._submit = submit
         self._metrics = metrics
@@ -119,6 +114,10 @@ class Lifecycle:
         self._fresh: set[str] | None = None
         self._known: set[str] = set()  # capacity pods seen at the last round
         self.headroom: frozenset[str] = frozenset()  # empty GPUs kept as pools' headroom
+        # Capacity pod -> the resourceVersion our cache had when we labelled it hosting:
+        # until the informer brings the labelled copy, the next binds need not label again.
+        self._marked: dict[str, str] = {}
+        self._mark_gates: dict[str, threading.Lock] = {}  # one label write per capacity pod
         # pool -> node -> (the Node object judged, whether the pool's inherited
         # constraints keep capacity off it): `requirements`, for the nodes it asks about.
         self._excluded: dict[str, dict[str, tuple[JSON | None, bool]]] = {}
@@ -262,6 +261,42 @@ class Lifecycle:
                 f"no GPU of pool {pool} had room; created capacity pod {name}",
                 instance=self._settings.identity,
             )
+
+    # The hosting label.
+
+    def ensure_hosting(self, holder: str) -> None:
+        """Label the capacity pod `holder` hosting before the first pod lands on its GPU
+        (a bind, outside the cache's lock): from then on the API server refuses to delete
+        or evict it, so its GPU stays held while anything runs. kube-scheduler binds in
+        parallel: one bind per capacity pod writes the label, the others wait for it
+        rather than write it again. Housekeeping takes it off once nothing runs there."""
+        with self._lock:
+            gate = self._mark_gates.setdefault(holder, threading.Lock())
+        with gate:
+            with self._lock:
+                pod = self._unmarked(holder)
+            if pod is None:
+                return
+            writer.mark_hosting(self._kube, pod, True)
+            with self._lock:
+                self._marked[holder] = pod["metadata"].get("resourceVersion", "")
+
+    def _unmarked(self, holder: str) -> JSON | None:
+        """The capacity pod `holder` when it still needs the hosting label, else None."""
+        capacity = self.cache.capacity.get(holder)
+        if capacity is None or writer.hosting(capacity.pod):
+            self._marked.pop(holder, None)
+            return None
+        version = capacity.pod["metadata"].get("resourceVersion", "")
+        return None if self._marked.get(holder) == version else capacity.pod
+
+    def tidy(self) -> None:
+        """Forget the hosting labels written for capacity pods that are gone (every
+        round, leading or not: binds label while following too)."""
+        for holder in [h for h in self._marked if h not in self.cache.capacity]:
+            del self._marked[holder]
+        for holder in [h for h in self._mark_gates if h not in self.cache.capacity]:
+            del self._mark_gates[holder]
 
     # Housekeeping.
 
@@ -466,15 +501,6 @@ class Lifecycle:
             return
         if self._metrics is not None:
             self._metrics.evicted.inc()
-
-
-def unschedulable(pod: JSON) -> str | None:
-    """Why kube-scheduler found no node for the pod (its PodScheduled condition's
-    message), or None when it has not said so."""
-    for condition in (pod.get("status") or {}).get("conditions") or ():
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
-            return str(condition.get("message", ""))
-    return None
 
 
 def _could_use(waiting: Waiting, gpu: Gpu | None, holder: JSON) -> bool:

@@ -4,8 +4,10 @@
   resourceVersion as preconditions (a pod changed since we read it is a Conflict, never
   a wrong booking). It succeeds or the caller releases the reservation.
 - `event`: an events.k8s.io/v1 Event on any object.
-- capacity pods: create (deterministic names, so AlreadyExists means someone else did),
-  delete with uid and resourceVersion preconditions, and the autoscaler annotations.
+- `requeue`: a status condition that moves a refused pod out of kube-scheduler's
+  unschedulable queue.
+- capacity pods: delete with uid and resourceVersion preconditions, and the hosting
+  label and autoscaler annotations (`scheduler.capacity_pods` creates them).
 - `evict`: through the Eviction API, so PodDisruptionBudgets are honoured.
 """
 

@@ -14,16 +14,17 @@ from gpupack.capacity import CREATED_FOR, Allocation, plan
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from gpupack.shares import pool_of
-from scheduler import extender as extender_module
+from scheduler import waiting as waiting_module
 from scheduler import wire
 from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API, SETTLING
-from scheduler.extender import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN, Extender
+from scheduler.extender import Extender
 from scheduler.placement import place
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
 from scheduler.snapshot import Request, Snapshot
+from scheduler.waiting import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
 
 JSON = dict[str, Any]
@@ -1281,7 +1282,7 @@ def test_a_pod_waiting_for_its_filter_costs_no_placement_until_it_may_be_asked_a
     clock.now += 2
     extender.cache.dirty.pod("ml/web")  # the update the request made
     extender.tick()
-    monkeypatch.setattr(extender_module, "place", counted)
+    monkeypatch.setattr(waiting_module, "place", counted)  # the requeue round's
     for _ in range(5):  # ten quiet seconds: web's filter has not come
         clock.now += 2
         extender.tick()
