@@ -21,8 +21,9 @@ from gpupack import cuda, keys, mps
 from gpupack.objects import JSON, Pod
 from gpupack.quantity import format_memory
 from webhook.decision import Decision, Outcome
-from webhook.mutate import MutationContext, decide, mps_limits
+from webhook.mutate import MutationContext, decide
 from webhook.review import AdmissionRequest
+from webhook.share import mps_limits
 
 TEMPLATE_KINDS = {
     "Deployment": ("spec", "template"),

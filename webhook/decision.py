@@ -1,13 +1,15 @@
 """The values the webhook's decision produces: what happened to a pod, and why.
 
 `Decision` is the output of the pure core (`webhook.mutate.decide`); `Demand` is the part
-of it the capacity manager needs; `CapacityOutcome` is what the capacity manager did.
-The audit line is built from all three.
+of it the webhook's capacity planner reads (`webhook.capacity`); `CapacityOutcome` is
+that planner's answer: whether the pod's pool holds it, or how many GPUs it lacks (the
+webhook creates no capacity pods). The audit line is built from all three.
 """
 
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from gpupack.gpu_request import GpuSlot
 from gpupack.objects import JSON
 from gpupack.recommendation import Recommendation
 
@@ -60,7 +62,7 @@ class Decision:
     reason: Reason
     message: str  # one sentence a person can act on
     patch: tuple[JSON, ...] = ()
-    # The gpupack annotations a rewrite writes (`webhook.mutate.build_patch`; the decision
+    # The gpupack annotations a rewrite writes (`webhook.rewrite.build_patch`; the decision
     # id and the seal once stamped).
     annotations: dict[str, str] = field(default_factory=dict)
     policy: str | None = None
@@ -76,6 +78,9 @@ class Decision:
     stripped: tuple[str, ...] = ()  # scheduler-only annotations removed from user input
     warnings: tuple[str, ...] = ()
     demand: Demand | None = None
+    # The pod's GPU containers as the plan scanned them (`scan_gpus`): what `stamp`'s
+    # per-pod wiring mounts into, without scanning the pod again.
+    slots: tuple[GpuSlot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,4 +125,5 @@ def stamped(
         d.stripped,
         warnings,
         demand,
+        d.slots,
     )

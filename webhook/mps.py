@@ -2,7 +2,7 @@
 
 The pod gets the inline CSI volume `gpupack-mps` (`gpupack.mps`), and each GPU container
 mounts it twice: the GPU's MPS directory at /run/gpupack/mps (pipes and logs, named by
-`CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY`, which `webhook.mutate.gpu_env`
+`CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY`, which `webhook.rewrite.gpu_env`
 sets) and its shared memory at /dev/shm. Which GPU's directory the volume holds is the
 node agent's business at mount time: it reads the assignment the scheduler wrote.
 

@@ -12,6 +12,7 @@ import pytest
 
 from gpupack import keys, seal
 from gpupack.codec import read_original_resources
+from gpupack.gpu_request import GpuSlot
 from gpupack.objects import JSON
 from gpupack.recommendation import Recommendation
 from tests.webhook.builders import TestPod as Pod
@@ -982,6 +983,7 @@ def test_stamping_carries_every_field_it_does_not_set() -> None:
         stripped=("gpupack.io/gpu-uuid",),
         warnings=("careful",),
         demand=demand,
+        slots=(GpuSlot("containers", 0, "c", 1, ("limits",)),),
     )
     assert all(getattr(full, f.name) != f.default for f in fields(Decision))
     changes: dict[str, Any] = {
