@@ -106,3 +106,25 @@ def workload_of(pod: Pod, pod_name: str) -> tuple[str, str]:
     if kind == "ReplicaSet" and template_hash and name.endswith("-" + template_hash):
         return "Deployment", name[: -len(template_hash) - 1]
     return kind, name
+
+
+def selects(selector: JSON | None, labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels, matchExpressions) selects `labels`. A null
+    selector selects nothing, an empty one everything (as pod affinity reads them)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or ():
+        key, operator = expression.get("key"), expression.get("operator")
+        values = expression.get("values") or ()
+        present = key in labels
+        if operator == "In" and not (present and labels[key] in values):
+            return False
+        if operator == "NotIn" and present and labels[key] in values:
+            return False
+        if operator == "Exists" and not present:
+            return False
+        if operator == "DoesNotExist" and present:
+            return False
+    return True

@@ -8,12 +8,13 @@ with these same functions, so they never disagree about who holds what.
 """
 
 import logging
-from typing import Final, cast
+from collections.abc import Mapping
+from typing import Any, Final, cast
 
 from gpupack import codec, cuda, keys
-from gpupack.capacity import Allocation
 from gpupack.errors import ContractError
 from gpupack.objects import JSON, Pod, PodSpec, annotations_of, workload_of
+from gpupack.packing import Allocation
 from gpupack.policy import BUILTIN, Sharing
 from gpupack.pool import metadata_key, scheduling_metadata
 
@@ -22,10 +23,16 @@ log = logging.getLogger(__name__)
 TERMINATED: Final = frozenset({"Succeeded", "Failed"})
 
 
-def is_live(pod: JSON) -> bool:
-    """Neither finished nor being deleted."""
+def is_live(pod: Mapping[str, Any]) -> bool:
+    """Neither finished nor being deleted: the one test of a pod that holds or may hold
+    what it asked for (a share, a GPU)."""
     phase = (pod.get("status") or {}).get("phase")
     return phase not in TERMINATED and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def is_running(pod: Mapping[str, Any]) -> bool:
+    """Live (`is_live`) and running: its containers started on a node."""
+    return is_live(pod) and (pod.get("status") or {}).get("phase") == "Running"
 
 
 def workload(pod: JSON) -> str:

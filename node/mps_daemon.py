@@ -1,6 +1,6 @@
 """`gpupack-mps-daemon`: the MPS control daemon of one GPU, in the capacity pod that holds it.
 
-An MPS pool's capacity pod (`gpupack.capacity.mps_daemon_container`) runs this instead
+An MPS pool's capacity pod (`scheduler.manifest.mps_daemon_container`) runs this instead
 of the pause container. It holds the GPU the same way, and supervises
 `nvidia-cuda-mps-control -f` (which the NVIDIA container runtime mounts into the
 container with the driver capability `compute`): the control daemon sees only this

@@ -5,7 +5,7 @@
   FailedScheduling Event), and pods that escaped gpupack (each holds a whole GPU).
 - `what_if`: before anything is opted in, the cluster's whole-GPU pods run through the
   webhook's own decision (`decide`, each namespace treated as opted in) and the capacity
-  planner the webhook sizes capacity with (`gpupack.capacity.plan`: first fit,
+  planner the webhook sizes capacity with (`gpupack.packing.plan`: first fit,
   largest first, per pool, honouring `real-time-mps` exclusivity): how many GPUs and
   GPU nodes they would need under gpupack, per namespace and policy. Pods the webhook
   would leave whole (more than one GPU, MIG, ...) count as they are.
@@ -22,20 +22,20 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from gpupack import cuda, keys
-from gpupack.capacity import Allocation, plan
 from gpupack.codec import read_original_resources
 from gpupack.errors import ContractError
 from gpupack.gpu_request import escaped, scan_gpus
 from gpupack.objects import JSON, Pod, PodSpec, annotations_of, labels_of
+from gpupack.packing import Allocation, plan
 from gpupack.policy import PolicySet
 from gpupack.quantity import parse_compute, parse_count, parse_memory
 from gpupack.runtime.informer import object_key
+from gpupack.shares import is_live
 from ops.slack import Slack, slack
 from webhook.decision import Outcome
 from webhook.mutate import MutationContext, decide
 from webhook.review import AdmissionRequest
 
-TERMINAL = ("Succeeded", "Failed")
 MIB = 1 << 20
 DEFAULT_GPU_MEMORY = 80 << 30
 
@@ -43,12 +43,6 @@ DEFAULT_GPU_MEMORY = 80 << 30
 def _meta(obj: JSON) -> JSON:
     meta: JSON = obj.get("metadata") or {}
     return meta
-
-
-def _live(pod: JSON) -> bool:
-    return (pod.get("status") or {}).get("phase") not in TERMINAL and not _meta(pod).get(
-        "deletionTimestamp"
-    )
 
 
 def gpus_asked(pod: JSON) -> int:
@@ -134,7 +128,7 @@ def status(
     in_use: set[str] = set()
     holding: list[JSON] = []  # running capacity pods with a GPU
     bound: list[JSON] = []  # fractional pods on a GPU
-    for pod in (p for p in pods if _live(p)):
+    for pod in (p for p in pods if is_live(p)):
         meta, spec = _meta(pod), pod.get("spec") or {}
         annotations = annotations_of(pod)
         if meta.get("namespace") == system_namespace and (
@@ -217,7 +211,7 @@ def what_if(
     used_nodes: set[str] = set()
     gpus_per_node: list[int] = []
     whole_gpus = 0
-    for pod in (p for p in pods if _live(p)):
+    for pod in (p for p in pods if is_live(p)):
         meta, spec = _meta(pod), pod.get("spec") or {}
         namespace = str(meta.get("namespace", ""))
         if namespace in {system_namespace, *excluded}:

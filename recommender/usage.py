@@ -33,6 +33,7 @@ from gpupack.metrics import POD_MEMORY_USED as MEMORY_METRIC
 from gpupack.metrics import Use
 from gpupack.objects import JSON, Pod
 from gpupack.runtime import http
+from gpupack.shares import is_running
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +111,9 @@ def exporter_targets(pods: Iterable[Pod | JSON], port: int) -> list[str]:
         raise ValueError(f"exporter port {port!r}: expected 1-65535")
     urls: set[str] = set()
     for pod in pods:
-        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        if not is_running(pod):
             continue
+        status = pod.get("status") or {}
         try:
             ip = ipaddress.ip_address(str(status.get("podIP") or ""))
         except ValueError:

@@ -1,7 +1,7 @@
 """Creating capacity pods: how the scheduler (when a pod fits nowhere; it is their one
 creator) turns "this pool lacks N GPUs" into pods on the API server.
 
-It plans with the contract (`gpupack.capacity.plan`); this module owns what follows:
+It plans with the contract (`gpupack.packing.shortfall`); this module owns what follows:
 
 - **claim**: names for the missing GPUs, the lowest free indices of the pool
   (`capacity_names`), counting the names already in flight as used. Claimed names are
@@ -29,16 +29,11 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from gpupack import keys
-from gpupack.capacity import (
-    ANYWHERE,
-    DEFAULT_IMAGE,
-    Where,
-    capacity_index,
-    capacity_names,
-    capacity_pod,
-)
+from gpupack.capacity import DEFAULT_IMAGE, capacity_index, capacity_names
 from gpupack.objects import JSON
 from gpupack.runtime.api import ApiError, Backoff, retry
+from gpupack.shares import is_live
+from scheduler.manifest import ANYWHERE, Where, capacity_pod
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +86,7 @@ class CapacityCreator:
     ) -> tuple[str, ...]:
         """The pool's claimed names that are not `seen` yet (by the caller's informer) and
         have not expired (the others are forgotten); with `placement`, only those claimed
-        for it (`gpupack.capacity.Where.key`)."""
+        for it (`scheduler.manifest.Where.key`)."""
         now, shown = self.clock(), set(seen)
         with self._lock:
             names = self._in_flight.get(pool, {})
@@ -132,11 +127,7 @@ class CapacityCreator:
             pod = self.client.get(path)
         except ApiError as error:
             return error.status == 404
-        phase = (pod.get("status") or {}).get("phase")
-        return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or phase in (
-            "Succeeded",
-            "Failed",
-        )
+        return not is_live(pod)
 
     def _create_when_freed(self, path: str, body: JSON) -> bool:
         """Create `body` once the pod of its name is gone, within `NAME_FREED` seconds;
@@ -170,8 +161,8 @@ class CapacityCreator:
     ) -> Created:
         """Create the claimed `names` (blocking: API calls). `scheduling` is the pool's
         scheduling metadata, `created_for` the workload for the pod's annotation, `where`
-        where they may and should go (`gpupack.capacity.Where`), `node_labels` how the
-        nodes it avoids are named (`gpupack.capacity.capacity_pod`)."""
+        where they may and should go (`scheduler.manifest.Where`), `node_labels` how the
+        nodes it avoids are named (`scheduler.manifest.capacity_pod`)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         todo = list(names)
         created: list[str] = []

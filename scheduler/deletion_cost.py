@@ -24,6 +24,7 @@ from typing import Final
 from gpupack import keys
 from gpupack.objects import JSON, annotations_of, controller_kind
 from gpupack.runtime.api import ApiError
+from gpupack.shares import is_running
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
@@ -52,10 +53,9 @@ def costs(snapshot: Snapshot) -> dict[str, int]:
 def managed(pod: JSON) -> bool:
     """Whether gpupack may set the pod's deletion cost: a running pod a ReplicaSet owns,
     whose cost is absent or the one gpupack wrote."""
-    meta = pod.get("metadata") or {}
     if controller_kind(pod) != "ReplicaSet":
         return False
-    if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+    if not is_running(pod):
         return False
     annotations = annotations_of(pod)
     current = annotations.get(keys.POD_DELETION_COST)

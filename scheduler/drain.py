@@ -42,7 +42,7 @@ from gpupack.codec import parse_time, rfc3339
 from gpupack.objects import JSON, annotations_of, controller_kind
 from gpupack.policy import BUILTIN, DEFAULT_POLICY, ConsolidationMode, Policy, PolicySet
 from gpupack.runtime.api import ApiError
-from gpupack.shares import is_live
+from gpupack.shares import is_running
 from scheduler import budgets, writer
 from scheduler.cache import Cache
 from scheduler.consolidation import Move, fill, plan
@@ -180,7 +180,7 @@ class Drainer:
     def _judge(self, booking: Booking, gpu: Gpu) -> str | None:
         """Why this pod may not be moved off this GPU now, or None."""
         pod = self.cache.pod(booking.request.key)
-        if pod is None or not is_live(pod) or (pod.get("status") or {}).get("phase") != "Running":
+        if pod is None or not is_running(pod):
             return "not running"
         policy = self.policy_of(pod)
         settings = policy.consolidation

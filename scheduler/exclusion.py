@@ -1,7 +1,7 @@
 """How a capacity pod is kept off the nodes its pods cannot use, in terms autoscalers act on.
 
 A capacity pod made for a waiting pod must not land on an existing node kube-scheduler
-found infeasible for that pod (`gpupack.capacity.Where.avoid`): its GPU would be held
+found infeasible for that pod (`scheduler.manifest.Where.avoid`): its GPU would be held
 where nothing can use it, and with an autoscaler a pending one is a node bought. Two
 systems read that requirement besides kube-scheduler, and they disagree on how it may be
 written:
@@ -35,8 +35,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
 from gpupack import keys
-from gpupack.capacity import selects
-from gpupack.objects import JSON, labels_of
+from gpupack.objects import JSON, labels_of, selects
 from gpupack.runtime.api import ApiError
 from scheduler.kube import MERGE_PATCH, Kube
 

@@ -12,7 +12,7 @@ through `submit`.
   Each may land only where the pod it is made for could then run: never on an
   existing node kube-scheduler found infeasible for it, and next to what its required
   pod affinity names; among those it prefers the feasible
-  nodes, then nodes that already hold GPUs (`gpupack.capacity.Where`). The nodes it
+  nodes, then nodes that already hold GPUs (`scheduler.manifest.Where`). The nodes it
   avoids are named so that the cluster's autoscaler acts on the pod: by their
   `gpupack.io/node` label where Karpenter runs, which housekeeping writes on every GPU
   node, else by hostname (`scheduler.exclusion`).
@@ -54,17 +54,9 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from gpupack import keys
-from gpupack.capacity import (
-    MAX_NODES,
-    Allocation,
-    PlanGpu,
-    Where,
-    affinity_to_others,
-    holding_nodes,
-    placement_of,
-    shortfall,
-)
+from gpupack.capacity import placement_of
 from gpupack.objects import JSON
+from gpupack.packing import Allocation, PlanGpu, shortfall
 from gpupack.runtime.api import ApiError
 from gpupack.shares import scheduling_of, workload
 from scheduler import writer
@@ -73,6 +65,7 @@ from scheduler.capacity_pods import CapacityCreator
 from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
 from scheduler.headroom import headroom_of, kept
 from scheduler.kube import Kube
+from scheduler.manifest import MAX_NODES, Where, affinity_to_others, holding_nodes
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
 from scheduler.snapshot import Gpu, Request
@@ -135,7 +128,7 @@ class Lifecycle:
         judged: float | None,
     ) -> Where:
         """Where a new GPU for `example` (of `pool`), which asks `memory` bytes of it, may
-        land (`gpupack.capacity.Where`): not on a GPU node kube-scheduler found infeasible
+        land (`scheduler.manifest.Where`): not on a GPU node kube-scheduler found infeasible
         for it (`feasible` are the nodes it let the pod go to; a node that does not exist
         yet is fine), nor on one whose GPUs are known to be smaller than that, and next to
         the pods its required pod affinity names. Nodes the capacity pod's inherited

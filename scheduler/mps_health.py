@@ -1,6 +1,6 @@
 """The health of the MPS daemons: one per `real-time-mps` GPU, in its capacity pod.
 
-An MPS pool's capacity pod runs `gpupack-mps-daemon` (`gpupack.capacity`), whose
+An MPS pool's capacity pod runs `gpupack-mps-daemon` (`scheduler.manifest`), whose
 probes ask the daemon whether it answers. The scheduler reads what the kubelet reports:
 
 - a daemon that is not ready makes its GPU unhealthy for placement

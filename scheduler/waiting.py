@@ -32,14 +32,15 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gpupack.capacity import Allocation, Where
 from gpupack.codec import rfc3339
 from gpupack.objects import JSON
+from gpupack.packing import Allocation
 from gpupack.runtime.api import ApiError
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
 from scheduler.ledger import pod_key
+from scheduler.manifest import Where
 from scheduler.metrics import Metrics
 from scheduler.placement import Placement, Scorer, place
 from scheduler.reservations import Reservations

@@ -20,7 +20,7 @@ other. Admissions of one pool are serialized by a lock.
 A full plan reads the whole pool, so a burst of a thousand pods into one pool cost a
 thousand reads of a pool growing to a thousand pods (about half the webhook's CPU in a
 burst of 2,000). Within `PLAN_REUSE` seconds of a pool's last full plan, an admission is
-fitted onto that plan's GPUs, with the pods admitted since (`gpupack.capacity.Packing`):
+fitted onto that plan's GPUs, with the pods admitted since (`gpupack.packing.Packing`):
 no pool read. Its answer is the full plan's, give or take a GPU (first fit in arrival
 order rather than largest first, and pods bound or deleted in the last `PLAN_REUSE`
 seconds not seen yet). Pools with real-time-mps pods are planned in full every time.
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, TypeVar, cast
 
 from gpupack import keys
-from gpupack.capacity import Allocation, Packing, PlanGpu, Shortfall, shortfall
 from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
+from gpupack.packing import Allocation, Packing, PlanGpu, Shortfall, shortfall
 from gpupack.pool import scheduling_metadata
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
 from webhook.decision import CapacityOutcome, Demand

@@ -38,7 +38,7 @@ Each of the first four reports: capacity pods created (every name seen), GPUs he
 for, which an autoscaler would buy if it could), GPUs in use (holding at least one
 bound share), GPU nodes in use, seconds until every placeable pod is bound, and the
 lower bounds they are measured against in the same run: the GPUs the shares need under
-gpupack's own packing (`gpupack.capacity.plan`, one pool) and the nodes those GPUs need
+gpupack's own packing (`gpupack.packing.plan`, one pool) and the nodes those GPUs need
 (and, for rules, the 3 nodes its anti-affinity needs). Ratios are held / lower bound.
 
 Usage: .venv/bin/python -m benchmarks.capacity.run [--burst 40] [--settle 60]
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from gpupack import keys
-from gpupack.capacity import Allocation, plan
+from gpupack.packing import Allocation, plan
 from gpupack.policy import BUILTIN, policy_spec
 from hack.localcluster import Kube, LocalCluster, NodePool, SimulatedGpuAssigner
 from hack.localcluster.karpenter import A100_X8, L4_X2, Karpenter, hold_gpus

@@ -6,24 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack import keys
-from gpupack.capacity import (
-    CREATED_FOR,
-    FULL_GPU,
-    Allocation,
-    Bin,
-    PlanGpu,
-    Shortfall,
-    Where,
-    affinity_to_others,
-    capacity_index,
-    capacity_names,
-    capacity_pod,
-    holding_nodes,
-    placement_of,
-    plan,
-    shortfall,
-)
+from gpupack.capacity import CREATED_FOR, capacity_index, capacity_names, placement_of
 from gpupack.objects import JSON
+from gpupack.packing import FULL_GPU, Allocation, Bin, PlanGpu, Shortfall, plan, shortfall
+from scheduler.manifest import Where, affinity_to_others, capacity_pod, holding_nodes
 
 GiB = 2**30
 POOL = "0123456789abcdef"

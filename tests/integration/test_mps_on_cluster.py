@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from gpupack import keys
-from gpupack.capacity import capacity_pod
 from gpupack.pool import metadata_key, scheduling_metadata
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
+from scheduler.manifest import capacity_pod
 from tests.integration.scheduling import (
     JSON,
     capacity_pods,

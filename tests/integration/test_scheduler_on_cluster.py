@@ -11,8 +11,9 @@ import time
 import pytest
 
 from gpupack import keys
-from gpupack.capacity import capacity_name, capacity_pod
+from gpupack.capacity import capacity_name
 from hack.localcluster import SYSTEM_NAMESPACE, ApiError, Kube, LocalCluster
+from scheduler.manifest import capacity_pod
 from tests.integration.scheduling import (
     FAST,
     FAST_LEASE,

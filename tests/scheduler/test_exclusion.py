@@ -17,7 +17,7 @@ from scheduler.exclusion import (
     node_label_value,
 )
 from tests.gpupack.karpenter_rules import requirement_errors
-from tests.gpupack.test_capacity_autoscalers import node_names
+from tests.scheduler.test_manifest import node_names
 
 JSON = dict[str, Any]
 L4 = {keys.GFD_PRODUCT: "NVIDIA-L4", "zone": "a", "gpus": "2"}

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gpupack import keys, seal
-from gpupack.capacity import CREATED_FOR, Allocation, plan
+from gpupack.capacity import CREATED_FOR
+from gpupack.packing import Allocation, plan
 from gpupack.quantity import parse_compute
 from gpupack.runtime.api import ApiError
 from gpupack.shares import pool_of

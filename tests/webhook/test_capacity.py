@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from gpupack import keys
-from gpupack.capacity import Allocation, capacity_name
+from gpupack.capacity import capacity_name
 from gpupack.objects import JSON
+from gpupack.packing import Allocation
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack import keys
-from gpupack.capacity import Where, capacity_pod
 from scheduler.exclusion import node_label_value
+from scheduler.manifest import Where, capacity_pod
 from tests.gpupack.karpenter_rules import refusals
 
 JSON = dict[str, Any]
