@@ -1,252 +1,330 @@
-"""Kubernetes objects as placement values: nodes, capacity pods as GPUs, pods as requests.
+"""The state placement reads: nodes, the GPUs on them, and what each pod holds.
 
-Pure translation, no I/O. The GPU ledger is rebuilt from these alone: a Running capacity
-pod with `gpupack.io/gpu-uuid` is a GPU (its memory from the exporter's annotation,
-else the node's GFD memory label; unhealthy while the exporter says so with
-`gpupack.io/gpu-unhealthy`; draining while consolidation empties it, with
-`gpupack.io/draining`); a fractional pod bound to a node with
-`gpupack.io/gpu-uuid` holds its share there; every other pod on a node holds its CPU,
-memory and a pod slot. So a restarted scheduler books exactly what the annotations say.
+Pure. The GPU ledger: every GPU is a bin of `compute` millis (1000) and `memory` bytes,
+held by one capacity pod of one pool. A GPU whose capacity pod is not running yet is
+`coming`: counted when deciding whether to ask for more capacity, never placed on.
+
+`assume` books a placement on the nodes and GPUs and `forget` undoes it exactly, so the
+shell can assume a pod before its Binding is written and forget it if the write fails
+(kube-scheduler's assume cache).
+
+The ledger never over-books: a GPU's bookings never exceed its compute and memory,
+whatever the objects it is rebuilt from say (two pods bound to one GPU by a race, a GPU
+that came back smaller). A pod whose share does not fit on a GPU it runs on is booked on
+its node but not on that GPU (`Booking.over`), first come first booked; the GPU counts
+it in `over` and takes no new pods while it does, and the pod is booked for real as soon
+as room frees. Every change bumps the node's `version` and clears its
+memo, so placement can cache per-node answers between changes.
+
+Placement's speed caches over this ledger (numbered node states and request shapes,
+shared answers, bounds) live beside it in `scheduler.memo` (`Snapshot.memo`).
 """
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Final, cast
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Final
 
-from gpupack import codec, keys, seal
-from gpupack.dra import current_slices
-from gpupack.errors import ContractError
-from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
-from gpupack.quantity import parse_bytes, parse_count, parse_millicores
-from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
-from scheduler.mps_health import daemon_ready
-from scheduler.snapshot import Gpu, Node, Request
+from scheduler.memo import PlacementMemo
+from scheduler.state_index import UNKNOWN
 
-MiB: Final = 2**20
-COMING_PREFIX: Final = "coming:"  # the GPU id of a capacity pod that has no UUID yet
-
-
-def pod_key(pod: JSON) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def node_of(obj: JSON) -> Node:
-    """A Node object as a placement node (usage is kept by the snapshot)."""
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    allocatable = status.get("allocatable") or {}
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    try:
-        cpu = parse_millicores(allocatable.get("cpu", "0"), "allocatable.cpu")
-        memory = parse_bytes(allocatable.get("memory", "0"), "allocatable.memory")
-        pods = parse_count(allocatable.get("pods", "110"), "allocatable.pods")
-    except ContractError:
-        cpu, memory, pods = 0, 0, 0  # an unreadable node takes nothing
-    return Node(
-        name=str(meta.get("name", "")),
-        cpu=cpu,
-        memory=memory,
-        max_pods=pods,
-        labels=dict(meta.get("labels") or {}),
-        ready=conditions.get("Ready") == "True",
-        schedulable=not spec.get("unschedulable"),
-        removing=any(
-            t.get("key") in keys.AUTOSCALER_REMOVAL_TAINTS for t in spec.get("taints") or ()
-        ),
-    )
-
-
-def node_gpu_memory(labels: Mapping[str, str]) -> int:
-    """Per-GPU memory from GPU Feature Discovery's label, 0 when absent or unreadable."""
-    value = labels.get(keys.GFD_MEMORY_MIB, "")
-    return int(value) * MiB if value.isascii() and value.isdigit() else 0
+FULL_GPU: Final = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class DraGpus:
-    """A node's whole GPUs as DRA devices: how many, and the least memory of one (bytes;
-    0: not said)."""
+class Request:
+    """What one pod needs: host resources on the node, and a share of `gpus` GPUs."""
 
-    count: int = 0
-    memory: int = 0
+    key: str  # namespace/name
+    cpu: int = 0  # millicores
+    memory: int = 0  # bytes of host memory
+    compute: int = 0  # millis of each GPU
+    gpu_memory: int = 0  # bytes of each GPU
+    gpus: int = 1
+    pool: str = ""
+    owner: str = ""  # namespace/Kind/name of the workload
+    exclusive: bool = False  # real-time-mps: share a GPU only with the same owner
+    models: frozenset[str] | None = None  # allowed GPU models; None: any
 
-
-def dra_gpus(slices: Iterable[JSON | None]) -> DraGpus:
-    """The whole GPUs NVIDIA's DRA driver lists in a node's ResourceSlices (`keys.DRA_DRIVER`
-    devices of type `keys.DRA_GPU_TYPE`, in each pool's newest generation; MIG devices
-    and other drivers' are not whole GPUs). A device whose memory does not parse counts,
-    with its memory unknown."""
-    count, memories = 0, []
-    for obj in current_slices(slices):
-        spec = obj.get("spec") or {}
-        for device in spec.get("devices") or ():
-            attributes = device.get("attributes") or {}
-            if (attributes.get("type") or {}).get("string") != keys.DRA_GPU_TYPE:
-                continue
-            count += 1
-            value = ((device.get("capacity") or {}).get("memory") or {}).get("value")
-            try:
-                memories.append(parse_bytes(str(value), "capacity.memory") if value else 0)
-            except ContractError:
-                memories.append(0)
-    known = [m for m in memories if m]
-    return DraGpus(count, min(known) if known and len(known) == len(memories) else 0)
-
-
-def is_capacity(pod: JSON, namespace: str = keys.SYSTEM_NAMESPACE) -> bool:
-    """A capacity pod: the role label, in gpupack's namespace only (a label anyone can
-    set elsewhere must not conjure a GPU)."""
-    meta = pod.get("metadata") or {}
-    return (
-        meta.get("namespace") == namespace and labels_of(pod).get(keys.ROLE) == keys.ROLE_CAPACITY
-    )
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """Everything placement depends on except the pod's name."""
+        return (
+            self.cpu,
+            self.memory,
+            self.compute,
+            self.gpu_memory,
+            self.gpus,
+            self.pool,
+            self.owner if self.exclusive else "",
+            self.exclusive,
+            self.models,
+        )
 
 
-def capacity_gpu(pod: JSON, node: Node | None) -> Gpu | None:
-    """The GPU a live capacity pod holds or will hold; None when it is not on a node yet
-    (then it counts only as coming capacity of its pool)."""
-    spec = pod.get("spec") or {}
-    node_name = spec.get("nodeName")
-    if not node_name or not is_live(pod):
-        return None
-    meta = pod.get("metadata") or {}
-    annotations = annotations_of(pod)
-    try:
-        uuid = codec.read_gpu_uuid(annotations)
-    except ContractError:
-        uuid = None
-    running = (pod.get("status") or {}).get("phase") == "Running" and uuid is not None
-    labels = node.labels if node is not None else {}
-    return Gpu(
-        uuid=uuid if uuid is not None else COMING_PREFIX + str(meta.get("name", "")),
-        node=str(node_name),
-        memory=gpu_memory(pod) or node_gpu_memory(labels),
-        model=labels.get(keys.GFD_PRODUCT, ""),
-        pool=labels_of(pod).get(keys.POOL, ""),
-        holder=str(meta.get("name", "")),
-        coming=not running,
-        # Unhealthy: the exporter says so, or its MPS daemon does not answer.
-        healthy=not annotations.get(keys.GPU_UNHEALTHY) and daemon_ready(pod),
-        draining=bool(annotations.get(keys.DRAINING)),
-        removing=node is not None and node.removing,
-    )
+@dataclass(slots=True, eq=False)
+class Gpu:
+    uuid: str
+    node: str
+    memory: int = 0  # bytes; 0 when unknown (then only compute is checked)
+    model: str = ""
+    pool: str = ""
+    holder: str = ""  # the capacity pod's name
+    coming: bool = False  # its capacity pod is not running (or has no UUID) yet
+    compute: int = FULL_GPU
+    used_compute: int = 0
+    used_memory: int = 0
+    owners: dict[str, int] = field(default_factory=dict)  # workload -> pods on this GPU
+    exclusive_owner: str = ""  # set while an MPS workload holds the GPU
+    healthy: bool = True  # False when the exporter reports the GPU unhealthy: no new pods
+    over: int = 0  # pods running on it whose share its books cannot hold: no new pods
+    draining: bool = False  # being emptied by consolidation: no new pods
+    removing: bool = False  # on a node an autoscaler is removing: no new pods
+
+    @property
+    def free_compute(self) -> int:
+        return self.compute - self.used_compute
+
+    @property
+    def free_memory(self) -> int | None:
+        return self.memory - self.used_memory if self.memory else None
+
+    @property
+    def pods(self) -> int:
+        return sum(self.owners.values()) + self.over
+
+    def fits(self, request: "Request") -> bool:
+        """Whether the books have room for `request`'s compute and memory."""
+        free_memory = self.free_memory
+        return self.free_compute >= request.compute and (
+            free_memory is None or free_memory >= request.gpu_memory
+        )
 
 
-def host_requests(spec: JSON) -> tuple[int, int]:
-    """(millicores, bytes) the pod requests of its node, counted as kube-scheduler counts
-    them (component-helpers' PodRequests): the containers' sum plus every native sidecar
-    (an init container with `restartPolicy: Always` runs beside them), or, if larger, the
-    peak of the init phase (each ordinary init container plus the sidecars started before
-    it); pod-level requests (`spec.resources`) replace the containers' where set; plus
-    the pod overhead."""
+# Placement's answers, memoised here: a node's for one request shape (its cost and the
+# GPUs chosen, or why it does not fit), and a node state's (the cost alone, or why not).
+Fit = tuple[float, tuple[Gpu, ...]]
+NodeAnswer = Fit | str
+StateAnswer = float | str
 
-    def requests(container: JSON) -> tuple[int, int]:
-        wanted = (container.get("resources") or {}).get("requests") or {}
-        try:
-            return (
-                parse_millicores(wanted.get("cpu", 0), "cpu"),
-                parse_bytes(wanted.get("memory", 0), "memory"),
+
+@dataclass(slots=True, eq=False)
+class Node:
+    name: str
+    cpu: int  # allocatable millicores
+    memory: int  # allocatable bytes
+    max_pods: int = 110
+    labels: dict[str, str] = field(default_factory=dict)
+    ready: bool = True
+    schedulable: bool = True
+    removing: bool = False  # an autoscaler is removing it (`keys.AUTOSCALER_REMOVAL_TAINTS`)
+    used_cpu: int = 0
+    used_memory: int = 0
+    used_pods: int = 0
+    gpus: list[Gpu] = field(default_factory=list)
+    version: int = 0
+    memo: dict[int, NodeAnswer] = field(default_factory=dict)  # shape number -> answer
+    memo_generation: int = -1
+    state: int = UNKNOWN  # this version's state number (`PlacementMemo.state_of`)
+    position: int = -1  # its place in the snapshot's node order (ties go to the first)
+    indexed: int = UNKNOWN  # the state the snapshot's `StateIndex` holds it under
+    on_change: Callable[["Node"], None] | None = None  # the memo's `note` (its `StateIndex`)
+
+    def touch(self) -> None:
+        self.version += 1
+        self.memo.clear()
+        self.state = UNKNOWN
+        if self.on_change is not None:
+            self.on_change(self)
+
+    @property
+    def free_cpu(self) -> int:
+        return self.cpu - self.used_cpu
+
+    @property
+    def free_memory(self) -> int:
+        return self.memory - self.used_memory
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """Where an assumed or bound pod sits and what it holds there."""
+
+    request: Request
+    node: str
+    gpus: tuple[str, ...]  # UUIDs its share is booked on
+    over: tuple[str, ...] = ()  # UUIDs it runs on where its share did not fit
+
+    @property
+    def named(self) -> tuple[str, ...]:
+        """Every GPU the pod runs on, booked or not."""
+        return self.gpus + self.over
+
+
+class Snapshot:
+    """Nodes, GPUs and bookings. Not thread-safe: one scheduling loop owns it."""
+
+    def __init__(self, nodes: Iterable[Node] = (), *, check_hosts: bool = True) -> None:
+        # Whether placement checks the node itself (ready, schedulable, CPU, memory, pod
+        # count). The extender turns it off: kube-scheduler already filtered the nodes,
+        # with every rule and its own accounting, and is the one authority on them.
+        self.check_hosts = check_hosts
+        self.nodes: dict[str, Node] = {}
+        self.gpus: dict[str, Gpu] = {}
+        self.bookings: dict[str, Booking] = {}
+        self.topology = 0  # bumps when nodes, labels or GPUs change
+        self.freed = 0  # bumps when a booking that held GPU share is forgotten
+        self._positions = count()
+        self.memo = PlacementMemo(self)  # placement's speed caches over this ledger
+        for node in nodes:
+            self.add_node(node)
+
+    # Topology.
+
+    def add_node(self, node: Node) -> None:
+        old = self.nodes.get(node.name)
+        if old is not None:
+            node.gpus = old.gpus
+            node.used_cpu, node.used_memory, node.used_pods = (
+                old.used_cpu,
+                old.used_memory,
+                old.used_pods,
             )
-        except ContractError:
-            return 0, 0
-
-    containers = [requests(c) for c in cast(list[JSON], spec.get("containers") or [])]
-    cpu, memory = sum(c for c, _ in containers), sum(m for _, m in containers)
-    sidecar_cpu = sidecar_memory = init_cpu = init_memory = 0
-    for init in cast(list[JSON], spec.get("initContainers") or []):
-        c, m = requests(init)
-        if init.get("restartPolicy") == "Always":
-            cpu, memory = cpu + c, memory + m
-            sidecar_cpu, sidecar_memory = sidecar_cpu + c, sidecar_memory + m
-            c, m = sidecar_cpu, sidecar_memory
+            node.position = old.position  # a replaced node keeps its place in the order
+            old.touch()  # out of the index
         else:
-            c, m = c + sidecar_cpu, m + sidecar_memory
-        init_cpu, init_memory = max(init_cpu, c), max(init_memory, m)
-    cpu, memory = max(cpu, init_cpu), max(memory, init_memory)
-    pod_level = (spec.get("resources") or {}).get("requests") or {}
-    if pod_level:
-        level_cpu, level_memory = requests({"resources": {"requests": pod_level}})
-        cpu = level_cpu if "cpu" in pod_level else cpu
-        memory = level_memory if "memory" in pod_level else memory
-    overhead_cpu, overhead_memory = requests({"resources": {"requests": spec.get("overhead")}})
-    return cpu + overhead_cpu, memory + overhead_memory
+            node.position = next(self._positions)
+        node.on_change = self.memo.note
+        self.nodes[node.name] = node
+        for gpu in node.gpus:
+            self.gpus[gpu.uuid] = gpu
+        node.touch()
+        self.topology += 1
+
+    def remove_node(self, name: str) -> None:
+        node = self.nodes.pop(name, None)
+        if node is not None:
+            for gpu in node.gpus:
+                self.gpus.pop(gpu.uuid, None)
+            node.touch()  # out of the index
+            self.topology += 1
+
+    def add_gpu(self, gpu: Gpu) -> None:
+        """Add or replace a GPU; its usage is recomputed from the bookings that name it,
+        so a GPU that reappears (or appears after its pods) is never double-booked."""
+        node = self.nodes[gpu.node]
+        old = self.gpus.get(gpu.uuid)
+        if old is not None and old.node in self.nodes:
+            holder = self.nodes[old.node]
+            holder.gpus = [g for g in holder.gpus if g.uuid != gpu.uuid]
+            holder.touch()
+        gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner = 0, 0, {}, ""
+        gpu.over = 0
+        for key, booking in list(self.bookings.items()):
+            if gpu.uuid in booking.named:
+                self.bookings[key] = self._book(gpu, booking)
+        node.gpus.append(gpu)
+        self.gpus[gpu.uuid] = gpu
+        node.touch()
+        self.topology += 1
+
+    def remove_gpu(self, uuid: str) -> None:
+        gpu = self.gpus.pop(uuid, None)
+        if gpu is not None and gpu.node in self.nodes:
+            node = self.nodes[gpu.node]
+            node.gpus = [g for g in node.gpus if g.uuid != uuid]
+            node.touch()
+            self.topology += 1
+
+    # Bookings.
+
+    def assume(self, request: Request, node_name: str, uuids: Iterable[str]) -> Booking:
+        """Book `request` on `node_name` and the GPUs `uuids`. Placement checked that it
+        fits; a pod rebuilt from the cluster is booked on each GPU its share fits on, and
+        counted as `over` on the others."""
+        if request.key in self.bookings:
+            raise ValueError(f"{request.key} is already booked")
+        node = self.nodes[node_name]
+        booking = Booking(request, node_name, tuple(uuids))
+        node.used_cpu += request.cpu
+        node.used_memory += request.memory
+        node.used_pods += 1
+        for uuid in booking.gpus:
+            gpu = self.gpus.get(uuid)
+            if gpu is None:  # a GPU not seen yet: `add_gpu` books the pod on it
+                continue
+            booking = self._book(gpu, booking)
+            if gpu.node != node_name and gpu.node in self.nodes:
+                self.nodes[gpu.node].touch()
+        node.touch()
+        self.bookings[request.key] = booking
+        return booking
+
+    def overcommitted(self) -> list[Booking]:
+        """Pods running on a GPU whose books cannot hold their share."""
+        return [b for b in self.bookings.values() if b.over]
+
+    def _book(self, gpu: Gpu, booking: Booking) -> Booking:
+        """`booking` with its share on `gpu` (named in it) booked if it fits, else over."""
+        gpus = tuple(u for u in booking.gpus if u != gpu.uuid)
+        over = tuple(u for u in booking.over if u != gpu.uuid)
+        if gpu.fits(booking.request):
+            _charge(gpu, booking.request)
+            gpus += (gpu.uuid,)
+        else:
+            gpu.over += 1
+            over += (gpu.uuid,)
+        return Booking(booking.request, booking.node, gpus, over)
+
+    def forget(self, key: str) -> Booking | None:
+        """Undo `assume` (a failed bind, a deleted pod); None when nothing was booked."""
+        booking = self.bookings.pop(key, None)
+        if booking is None:
+            return None
+        request = booking.request
+        if booking.gpus:
+            self.freed += 1
+        node = self.nodes.get(booking.node)
+        if node is not None:
+            node.used_cpu -= request.cpu
+            node.used_memory -= request.memory
+            node.used_pods -= 1
+            node.touch()
+        for uuid in booking.named:
+            gpu = self.gpus.get(uuid)
+            if gpu is None:
+                continue
+            if gpu.node != booking.node and gpu.node in self.nodes:
+                self.nodes[gpu.node].touch()
+            if uuid in booking.over:
+                gpu.over -= 1
+                continue
+            gpu.used_compute -= request.compute
+            gpu.used_memory -= request.gpu_memory
+            left = gpu.owners.get(request.owner, 0) - 1
+            if left > 0:
+                gpu.owners[request.owner] = left
+            else:
+                gpu.owners.pop(request.owner, None)
+                if gpu.exclusive_owner == request.owner:
+                    gpu.exclusive_owner = ""
+            if gpu.over:
+                self._rebook(gpu)
+        return booking
+
+    def _rebook(self, gpu: Gpu) -> None:
+        """Book, first come first booked, the pods over on `gpu` that now fit."""
+        for key, booking in list(self.bookings.items()):
+            if gpu.uuid in booking.over and gpu.fits(booking.request):
+                gpu.over -= 1
+                self.bookings[key] = self._book(gpu, booking)
+                if booking.node in self.nodes:
+                    self.nodes[booking.node].touch()
 
 
-@dataclass(frozen=True, slots=True)
-class NotOurs:
-    """Why a pod addressed to the scheduler will not be placed (the user can fix it)."""
-
-    reason: str
-    message: str
-
-
-def request_of(pod: JSON, key: bytes | None = None) -> Request | NotOurs:
-    """What a fractional pod asks for, or why it cannot be placed.
-
-    Only pods the webhook admitted are placed: with the decision `key`, the pod's seal
-    must verify for its namespace and annotations (`gpupack.seal`); without one (pods
-    already bound, whose booking is what runs), its `gpupack.io/decision` must be there.
-    A pod that names gpupack-scheduler itself did not go through policy, and may carry
-    forged shares.
-    """
-    annotations = annotations_of(pod)
-    admit = (
-        f"create it in a namespace labelled {keys.OPTIMIZE}={keys.OPTIMIZE_ENABLED}, "
-        "or label the pod so"
-    )
-    if not annotations.get(keys.DECISION):
-        return NotOurs(
-            "NotAdmitted",
-            f"the pod names {keys.SCHEDULER_NAME} but was not admitted by the gpupack webhook "
-            f"(no {keys.DECISION} annotation); {admit}",
-        )
-    if key is not None:
-        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        try:
-            seal.verify(key, namespace, annotations)
-        except seal.SealError as error:
-            return NotOurs(
-                "NotAdmitted",
-                f"the pod names {keys.SCHEDULER_NAME} but its admission by the gpupack "
-                f"webhook cannot be proven ({error}); {admit}",
-            )
-    allocation = pod_allocation(pod)
-    if allocation is None:
-        return NotOurs(
-            "InvalidShare",
-            f"{keys.GPU_COMPUTE} is missing or unreadable; expected a quantity such as 300m",
-        )
-    spec = cast(PodSpec, pod.get("spec") or {})
-    cpu, memory = host_requests(cast(JSON, spec))
-    return Request(
-        key=pod_key(pod),
-        cpu=cpu,
-        memory=memory,
-        compute=allocation.compute,
-        gpu_memory=allocation.memory,
-        gpus=1,
-        pool=pool_of(pod),  # the webhook's capacity planning keys it the same way
-        owner=allocation.owner,
-        exclusive=allocation.exclusive,
-    )
-
-
-def host_request(pod: JSON) -> Request:
-    """Any other pod on a node: it holds CPU, memory and a pod slot, no GPU share."""
-    cpu, memory = host_requests(pod.get("spec") or {})
-    return Request(key=pod_key(pod), cpu=cpu, memory=memory, gpus=0)
-
-
-def assignment_of(pod: JSON) -> tuple[str, str] | None:
-    """(GPU UUID, capacity pod) the scheduler wrote on a bound pod, None when absent."""
-    annotations = annotations_of(pod)
-    try:
-        uuid = codec.read_gpu_uuid(annotations)
-    except ContractError:
-        return None
-    holder = annotations.get(keys.CAPACITY_POD)
-    if uuid is None or not holder:
-        return None
-    return uuid, holder
+def _charge(gpu: Gpu, request: Request) -> None:
+    gpu.used_compute += request.compute
+    gpu.used_memory += request.gpu_memory
+    gpu.owners[request.owner] = gpu.owners.get(request.owner, 0) + 1
+    if request.exclusive:
+        gpu.exclusive_owner = request.owner

@@ -135,7 +135,7 @@ class LocalCluster(ControlPlane):
         self._webhook_tls = self._write_secret("webhook-tls", serving)
         self.webhook_port, self.webhook_metrics_port = free_port(), free_port()
         self.audit_log = self.workdir / "logs" / "audit.log"
-        process = self._launch(
+        process = self.launch(
             WEBHOOK_NAME,
             *self._webhook_command(
                 kubeconfig, self.webhook_port, self.webhook_metrics_port, self.audit_log, extra_args
@@ -212,7 +212,7 @@ class LocalCluster(ControlPlane):
         port = free_port()
         audit = self.workdir / "logs" / f"{name}.audit.log"
         argv, env = self._webhook_command(kubeconfig, port, free_port(), audit, extra_args)
-        process = self._launch(name, argv, {**env, **(node_env or {})})
+        process = self.launch(name, argv, {**env, **(node_env or {})})
         self._wait_webhook_ready(process, host, port)
         self.write_state()
         return process, port
@@ -364,7 +364,7 @@ class LocalCluster(ControlPlane):
         argv, environment = self.chart_command(
             template, container, sets=sets, mounts=mounts, env=env
         )
-        process = self._launch(
+        process = self.launch(
             process_name,
             [*argv, f"--kubeconfig={kubeconfig}", *extra_args],
             {**environment, **(node_env or {})},
@@ -462,7 +462,7 @@ class LocalCluster(ControlPlane):
             # A pod's ports are its own; on this host every kube-scheduler shares one
             # network, so the probe port is off (the pod's probes are tested on the real
             # node).
-            self._launch(process, [*argv, "--secure-port=0"])
+            self.launch(process, [*argv, "--secure-port=0"])
         self.write_state()
         return extender
 

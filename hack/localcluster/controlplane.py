@@ -169,7 +169,7 @@ class ControlPlane:
         self._kubelet = Restarter(self.processes, names, restarted=self.write_state)
         self._kubelet.__enter__()
 
-    def _launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
+    def launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
         process = Process(name, args, self.workdir / "logs" / f"{name}.log")
         process.start(env, detach=self.detach)
         self.processes[name] = process
@@ -224,6 +224,16 @@ class ControlPlane:
         key.write_bytes(pair.key_pem)
         key.chmod(0o600)
         return cert, key
+
+    def serving_pair(self, common_name: str, names: Sequence[str]) -> pem.KeyPair:
+        """A serving certificate for `names`, issued by the cluster's CA (`Host`)."""
+        return pem.issue(
+            self._ca,
+            common_name,
+            now=datetime.now(UTC),
+            names=list(names),
+            algorithm=pem.KeyAlgorithm.ECDSA_P256,
+        )
 
     def user_kubeconfig(
         self, user: str, groups: Sequence[str] = (), name: str | None = None
@@ -310,7 +320,7 @@ class ControlPlane:
     def _start_etcd(self) -> None:
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        process = self._launch(
+        process = self.launch(
             "etcd",
             [
                 self.binary("etcd"),
@@ -347,7 +357,7 @@ class ControlPlane:
 
     def _start_apiserver(self) -> None:
         self.api_port = free_port()
-        process = self._launch(
+        process = self.launch(
             "kube-apiserver",
             [
                 self.binary("kube-apiserver"),
@@ -402,7 +412,7 @@ class ControlPlane:
 
     def _start_controllers(self) -> None:
         kcm = self.user_kubeconfig("system:kube-controller-manager")
-        self._launch(
+        self.launch(
             "kube-controller-manager",
             [
                 self.binary("kube-controller-manager"),
@@ -425,7 +435,7 @@ class ControlPlane:
             ],
         )
         scheduler = self.user_kubeconfig("system:kube-scheduler")
-        self._launch(
+        self.launch(
             "kube-scheduler",
             [
                 self.binary("kube-scheduler"),
@@ -438,7 +448,7 @@ class ControlPlane:
             ],
         )
         kwok = self.user_kubeconfig("kwok", ["system:masters"])
-        self._launch(
+        self.launch(
             "kwok",
             [
                 self.binary("kwok"),

@@ -18,18 +18,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import yaml
 
 from gpupack import keys
-from hack.localcluster.client import ApiError
+from hack.localcluster.client import ApiError, Kube
+from hack.localcluster.host import Host
 from hack.localcluster.nodes import GPU_TAINT, NodePool
 from hack.localcluster.processes import Process, free_port
-
-if TYPE_CHECKING:
-    from hack.localcluster.client import Kube
-    from hack.localcluster.controlplane import ControlPlane
 
 NODEPOOL: Final = "gpu"
 NODECLASS: Final = "default"
@@ -128,7 +125,7 @@ class Karpenter:
     entry of `more_pools`, name -> its types), tainted as GPU nodes are, at most
     `gpu_limit` GPUs each, consolidating after `consolidate_after`."""
 
-    cluster: "ControlPlane"
+    cluster: Host
     instance_types: Sequence[GpuInstanceType] = (A100_X8,)
     gpu_limit: int = 64
     consolidate_after: str = "10s"
@@ -177,7 +174,7 @@ class Karpenter:
             "LOG_LEVEL": "info",
             "PATH": "/usr/bin:/bin",
         }
-        self.process = self.cluster._launch(
+        self.process = self.cluster.launch(
             "karpenter", [self.cluster.binary("karpenter-kwok")], env
         )
         self.cluster.write_state()

@@ -25,18 +25,14 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import yaml
 
-from certs import pem
 from hack.localcluster.client import ApiError
+from hack.localcluster.host import Host
 from hack.localcluster.processes import Process, free_port, log
-
-if TYPE_CHECKING:
-    from hack.localcluster.controlplane import ControlPlane
 
 BRIDGE: Final = "gpupack0"
 GATEWAY: Final = "10.88.0.1"
@@ -119,7 +115,7 @@ class RealNode:
     """A kubelet node named `name` of `cluster`, with its own containerd, CNI and
     kube-proxy, under `cluster.workdir / name`."""
 
-    cluster: "ControlPlane"
+    cluster: Host
     name: str = "gpupack-node"
     labels: dict[str, str] = field(default_factory=lambda: {"gpupack.io/test-node": "real"})
     processes: list[Process] = field(default_factory=list)
@@ -171,8 +167,8 @@ class RealNode:
         self._save_host_state()
         OWNER.write_text(str(self.folder))
 
-    def _launch(self, name: str, args: list[str]) -> Process:
-        process = self.cluster._launch(f"{self.name}-{name}", args)
+    def launch(self, name: str, args: list[str]) -> Process:
+        process = self.cluster.launch(f"{self.name}-{name}", args)
         self.processes.append(process)
         return process
 
@@ -208,7 +204,7 @@ state = "{base / "state"}"
         SystemdCgroup = false
 """
         )
-        process = self._launch("containerd", ["containerd", f"--config={config}"])
+        process = self.launch("containerd", ["containerd", f"--config={config}"])
         deadline = time.monotonic() + 60
         while not self.containerd_socket.exists():
             if not process.alive() or time.monotonic() > deadline:
@@ -269,13 +265,7 @@ state = "{base / "state"}"
         kubeconfig = cluster.user_kubeconfig(
             f"system:node:{self.name}", ["system:nodes"], name=f"node-{self.name}"
         )
-        serving = pem.issue(
-            cluster._ca,
-            self.name,
-            now=datetime.now(UTC),
-            names=[self.name, GATEWAY],
-            algorithm=pem.KeyAlgorithm.ECDSA_P256,
-        )
+        serving = cluster.serving_pair(self.name, [self.name, GATEWAY])
         cert, key = folder / "kubelet.crt", folder / "kubelet.key"
         cert.write_bytes(serving.cert_pem)
         key.write_bytes(serving.key_pem)
@@ -323,7 +313,7 @@ state = "{base / "state"}"
         path = folder / "config.yaml"
         path.write_text(yaml.safe_dump(config))
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
-        self._launch(
+        self.launch(
             "kubelet",
             [
                 cluster.binary("kubelet"),
@@ -359,7 +349,7 @@ state = "{base / "state"}"
         }
         path = folder / "config.yaml"
         path.write_text(yaml.safe_dump(config))
-        self._launch("kube-proxy", [cluster.binary("kube-proxy"), f"--config={path}", "--v=1"])
+        self.launch("kube-proxy", [cluster.binary("kube-proxy"), f"--config={path}", "--v=1"])
 
     def _wait_ready(self) -> None:
         admin = self.cluster.kube()
