@@ -24,7 +24,7 @@ from gpupack.objects import JSON, annotations_of, labels_of
 from gpupack.quantity import parse_compute, parse_memory
 from gpupack.shares import gpu_memory
 from scheduler.headroom import headroom_of, kept
-from scheduler.snapshot import Gpu, Request
+from scheduler.ledger import Gpu, Request
 
 
 @dataclass(slots=True)

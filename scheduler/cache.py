@@ -23,7 +23,8 @@ from gpupack.gpu_request import scan_gpus
 from gpupack.objects import JSON, PodSpec, labels_of
 from gpupack.shares import is_live
 from scheduler.exclusion import SETTLING, starting
-from scheduler.ledger import (
+from scheduler.ledger import Booking, Gpu, Ledger, Request
+from scheduler.translate import (
     DraGpus,
     NotOurs,
     assignment_of,
@@ -36,7 +37,6 @@ from scheduler.ledger import (
     pod_key,
     request_of,
 )
-from scheduler.snapshot import Booking, Gpu, Request, Snapshot
 
 
 class Store(Protocol):
@@ -126,7 +126,7 @@ class Cache:
         self._pods = pods
         self._scheduler_name = scheduler_name
         self.dirty = dirty
-        self.snapshot = Snapshot(check_hosts=False)
+        self.ledger = Ledger(check_hosts=False)
         self.pending: dict[str, Pending] = {}  # unbound pods addressed to us
         self.capacity: dict[str, Capacity] = {}  # by capacity pod name
         self.assumed: set[str] = set()
@@ -195,10 +195,8 @@ class Cache:
         return touched
 
     def _rebuild(self) -> None:
-        assumed = {
-            k: self.snapshot.bookings[k] for k in self.assumed if k in self.snapshot.bookings
-        }
-        self.snapshot = Snapshot(check_hosts=False)
+        assumed = {k: self.ledger.bookings[k] for k in self.assumed if k in self.ledger.bookings}
+        self.ledger = Ledger(check_hosts=False)
         self.pending.clear()
         self.capacity.clear()
         self.leaving.clear()
@@ -212,7 +210,7 @@ class Cache:
         for obj in self._slices.items() if self._slices is not None else ():
             self._apply_slice(str(obj["metadata"]["name"]))
         for obj in self._nodes.items():
-            self.snapshot.add_node(node_of(obj))
+            self.ledger.add_node(node_of(obj))
             self._note_gpus(obj)
             if starting(obj):
                 self._starting.add(str(obj["metadata"]["name"]))
@@ -221,24 +219,24 @@ class Cache:
         for pod in sorted(pods, key=lambda p: not is_capacity(p, self._namespace)):
             self._apply_pod(pod_key(pod), pod)
         for key, booking in assumed.items():
-            if key not in self.snapshot.bookings and booking.node in self.snapshot.nodes:
-                self.snapshot.assume(booking.request, booking.node, booking.named)
-            elif key not in self.snapshot.bookings:
+            if key not in self.ledger.bookings and booking.node in self.ledger.nodes:
+                self.ledger.assume(booking.request, booking.node, booking.named)
+            elif key not in self.ledger.bookings:
                 self.assumed.discard(key)
 
     def _apply_node(self, name: str, now: float) -> None:
         obj = self._nodes.get(name)
         if obj is None:
-            self.snapshot.remove_node(name)
+            self.ledger.remove_node(name)
             if self.gpu_nodes.pop(name, None) is not None:
                 self.gpu_nodes_changed += 1
             self.began.pop(name, None)
             self._starting.discard(name)
             return
-        old = self.snapshot.nodes.get(name)
+        old = self.ledger.nodes.get(name)
         returned = old is None
         node = node_of(obj)
-        self.snapshot.add_node(node)
+        self.ledger.add_node(node)
         self._note_gpus(obj)
         if starting(obj):
             self._starting.add(name)
@@ -304,7 +302,7 @@ class Cache:
         if not live or pod is None:
             self.pending.pop(key, None)
             self.assumed.discard(key)
-            self.snapshot.forget(key)
+            self.ledger.forget(key)
             return
         spec = pod.get("spec") or {}
         node = spec.get("nodeName")
@@ -320,8 +318,8 @@ class Cache:
         self._book(key, pod, str(node))
 
     def _book(self, key: str, pod: JSON, node: str) -> None:
-        if node not in self.snapshot.nodes:
-            self.snapshot.forget(key)
+        if node not in self.ledger.nodes:
+            self.ledger.forget(key)
             self._on_node.setdefault(node, set()).add(key)
             return
         request: Request = host_request(pod)
@@ -334,12 +332,12 @@ class Cache:
             if isinstance(wanted, Request):
                 request = wanted
                 gpus = (assignment[0],)
-        old = self.snapshot.bookings.get(key)
+        old = self.ledger.bookings.get(key)
         wanted_booking = (node, request, sorted(gpus))  # booked or over on each GPU
         if old is not None and (old.node, old.request, sorted(old.named)) == wanted_booking:
             return
-        self.snapshot.forget(key)
-        self.snapshot.assume(request, node, gpus)
+        self.ledger.forget(key)
+        self.ledger.assume(request, node, gpus)
 
     def _apply_capacity(self, pod: JSON | None, key: str) -> None:
         name = key.split("/", 1)[1]
@@ -353,7 +351,7 @@ class Cache:
                 self._drop_gpu(old.gpu, name)
             return
         node_name = (pod.get("spec") or {}).get("nodeName")
-        node = self.snapshot.nodes.get(str(node_name)) if node_name else None
+        node = self.ledger.nodes.get(str(node_name)) if node_name else None
         gpu = capacity_gpu(pod, node) if node is not None else None
         pool = (pod["metadata"].get("labels") or {}).get(keys.POOL, "")
         entry = Capacity(name, pool, pod, gpu.uuid if gpu is not None else None)
@@ -361,17 +359,17 @@ class Cache:
         if old is not None and old.gpu is not None and old.gpu != entry.gpu:
             self._drop_gpu(old.gpu, name)
         if gpu is not None:
-            current = self.snapshot.gpus.get(gpu.uuid)
+            current = self.ledger.gpus.get(gpu.uuid)
             if current is None or _gpu_changed(current, gpu):
-                self.snapshot.add_gpu(gpu)
+                self.ledger.add_gpu(gpu)
 
     def _drop_gpu(self, uuid: str, holder: str) -> None:
         """Forget a GPU its capacity pod no longer holds, unless another capacity pod
         holds it now (a replacement on the same device: the GPU's id is the device's, and
         the old pod's deletion can come after the new pod took it)."""
-        gpu = self.snapshot.gpus.get(uuid)
+        gpu = self.ledger.gpus.get(uuid)
         if gpu is not None and gpu.holder == holder:
-            self.snapshot.remove_gpu(uuid)
+            self.ledger.remove_gpu(uuid)
 
     # Reading.
 
@@ -391,7 +389,7 @@ class Cache:
         ]
 
     def _coming(self, uuid: str) -> bool:
-        gpu = self.snapshot.gpus.get(uuid)  # None: its node is gone, nothing is coming
+        gpu = self.ledger.gpus.get(uuid)  # None: its node is gone, nothing is coming
         return gpu is not None and gpu.coming
 
     def free_gpus(self) -> tuple[dict[str, int], frozenset[str]]:
@@ -425,8 +423,8 @@ class Cache:
         """Bound pods whose GPU no capacity pod holds any more."""
         return (
             b
-            for b in self.snapshot.bookings.values()
-            if any(uuid not in self.snapshot.gpus for uuid in b.named)
+            for b in self.ledger.bookings.values()
+            if any(uuid not in self.ledger.gpus for uuid in b.named)
         )
 
 

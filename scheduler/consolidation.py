@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.snapshot import FULL_GPU, Booking, Gpu, Request, Snapshot
+from scheduler.ledger import FULL_GPU, Booking, Gpu, Ledger, Request
 
 CANDIDATES: Final = 64  # GPUs tried per pool and round, in order: a bounded search
 
@@ -94,7 +94,7 @@ def lower_bound(gpus: Iterable[Gpu]) -> int:
 
 
 def plan(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     judge: Judge,
     *,
     busy: frozenset[str] = frozenset(),
@@ -181,7 +181,7 @@ def movable(gpu: Gpu, shares: list[Booking], judge: Judge) -> bool:
 class Room:
     """The room left on a pool's GPUs and their nodes as this round's moves use it."""
 
-    def __init__(self, snapshot: Snapshot, gpus: list[Gpu], per_node: dict[str, int]) -> None:
+    def __init__(self, snapshot: Ledger, gpus: list[Gpu], per_node: dict[str, int]) -> None:
         self._snapshot = snapshot
         self._per_node = per_node
         self._gpus = [

@@ -28,7 +28,7 @@ from gpupack.shares import is_running
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
-from scheduler.snapshot import Snapshot
+from scheduler.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ LIMIT: Final = 50  # pods re-annotated per round, at most
 INTERVAL: Final = 5.0  # seconds between rounds
 
 
-def costs(snapshot: Snapshot) -> dict[str, int]:
+def costs(snapshot: Ledger) -> dict[str, int]:
     """The deletion cost of every pod booked on one GPU: its GPU's booked compute, in
     steps of `STEP`."""
     out: dict[str, int] = {}
@@ -77,7 +77,7 @@ class Costs:
             return 0
         self._last = now
         written = 0
-        for key, cost in sorted(costs(self.cache.snapshot).items()):
+        for key, cost in sorted(costs(self.cache.ledger).items()):
             pod = self.cache.pod(key)
             if pod is None or not managed(pod):
                 continue

@@ -47,10 +47,10 @@ from scheduler import budgets, writer
 from scheduler.cache import Cache
 from scheduler.consolidation import Move, fill, plan
 from scheduler.kube import Kube
+from scheduler.ledger import Booking, Gpu
 from scheduler.metrics import Metrics
 from scheduler.relocation import describe, relocate
 from scheduler.settings import Settings
-from scheduler.snapshot import Booking, Gpu
 
 log = logging.getLogger(__name__)
 
@@ -137,11 +137,11 @@ class Drainer:
         ):
             return []
         self._replicas = {}
-        for booking in self.cache.snapshot.bookings.values():
+        for booking in self.cache.ledger.bookings.values():
             if booking.gpus:
                 owner = booking.request.owner
                 self._replicas[owner] = self._replicas.get(owner, 0) + 1
-        snapshot = self.cache.snapshot
+        snapshot = self.cache.ledger
         moves = plan(snapshot, self._judge, busy=frozenset(busy), planned=self._spend)
         moves += relocate(
             snapshot,
@@ -169,7 +169,7 @@ class Drainer:
         """Spend the budgets of the workloads `move` evicts, before the round judges the
         next GPU."""
         for key in move.pods:
-            owner = self.cache.snapshot.bookings[key].request.owner
+            owner = self.cache.ledger.bookings[key].request.owner
             self._evicted.setdefault(owner, []).append(self._now)
 
     def policy_of(self, pod: JSON) -> Policy:
@@ -217,7 +217,7 @@ class Drainer:
     def _look_after_drains(self) -> set[str]:
         """Give up the drains past the timeout; the pools with a GPU still draining."""
         busy: set[str] = set()
-        snapshot = self.cache.snapshot
+        snapshot = self.cache.ledger
         for name, capacity in self.cache.capacity.items():
             if not annotations_of(capacity.pod).get(keys.DRAINING):
                 continue

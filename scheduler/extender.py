@@ -49,7 +49,7 @@ from scheduler.drain import Drainer
 from scheduler.escapes import Escapes
 from scheduler.fragmentation import task_mix
 from scheduler.kube import Kube
-from scheduler.ledger import NotOurs, pod_key
+from scheduler.ledger import Gpu, Ledger, Request
 from scheduler.lifecycle import Lifecycle
 from scheduler.metrics import Metrics, Usage
 from scheduler.placement import Placement, Scorer, place, refusal
@@ -57,7 +57,7 @@ from scheduler.reporting import Notices, measure
 from scheduler.reservations import Reservations
 from scheduler.score import FragmentationScorer
 from scheduler.settings import Settings
-from scheduler.snapshot import Gpu, Request, Snapshot
+from scheduler.translate import NotOurs, pod_key
 from scheduler.waiting import WaitingRoom
 
 log = logging.getLogger(__name__)
@@ -119,14 +119,14 @@ class Extender:
                 return wire.every(nodes, f"gpupack: {request.message}")
             if not nodes:
                 return wire.refused({})
-            result = place(self.cache.snapshot, request, self._scorer, nodes)
+            result = place(self.cache.ledger, request, self._scorer, nodes)
             if isinstance(result, Placement):
                 self.reservations.reserve(key, pod, request, result, now)
                 self.waiting.placed(key)
                 self._count("placed")
                 return wire.chosen(result.node)
             self._count("unschedulable")
-            snapshot = self.cache.snapshot
+            snapshot = self.cache.ledger
             asks = f"(asks {format_compute(request.compute)}, {format_memory(request.gpu_memory)})"
             reasons = {n: f"gpupack: {refusal(snapshot, request, n)} {asks}" for n in nodes}
             starting = _starting(snapshot, request, nodes)
@@ -246,9 +246,9 @@ class Extender:
             return request.message
         if self.reservations.booked(args.key):  # booked from the informer, not by us
             return f"{args.key} is already booked"
-        result = place(self.cache.snapshot, request, self._scorer, (args.node,))
+        result = place(self.cache.ledger, request, self._scorer, (args.node,))
         if not isinstance(result, Placement):
-            why = refusal(self.cache.snapshot, request, args.node)
+            why = refusal(self.cache.ledger, request, args.node)
             return f"the GPU reserved for {args.key} was released and {args.node} has {why}"
         self.reservations.reserve(args.key, pod, request, result, now)
         return None
@@ -261,7 +261,7 @@ class Extender:
         mix invalidates every memoised answer."""
         if not isinstance(self._scorer, FragmentationScorer):
             return
-        requests = [b.request for b in self.cache.snapshot.bookings.values() if b.gpus]
+        requests = [b.request for b in self.cache.ledger.bookings.values() if b.gpus]
         for entry in self.cache.pending.values():
             if isinstance(entry.request, Request):
                 requests.append(entry.request)
@@ -280,7 +280,7 @@ class Extender:
             self._metrics.attempts.labels(result=result).inc()
 
 
-def _starting(snapshot: Snapshot, request: Request, nodes: Sequence[str]) -> Gpu | None:
+def _starting(snapshot: Ledger, request: Request, nodes: Sequence[str]) -> Gpu | None:
     """A GPU of the pod's pool on one of `nodes` that is not running yet (its capacity
     pod is bound, the exporter has not named the device) and will have room for it.
     kube-scheduler parks a pod its extender refused until an event its own plugins care

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from scheduler.snapshot import FULL_GPU as FULL
-from scheduler.snapshot import Request
+from scheduler.ledger import FULL_GPU as FULL
+from scheduler.ledger import Request
 
 COVERAGE: Final = 0.95  # FGD's typical pods: the most frequent specs covering 95 % of pods
 CACHE_LIMIT: Final = 200_000  # entries kept per cache before it starts over

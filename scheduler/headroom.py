@@ -26,7 +26,7 @@ Waiting pods are not headroom: an empty GPU a waiting pod could use is kept for 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scheduler.snapshot import FULL_GPU, Gpu, Request
+from scheduler.ledger import FULL_GPU, Gpu, Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,9 @@ as room frees. Every change bumps the node's `version` and clears its
 memo, so placement can cache per-node answers between changes.
 
 Placement's speed caches over this ledger (numbered node states and request shapes,
-shared answers, bounds) live beside it in `scheduler.memo` (`Snapshot.memo`).
+shared answers, bounds) live beside it in `scheduler.memo`, which attaches itself on
+first use (`memo_of`) and listens to the nodes' changes (`listen`): the ledger knows
+nothing of them.
 """
 
 from collections.abc import Callable, Iterable
@@ -25,10 +27,8 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Final
 
-from scheduler.memo import PlacementMemo
-from scheduler.state_index import UNKNOWN
-
 FULL_GPU: Final = 1000
+UNKNOWN: Final = -1  # a node's state before it is numbered, or while it is not indexed
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ class Node:
     state: int = UNKNOWN  # this version's state number (`PlacementMemo.state_of`)
     position: int = -1  # its place in the snapshot's node order (ties go to the first)
     indexed: int = UNKNOWN  # the state the snapshot's `StateIndex` holds it under
-    on_change: Callable[["Node"], None] | None = None  # the memo's `note` (its `StateIndex`)
+    on_change: Callable[["Node"], None] | None = None  # the ledger's listener (`listen`)
 
     def touch(self) -> None:
         self.version += 1
@@ -161,7 +161,7 @@ class Booking:
         return self.gpus + self.over
 
 
-class Snapshot:
+class Ledger:
     """Nodes, GPUs and bookings. Not thread-safe: one scheduling loop owns it."""
 
     def __init__(self, nodes: Iterable[Node] = (), *, check_hosts: bool = True) -> None:
@@ -175,9 +175,19 @@ class Snapshot:
         self.topology = 0  # bumps when nodes, labels or GPUs change
         self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._positions = count()
-        self.memo = PlacementMemo(self)  # placement's speed caches over this ledger
+        self._listener: Callable[[Node], None] | None = None
+        # Placement's speed caches (`scheduler.memo.memo_of`), attached on first use.
+        self.caches: object | None = None
         for node in nodes:
             self.add_node(node)
+
+    def listen(self, listener: Callable[[Node], None]) -> None:
+        """Have `listener` told of every node that changes from now on (`Node.touch`),
+        and of every node there is now, as changed."""
+        self._listener = listener
+        for node in self.nodes.values():
+            node.on_change = listener
+            listener(node)
 
     # Topology.
 
@@ -194,7 +204,7 @@ class Snapshot:
             old.touch()  # out of the index
         else:
             node.position = next(self._positions)
-        node.on_change = self.memo.note
+        node.on_change = self._listener
         self.nodes[node.name] = node
         for gpu in node.gpus:
             self.gpus[gpu.uuid] = gpu

@@ -65,10 +65,10 @@ from scheduler.capacity_pods import CapacityCreator
 from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
 from scheduler.headroom import headroom_of, kept
 from scheduler.kube import Kube
+from scheduler.ledger import Gpu, Request
 from scheduler.manifest import MAX_NODES, Where, affinity_to_others, holding_nodes
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
-from scheduler.snapshot import Gpu, Request
 from scheduler.waiting import Waiting, unschedulable
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class Lifecycle:
     def _unusable(self, name: str) -> bool:
         """Whether a GPU new on node `name` would take nothing: an autoscaler is removing
         the node, or consolidation is draining every GPU held there."""
-        node = self.cache.snapshot.nodes.get(name)
+        node = self.cache.ledger.nodes.get(name)
         if node is None:
             return False
         return node.removing or (bool(node.gpus) and all(g.draining for g in node.gpus))
@@ -193,7 +193,7 @@ class Lifecycle:
         creating = self._creator.in_flight(pool, seen=seen, placement=key)
         coming = [PlanGpu(c.name) for c in self.cache.coming(pool) if placement_of(c.pod) == key]
         coming += [PlanGpu(name) for name in creating]
-        known = [g.memory for g in self.cache.snapshot.gpus.values() if g.pool == pool and g.memory]
+        known = [g.memory for g in self.cache.ledger.gpus.values() if g.pool == pool and g.memory]
         if known:
             waiting = [a for a in waiting if a.memory <= max(known)]
         missing = shortfall(coming, waiting, new_gpu_memory=min(known) if known else None).missing
@@ -296,7 +296,7 @@ class Lifecycle:
     def housekeeping(self, now: float, waiting: Mapping[str, Waiting]) -> None:
         """Scale down, autoscaler annotations, orphans. `waiting`: the pods that fit on no
         GPU at their last filter."""
-        snapshot = self.cache.snapshot
+        snapshot = self.cache.ledger
         self._creator.shown(self.cache.capacity)
         by_pool: dict[str, list[Waiting]] = {}
         for entry in waiting.values():
@@ -345,7 +345,7 @@ class Lifecycle:
         """The empty running GPUs each pool keeps as its headroom (`scheduler.headroom`)."""
         if not empty or self._settings.headroom_pods <= 0:
             return frozenset()
-        snapshot = self.cache.snapshot
+        snapshot = self.cache.ledger
         pools = {g.pool for g in empty}
         used: dict[str, list[Gpu]] = {}
         per_node: dict[str, dict[str, int]] = {}
@@ -409,7 +409,7 @@ class Lifecycle:
             if capacity.gpu is None and unschedulable(capacity.pod) is not None:
                 stuck[capacity.pool] = stuck.get(capacity.pool, 0) + 1
         released: set[str] = set()
-        snapshot = self.cache.snapshot
+        snapshot = self.cache.ledger
         for pool, wanted in stuck.items():
             nodes = set().union(*(w.nodes for w in by_pool.get(pool, ())))
             left = wanted
@@ -431,7 +431,7 @@ class Lifecycle:
         return released
 
     def _report_overcommitted(self) -> None:
-        over = {b.request.key: b for b in self.cache.snapshot.overcommitted()}
+        over = {b.request.key: b for b in self.cache.ledger.overcommitted()}
         self._overcommitted &= over.keys()
         for key in sorted(over.keys() - self._overcommitted):
             pod = self.cache.pod(key)

@@ -1,4 +1,4 @@
-"""Placement's speed caches over the GPU ledger (`scheduler.snapshot`): what placement
+"""Placement's speed caches over the GPU ledger (`scheduler.ledger`): what placement
 remembers between decisions so that a decision costs O(node states), not O(nodes).
 
 Placement's answers depend on a node only through its *state* (`state_key`: capacity,
@@ -15,15 +15,11 @@ Every entry is derived from the ledger and may be dropped at any time; nothing h
 the ledger's truth. Pure, and not thread-safe, like the ledger.
 """
 
-from __future__ import annotations
-
 from itertools import count
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, cast
 
-from scheduler.state_index import UNKNOWN, Frontier, StateIndex
-
-if TYPE_CHECKING:
-    from scheduler.snapshot import Gpu, Node, Request, Snapshot, StateAnswer
+from scheduler.ledger import UNKNOWN, Gpu, Ledger, Node, Request, StateAnswer
+from scheduler.state_index import Frontier, StateIndex
 
 STATE_LIMIT: Final = 100_000  # numbered node states kept before the table starts over
 SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
@@ -31,10 +27,18 @@ ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before the least used sha
 DEAD_BATCH: Final = 32  # states left by every node, forgotten together
 
 
-class PlacementMemo:
-    """The caches of one ledger (`Snapshot.memo`)."""
+def memo_of(ledger: Ledger) -> "PlacementMemo":
+    """The ledger's caches, attached to it on first use."""
+    memo = ledger.caches
+    if memo is None:
+        memo = ledger.caches = PlacementMemo(ledger)
+    return cast(PlacementMemo, memo)
 
-    def __init__(self, ledger: Snapshot) -> None:
+
+class PlacementMemo:
+    """The caches of one ledger (`memo_of`)."""
+
+    def __init__(self, ledger: Ledger) -> None:
         self._ledger = ledger
         self._eligible: dict[tuple[object, ...], tuple[int, list[Node]]] = {}
         self._eligible_names: dict[tuple[object, ...], tuple[int, frozenset[str]]] = {}
@@ -56,6 +60,7 @@ class PlacementMemo:
         self._answers_of: tuple[object, int] | None = None  # (scorer, its generation)
         self._answer_calls = 0
         self._epoch = 0
+        ledger.listen(self.note)
 
     def eligible(self, request: Request) -> list[Node]:
         """Nodes that hold GPUs of the pod's pool (cached until the topology changes).

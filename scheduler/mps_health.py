@@ -4,7 +4,7 @@ An MPS pool's capacity pod runs `gpupack-mps-daemon` (`scheduler.manifest`), who
 probes ask the daemon whether it answers. The scheduler reads what the kubelet reports:
 
 - a daemon that is not ready makes its GPU unhealthy for placement
-  (`scheduler.ledger`): a pod placed there could not reach its MPS server;
+  (`scheduler.translate`): a pod placed there could not reach its MPS server;
 - a daemon that restarted took the MPS server of every pod on its GPU with it: the
   leader writes one Warning Event, `MPSDaemonRestarted`, on the capacity pod and on each
   pod it hosts, saying what happened and what it means for them;
@@ -20,7 +20,7 @@ from typing import Final
 
 from gpupack.capacity import CONTAINER_NAME, runs_mps_daemon
 from gpupack.objects import JSON
-from scheduler.snapshot import Booking
+from scheduler.ledger import Booking
 
 RESTARTED: Final = "MPSDaemonRestarted"
 

@@ -6,9 +6,9 @@ score:
 - **Filter** a node. In the cluster, kube-scheduler has already filtered the nodes with
   every rule a pod can carry (affinity, spread, taints, ports, volumes, resources) and
   passes the feasible ones (`nodes`); the snapshot does not check the node again
-  (`Snapshot.check_hosts` is off). The trace replay has no kube-scheduler, so there the
+  (`Ledger.check_hosts` is off). The trace replay has no kube-scheduler, so there the
   node is checked here: ready, schedulable, CPU, memory and pod count. Then each GPU of
-  a node holding GPUs of the pod's pool (`Snapshot.eligible`): running (not coming),
+  a node holding GPUs of the pod's pool (`Ledger.eligible`): running (not coming),
   healthy, not over-committed (`Gpu.over`), allowed model, compute and memory fit, and
   `real-time-mps` exclusivity (an MPS workload's GPU takes only its own pods; an MPS
   pod takes only a GPU nobody else uses).
@@ -19,12 +19,12 @@ score:
 Speed. A decision must not visit every node (12,000 of them in a large cluster):
 
 - A scorer whose cost depends only on the node's state says so (`by_state`); then
-  nodes in equal state (`Snapshot.state_of`: capacity, usage, each GPU's kind and usage)
-  share one answer per pod shape (numbered by `Snapshot.shape_of`), and what a decision
+  nodes in equal state (`Ledger.state_of`: capacity, usage, each GPU's kind and usage)
+  share one answer per pod shape (numbered by `Ledger.shape_of`), and what a decision
   needs of each state is its first node (ties go to the node met first). The snapshot
-  keeps the live states and their nodes by position (`Snapshot.states`, updated from
+  keeps the live states and their nodes by position (`Ledger.states`, updated from
   the nodes that changed), so a decision works on states, never on nodes.
-- Each shape keeps a frontier over the states (`Snapshot.frontier`): a heap of (cost or
+- Each shape keeps a frontier over the states (`Ledger.frontier`): a heap of (cost or
   lower bound, position of the state's first node). A decision takes in only the states
   that appeared since the shape's last decision, at their lower bound when the scorer
   can bound its cost cheaply (`profile` per state, `bounder` per pod; an infinite bound
@@ -32,7 +32,7 @@ Speed. A decision must not visit every node (12,000 of them in a large cluster):
   state only when it reaches the top with a bound, until a cost is on top: no state can
   beat it, or tie it at an earlier node. The cost picks the node; the winner alone is
   then scored on its own for its GPUs (same state, same cost). Why a node state's GPUs
-  refuse a GPU demand is kept too (`Snapshot.refusals`), so a state whose GPUs cannot
+  refuse a GPU demand is kept too (`Ledger.refusals`), so a state whose GPUs cannot
   take the pod leaves its shape's frontier for good at the cost of a lookup.
 - kube-scheduler's feasible nodes (`nodes`) are honoured by letting a state whose first
   node is not among them compete, for this decision, at its first node that is; when
@@ -49,7 +49,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from scheduler.snapshot import Gpu, Node, NodeAnswer, Request, Snapshot, StateAnswer
+from scheduler.ledger import Gpu, Ledger, Node, NodeAnswer, Request, StateAnswer
+from scheduler.memo import memo_of
 from scheduler.state_index import Entry, Frontier
 
 BOUND_FROM: Final = 8  # new states that placement scores outright, without bounding first
@@ -155,8 +156,8 @@ def _evaluate(
     hosts: bool = True,
 ) -> NodeAnswer:
     """The node's answer: its cost and GPUs, or why it does not fit. `refused`
-    (`Snapshot.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
-    says whether the node itself is checked (`Snapshot.check_hosts`)."""
+    (`Ledger.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
+    says whether the node itself is checked (`Ledger.check_hosts`)."""
     why = node_rejects(node, request) if hosts else None
     if why is not None:
         return why
@@ -182,7 +183,7 @@ def _evaluate(
 
 
 def place(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     request: Request,
     scorer: Scorer,
     nodes: Collection[str] | None = None,
@@ -190,24 +191,25 @@ def place(
     """Where `request` should go. Does not book it: the caller `assume`s the result.
     `nodes`: the only nodes it may go to (those kube-scheduler found feasible); None:
     every node of the snapshot (the trace replay, which has no kube-scheduler)."""
-    shape = snapshot.memo.shape_of(request)
-    epoch = snapshot.memo.scorer_epoch(scorer, scorer.generation)
+    memo = memo_of(snapshot)
+    shape = memo.shape_of(request)
+    epoch = memo.scorer_epoch(scorer, scorer.generation)
     hosts = snapshot.check_hosts
-    eligible = snapshot.memo.eligible(request)
+    eligible = memo.eligible(request)
     excluded: frozenset[str] = frozenset()
     if nodes is not None:
         allowed = nodes if isinstance(nodes, (set, frozenset)) else frozenset(nodes)
-        excluded = snapshot.memo.eligible_names(request) - allowed
+        excluded = memo.eligible_names(request) - allowed
     by_state = getattr(scorer, "by_state", False) and not request.exclusive
     if by_state and 2 * len(excluded) <= len(eligible):
-        answers = snapshot.memo.answers(shape)
+        answers = memo.answers(shape)
         best_node = _best_indexed(snapshot, request, scorer, shape, answers, excluded)
         if best_node is None:
             return _unfit(snapshot, request)
     else:
         candidates = [n for n in eligible if n.name not in excluded] if excluded else eligible
         if by_state:
-            answers = snapshot.memo.answers(shape)
+            answers = memo.answers(shape)
             best_node = _best_shared(snapshot, request, scorer, answers, candidates)
         else:
             best_node = _best_own(request, scorer, shape, epoch, candidates, hosts)
@@ -219,7 +221,7 @@ def place(
     raise AssertionError(f"{best_node.name} won without fitting: {answer}")  # pragma: no cover
 
 
-def refusal(snapshot: Snapshot, request: Request, name: str) -> str:
+def refusal(snapshot: Ledger, request: Request, name: str) -> str:
     """Why the node `name` cannot take `request` (after `place` found no room): the
     same checks, read for a person. Not memoised: it runs only when a pod fits nowhere."""
     node = snapshot.nodes.get(name)
@@ -271,7 +273,7 @@ def _best_own(
 
 
 def _best_shared(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     request: Request,
     scorer: Scorer,
     answers: dict[int, StateAnswer],
@@ -281,7 +283,7 @@ def _best_shared(
     candidates: one answer (cost or reason) per state in `answers`, shared by the nodes
     in that state."""
     get = answers.get
-    state_of = snapshot.memo.state_of
+    state_of = memo_of(snapshot).state_of
     best: float | None = None
     best_node: Node | None = None
     for node in candidates:
@@ -298,7 +300,7 @@ def _best_shared(
 
 
 def _best_indexed(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     request: Request,
     scorer: Scorer,
     shape: int,
@@ -306,7 +308,7 @@ def _best_indexed(
     excluded: frozenset[str],
 ) -> Node | None:
     """The first node with the lowest cost, from the live node states
-    (`Snapshot.states`) and the shape's frontier over them (`Snapshot.frontier`): the
+    (`Ledger.states`) and the shape's frontier over them (`Ledger.frontier`): the
     states that appeared since the shape's last decision are taken in with their cost,
     a lower bound on it (a scorer with `profile` and `bounder`, see `_bound_all`), or
     -inf; then entries are popped in (cost or bound, position) order, each bound turned
@@ -314,9 +316,9 @@ def _best_indexed(
     earlier node. A state whose GPUs refuse the pod leaves the frontier for good; one
     whose first node is `excluded` competes at its first node that is not, for this
     decision only."""
-    index = snapshot.memo.states()
-    frontier = snapshot.memo.frontier(shape)
-    bounds = snapshot.memo.bounds(shape)
+    index = memo_of(snapshot).states()
+    frontier = memo_of(snapshot).frontier(shape)
+    bounds = memo_of(snapshot).bounds(shape)
     pool = request.pool
     unknown: list[int] = []
     for state in frontier.news(index):
@@ -334,7 +336,7 @@ def _best_indexed(
     if unknown:
         _bound_all(snapshot, request, scorer, bounds, frontier, unknown)
     heap, current = frontier.heap, frontier.current
-    refused = snapshot.memo.refusals(request)
+    refused = memo_of(snapshot).refusals(request)
     hosts = snapshot.check_hosts
     aside: list[int] = []  # states whose first node is excluded
     own: list[Entry] = []  # their entries at their first allowed node, this decision only
@@ -400,7 +402,7 @@ def _best_indexed(
 
 
 def _bound_all(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     request: Request,
     scorer: Scorer,
     bounds: dict[int, float],
@@ -411,7 +413,7 @@ def _bound_all(
     their lower bound when the scorer bounds and there are more than `BOUND_FROM` (a
     bound is kept in `bounds` for the next pod of this shape; an infinite one means the
     pod cannot fit there and the state is left out), else at -inf (scored when popped)."""
-    index = snapshot.memo.states()
+    index = memo_of(snapshot).states()
     bound: Callable[[object], float] | None = None
     if len(states) > BOUND_FROM and hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
         bound = scorer.bounder(request)
@@ -420,7 +422,7 @@ def _bound_all(
             frontier.push((-math.inf, index.first_position(state), state))
         return
     profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
-    profiles = snapshot.memo.profiles()
+    profiles = memo_of(snapshot).profiles()
     for state in states:
         summary = profiles.get(state)
         if summary is None:
@@ -434,7 +436,7 @@ def _bound_all(
 
 
 def why_unfit(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     request: Request,
     scorer: Scorer,
     nodes: Collection[str] | None = None,
@@ -445,24 +447,24 @@ def why_unfit(
     allowed = None if nodes is None else frozenset(nodes)
     reasons: Counter[str] = Counter()
     candidates = 0
-    for node in snapshot.memo.eligible(request):
+    for node in memo_of(snapshot).eligible(request):
         if allowed is not None and node.name not in allowed:
             continue
         candidates += 1
         answer = _evaluate(node, request, scorer, None, snapshot.check_hosts)
         if type(answer) is str:
             reasons[answer] += 1
-    excluded = snapshot.memo.gpu_nodes() - candidates
+    excluded = memo_of(snapshot).gpu_nodes() - candidates
     if excluded > 0:
         reasons["no GPU of the pod's pool"] += excluded
     return Reasons(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))))
 
 
-def _unfit(snapshot: Snapshot, request: Request) -> Unfit:
+def _unfit(snapshot: Ledger, request: Request) -> Unfit:
     coming = any(
         gpu.pool == request.pool
         and gpu.compute >= request.compute
         and (not gpu.memory or gpu.memory >= request.gpu_memory)
-        for gpu in snapshot.memo.coming()
+        for gpu in memo_of(snapshot).coming()
     )
     return Unfit(coming)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping
 from functools import cache
 
 from scheduler.consolidation import Judge, Move, Room, held, movable
-from scheduler.snapshot import Booking, Gpu, Request, Snapshot
+from scheduler.ledger import Booking, Gpu, Ledger, Request
 
 NEW_GPU: str = "new:"  # a target `new:<node>`: a new GPU on that node
 
@@ -46,7 +46,7 @@ Whole = tuple[Mapping[str, int], Collection[str]]  # free whole GPUs per node; `
 
 
 def relocate(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     judge: Judge,
     whole: Callable[[], Whole],
     *,

@@ -74,7 +74,7 @@ class Notices:
             capacity = cache.capacity.get(name)
             return capacity.gpu if capacity is not None else None
 
-        for pod, text in mps_notices(restarted, gpu_of, cache.snapshot.bookings, cache.pod):
+        for pod, text in mps_notices(restarted, gpu_of, cache.ledger.bookings, cache.pod):
             log.warning("%s: %s", pod["metadata"].get("name"), text)
             self._event(pod, RESTARTED, text, "MPS")
 
@@ -85,7 +85,7 @@ class Notices:
 def measure(
     cache: Cache, reservations: Mapping[str, object], leading: bool, escapes: Escapes | None
 ) -> Usage:
-    gpus = list(cache.snapshot.gpus.values())
+    gpus = list(cache.ledger.gpus.values())
     held = [g for g in gpus if not g.coming]
     mps, mps_ready = daemons(c.pod for c in cache.capacity.values())
     return Usage(
@@ -97,7 +97,7 @@ def measure(
         leader=leading,
         reservations=len(reservations),
         unhealthy=sum(1 for g in held if not g.healthy),
-        overcommitted=len(cache.snapshot.overcommitted()),
+        overcommitted=len(cache.ledger.overcommitted()),
         escaped=0 if escapes is None else len(escapes.pods),
         mps_daemons=mps,
         mps_daemons_ready=mps_ready,

@@ -3,7 +3,7 @@
 kube-scheduler filters the next pod before the previous one is bound, so the share
 chosen at filter must count at once, as kube-scheduler's cache assumes a pod. A
 reservation is that share, and only this class makes and gives back reservations: its
-own table, the snapshot's booking (`Snapshot.assume` / `forget`), the cache's `assumed`
+own table, the snapshot's booking (`Ledger.assume` / `forget`), the cache's `assumed`
 set and the pod's place among the cache's `pending` pods change together here. The
 cache's informer side keeps `assumed` in step with the cluster (below).
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from gpupack.objects import JSON
 from scheduler.cache import Cache
+from scheduler.ledger import Request
 from scheduler.placement import Placement
-from scheduler.snapshot import Request
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Reservations(Mapping[str, Reservation]):
         self, key: str, pod: JSON, request: Request, placement: Placement, now: float
     ) -> Reservation:
         """Book `placement` for the pod: pending → reserved."""
-        snapshot = self._cache.snapshot
+        snapshot = self._cache.ledger
         snapshot.assume(request, placement.node, placement.gpus)
         self._cache.assumed.add(key)
         self._cache.pending.pop(key, None)
@@ -100,7 +100,7 @@ class Reservations(Mapping[str, Reservation]):
             return False
         log.debug("released reservation", extra={"pod": key, "gpu": held.gpu, "why": why})
         self._cache.assumed.discard(key)
-        self._cache.snapshot.forget(key)
+        self._cache.ledger.forget(key)
         self._cache.dirty.pod(key)
         return True
 

@@ -19,7 +19,7 @@ proportion to compute, as the trace benchmark derives it, the memory dimension i
 implied by compute. A scorer's answer for a node depends only on that node's state, the
 request and the scorer's task mix (`generation` moves when the mix is replaced), so
 placement may memoise it per node; both scorers say so (`by_state`), and placement then
-scores each distinct node state once per pod shape (`Snapshot.state_of`).
+scores each distinct node state once per pod shape (`Ledger.state_of`).
 
 Speed: a new node state costs a few fragmentation sums over the task mix. They are kept
 per (model, free CPU, free memory, free compute) in a bounded cache, and the deep sum
@@ -48,7 +48,7 @@ from scheduler.fragmentation import (
     fragmentation,
     weight_sum,
 )
-from scheduler.snapshot import FULL_GPU, Gpu, Node, Request
+from scheduler.ledger import FULL_GPU, Gpu, Node, Request
 
 NODE_WEIGHT: Final = 1e-3  # node fullness only breaks ties between equal GPUs
 

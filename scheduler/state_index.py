@@ -20,12 +20,10 @@ Pure bookkeeping: which entries placement pushes, and why, is `scheduler.placeme
 import heapq
 from collections.abc import Callable, Iterable, KeysView
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from scheduler.snapshot import Node
+from scheduler.ledger import UNKNOWN, Node
 
-UNKNOWN: Final = -1  # a node's state before it is numbered, or while it is not indexed
 LOG_MIN: Final = 4_096  # log entries kept at least before its older half is dropped
 COMPACT_SLACK: Final = 256  # stale heap entries a frontier tolerates beyond its live ones
 
@@ -44,11 +42,11 @@ class StateIndex:
         self.base = 0  # how many entries were dropped from the log's front
         self.dead: list[int] = []  # states their last node left (the snapshot forgets them)
 
-    def note(self, node: "Node") -> None:
+    def note(self, node: Node) -> None:
         """A node changed (`Node.touch`): `refresh` moves it."""
         self._changed.add(node)
 
-    def refresh(self, nodes: "dict[str, Node]", state_of: "Callable[[Node], int]") -> None:
+    def refresh(self, nodes: dict[str, Node], state_of: Callable[[Node], int]) -> None:
         """Move the nodes that changed to their current state (or out: removed nodes,
         nodes without GPUs)."""
         if not self._changed:

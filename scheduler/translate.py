@@ -19,8 +19,8 @@ from gpupack.errors import ContractError
 from gpupack.objects import JSON, PodSpec, annotations_of, labels_of
 from gpupack.quantity import parse_bytes, parse_count, parse_millicores
 from gpupack.shares import gpu_memory, is_live, pod_allocation, pool_of
+from scheduler.ledger import Gpu, Node, Request
 from scheduler.mps_health import daemon_ready
-from scheduler.snapshot import Gpu, Node, Request
 
 MiB: Final = 2**20
 COMING_PREFIX: Final = "coming:"  # the GPU id of a capacity pod that has no UUID yet

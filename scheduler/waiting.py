@@ -39,12 +39,12 @@ from gpupack.runtime.api import ApiError
 from scheduler import writer
 from scheduler.cache import Cache
 from scheduler.kube import Kube
-from scheduler.ledger import pod_key
+from scheduler.ledger import Request
 from scheduler.manifest import Where
 from scheduler.metrics import Metrics
 from scheduler.placement import Placement, Scorer, place
 from scheduler.reservations import Reservations
-from scheduler.snapshot import Request
+from scheduler.translate import pod_key
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class WaitingRoom:
         if not self._changed and now < self._next_round:
             return
         self._changed, self._next_round = False, math.inf
-        snapshot = self._cache.snapshot
+        snapshot = self._cache.ledger
         promised: list[str] = []
         try:
             for key, waiting in self.entries.items():
@@ -291,7 +291,7 @@ class WaitingRoom:
         if judged is not None:
             fresh = {n for n in list(self._cache.began) if self._cache.just_began(n, judged)}
         rejected = frozenset(
-            n for n in self._cache.snapshot.nodes if n not in feasible and n not in fresh
+            n for n in self._cache.ledger.nodes if n not in feasible and n not in fresh
         )
         required = self._lifecycle.requirements(
             pod, request.pool, feasible, request.gpu_memory, judged

@@ -19,8 +19,8 @@ from gpupack.objects import JSON
 from gpupack.runtime import events
 from gpupack.runtime.api import ApiError, retry
 from scheduler.kube import STRATEGIC_PATCH, Kube
-from scheduler.ledger import request_of
-from scheduler.snapshot import Request
+from scheduler.ledger import Request
+from scheduler.translate import request_of
 
 log = logging.getLogger(__name__)
 

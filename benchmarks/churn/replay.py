@@ -36,8 +36,8 @@ from benchmarks.openb import trace
 from benchmarks.openb.replay import scorer
 from gpupack.policy import Consolidation, ConsolidationMode
 from scheduler.consolidation import Move, fill, plan
+from scheduler.ledger import Booking, Gpu, Ledger, Request
 from scheduler.placement import Placement, Scorer, place
-from scheduler.snapshot import Booking, Gpu, Request, Snapshot
 
 MODES: Final = tuple(ConsolidationMode)
 INTERVAL: Final = 60.0  # seconds of trace time between consolidation rounds
@@ -104,7 +104,7 @@ def read_timed(path: Path) -> list[Timed] | None:
 class _Ledger:
     """GPUs and nodes held, kept as pods come and go."""
 
-    def __init__(self, snapshot: Snapshot, nodes: Sequence[trace.TraceNode]) -> None:
+    def __init__(self, snapshot: Ledger, nodes: Sequence[trace.TraceNode]) -> None:
         self._snapshot = snapshot
         self.gpus = 0
         self.compute = 0
@@ -186,7 +186,7 @@ Assume = Callable[[Request, str, tuple[str, ...]], object]
 
 
 def relocate(
-    snapshot: Snapshot, chooser: Scorer, move: Move, forget: Forget, assume: Assume
+    snapshot: Ledger, chooser: Scorer, move: Move, forget: Forget, assume: Assume
 ) -> list[tuple[Booking, str, tuple[str, ...]]]:
     """Empty one GPU as the cluster would: each pod evicted and placed again at once (its
     controller's new pod) while the GPU drains; a pod that fits nowhere else goes back.
@@ -212,7 +212,7 @@ def relocate(
 
 
 def _move(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     ledger: _Ledger,
     chooser: Scorer,
     move: Move,

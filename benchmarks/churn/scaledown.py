@@ -34,9 +34,9 @@ from typing import Final
 from benchmarks.churn.replay import relocate
 from scheduler.consolidation import Judge, plan
 from scheduler.fragmentation import task_mix
+from scheduler.ledger import Booking, Gpu, Ledger, Node, Request
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer
-from scheduler.snapshot import Booking, Gpu, Node, Request, Snapshot
 
 CHOICES: Final = ("default", "bind-cost", "live-cost", "consolidation", "live-cost+consolidation")
 WINDOW: Final = 20  # steps between two moves of one workload
@@ -60,7 +60,7 @@ class Deployment:
     replicas: list[Replica] = field(default_factory=list)
 
 
-def victims(choice: str, deployment: Deployment, snapshot: Snapshot, count: int) -> list[Replica]:
+def victims(choice: str, deployment: Deployment, snapshot: Ledger, count: int) -> list[Replica]:
     on_node: dict[str, int] = {}
     for r in deployment.replicas:
         on_node[r.node] = on_node.get(r.node, 0) + 1
@@ -83,7 +83,7 @@ def run(
 ) -> tuple[float, int]:
     """(GPU-time held over the lower bound's, evictions)."""
     rng = random.Random(seed)
-    snapshot = Snapshot(
+    snapshot = Ledger(
         [Node(f"n{i:03d}", cpu=10**6, memory=10**13, max_pods=10**6) for i in range(nodes)]
     )
     for i in range(nodes):
@@ -131,7 +131,7 @@ def run(
 
 
 def _consolidate(
-    snapshot: Snapshot,
+    snapshot: Ledger,
     scorer: FragmentationScorer,
     judge: Judge,
     where: dict[str, Replica],

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from scheduler.fragmentation import TaskType, fragmentation
-from scheduler.snapshot import FULL_GPU, Gpu, Node, Request
+from scheduler.ledger import FULL_GPU, Gpu, Node, Request
 
 MAX_SPEC_CPU: Final = 128_000  # millicores: the largest node the simulator normalises by
 MAX_SPEC_GPU: Final = 8_000  # GPU millis

@@ -1,7 +1,7 @@
 """One replay: one policy, one seed, the FGD paper's protocol, through `place`.
 
 Pods arrive one at a time (`trace.arrivals`), never leave; each is placed with
-`scheduler.placement.place` and booked with `Snapshot.assume`; a pod that fits nowhere is
+`scheduler.placement.place` and booked with `Ledger.assume`; a pod that fits nowhere is
 dropped but still counts as arrived. After every pod we note arrived and allocated GPU
 millis; arrive% = round(arrived / capacity x 100) and alloc% is averaged over the events
 of each integer arrive%. The headline is unallocated% = 100 - alloc% at arrive% = 100.

@@ -2,7 +2,7 @@
 
 Reads the CSVs of `shared/data/openb` (any files of those formats: the node list
 `sn,cpu_milli,memory_mib,gpu,model`, the pod lists with 11 columns or the multigpu
-files' 5), builds a `Snapshot` of the cluster and one `Request` per pod, and draws the
+files' 5), builds a `Ledger` of the cluster and one `Request` per pod, and draws the
 arrivals of one seed as the FGD paper's artifact does (see `arrivals`).
 
 GPU memory: the trace has none. Each GPU gets its model's memory, the simulator's
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from scheduler.snapshot import FULL_GPU, Gpu, Node, Request, Snapshot
+from scheduler.ledger import FULL_GPU, Gpu, Ledger, Node, Request
 
 MiB: Final = 2**20
 MODEL_MEMORY_MIB: Final = {
@@ -126,7 +126,7 @@ def arrivals(
     return out
 
 
-def snapshot(nodes: Sequence[TraceNode], replicas: int = 1) -> Snapshot:
+def snapshot(nodes: Sequence[TraceNode], replicas: int = 1) -> Ledger:
     """The cluster as the placement core's snapshot (pool "" everywhere); `replicas`
     copies of every node, for a larger cluster of the same shape."""
     out: list[Node] = []
@@ -146,7 +146,7 @@ def snapshot(nodes: Sequence[TraceNode], replicas: int = 1) -> Snapshot:
                 for i in range(spec.gpus)
             ]
             out.append(node)
-    return Snapshot(out)
+    return Ledger(out)
 
 
 def request(pod: TracePod, index: int) -> Request:

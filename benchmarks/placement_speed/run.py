@@ -4,7 +4,7 @@ larger.
 Replays the default openb trace (seed 42, arrivals until 100 % of the GPU capacity) on
 the openb GPU cluster (1,213 nodes, 6,212 GPUs) and on the same cluster with every node
 replicated `--scale` times (default 10), timing each decision: `place` with our
-`FragmentationScorer` plus `Snapshot.assume`. The baseline, `PackingScorer`, replays the
+`FragmentationScorer` plus `Ledger.assume`. The baseline, `PackingScorer`, replays the
 same pods in the same run; `ratio` is our p99 over its p99. Targets on a 2-core machine:
 p99 <= 2 ms (openb) and <= 10 ms (10x).
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = {
         "benchmark": "placement-speed",
-        "measures": "place() + Snapshot.assume per pod, replaying arrivals to 100 %",
+        "measures": "place() + Ledger.assume per pod, replaying arrivals to 100 %",
         "seed": args.seed,
         "scale": args.scale,
         "openb": measure("openb", nodes, pods, args.seed, 1),

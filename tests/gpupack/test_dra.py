@@ -5,7 +5,7 @@ from typing import Any
 from exporter.discovery import claim_gpu_uuids
 from gpupack import keys
 from gpupack.dra import current_slices
-from scheduler.ledger import dra_gpus
+from scheduler.translate import dra_gpus
 
 OLD = "GPU-00000000-0000-4000-8000-000000000001"
 NEW = "GPU-00000000-0000-4000-8000-000000000002"

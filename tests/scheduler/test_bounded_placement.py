@@ -11,9 +11,10 @@ import pytest
 from scheduler import memo as memo_module
 from scheduler import placement as placement_module
 from scheduler.fragmentation import DeepFragmentation, TaskType
+from scheduler.ledger import Gpu, Ledger, Node, Request
+from scheduler.memo import memo_of
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, Weights, _take
-from scheduler.snapshot import Gpu, Node, Request, Snapshot
 from tests.scheduler.test_shared_answers import (
     MIX,
     OnItsOwn,
@@ -50,8 +51,8 @@ def test_bounded_search_decides_as_scoring_every_node_on_its_own(
 ) -> None:
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)  # bound even a single new state
     replay_side_by_side(
-        (Snapshot(busy_cluster(random.Random(seed))), FragmentationScorer(MIX, weights)),
-        (Snapshot(busy_cluster(random.Random(seed))), OnItsOwn(FragmentationScorer(MIX, weights))),
+        (Ledger(busy_cluster(random.Random(seed))), FragmentationScorer(MIX, weights)),
+        (Ledger(busy_cluster(random.Random(seed))), OnItsOwn(FragmentationScorer(MIX, weights))),
         seed,
     )
 
@@ -61,14 +62,14 @@ def test_a_new_pod_shape_scores_few_of_many_node_states(monkeypatch: pytest.Monk
     nodes = [Node(f"n{i:03}", 16_000 + 500 * i, 64 * GiB) for i in range(120)]
     for n in nodes:
         n.gpus = [Gpu(f"{n.name}-gpu{g}", n.name, memory=40 * GiB, model="A100") for g in range(8)]
-    snap = Snapshot(nodes)
+    snap = Ledger(nodes)
     scorer = FragmentationScorer(MIX)
     for step in range(200):  # fill the nodes unevenly
         request = pod(rng, step)
         placed = place(snap, request, scorer)
         if isinstance(placed, Placement):
             snap.assume(request, placed.node, placed.gpus)
-    states = {snap.memo.state_of(n) for n in snap.nodes.values()}
+    states = {memo_of(snap).state_of(n) for n in snap.nodes.values()}
     scored: list[str] = []
     choose = scorer.choose
 
@@ -93,8 +94,8 @@ def test_bounds_profiles_and_refusals_start_over_with_the_answers(
     monkeypatch.setattr(memo_module, "ANSWER_LIMIT", 40)
     rng_a, rng_b = random.Random(3), random.Random(3)
     bounded, own = (
-        Snapshot(busy_cluster(random.Random(3))),
-        Snapshot(busy_cluster(random.Random(3))),
+        Ledger(busy_cluster(random.Random(3))),
+        Ledger(busy_cluster(random.Random(3))),
     )
     bounded_scorer, own_scorer = FragmentationScorer(MIX), OnItsOwn(FragmentationScorer(MIX))
 
@@ -107,22 +108,22 @@ def test_bounds_profiles_and_refusals_start_over_with_the_answers(
             bounded.assume(request, a.node, a.gpus)
             own.assume(request, a.node, a.gpus)
         kept = (
-            sum(map(len, bounded.memo._answers.values()))
-            + sum(map(len, bounded.memo._bounds.values()))
-            + len(bounded.memo._profiles)
-            + sum(map(len, bounded.memo._refusals.values()))
+            sum(map(len, memo_of(bounded)._answers.values()))
+            + sum(map(len, memo_of(bounded)._bounds.values()))
+            + len(memo_of(bounded)._profiles)
+            + sum(map(len, memo_of(bounded)._refusals.values()))
         )
         assert kept <= 40 + 64 * 4 * len(bounded.nodes), step  # checked every 64 calls
 
 
 def test_another_scorer_drops_the_bounds_and_profiles() -> None:
-    snap = Snapshot(busy_cluster(random.Random(1)))
+    snap = Ledger(busy_cluster(random.Random(1)))
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     place(snap, request, FragmentationScorer(MIX))
-    assert snap.memo._profiles or snap.memo._bounds or snap.memo._answers
+    assert memo_of(snap)._profiles or memo_of(snap)._bounds or memo_of(snap)._answers
 
     other = FragmentationScorer(MIX[1:])
-    expected = place(Snapshot(busy_cluster(random.Random(1))), request, OnItsOwn(other))
+    expected = place(Ledger(busy_cluster(random.Random(1))), request, OnItsOwn(other))
 
     assert place(snap, request, other) == expected
 
@@ -164,7 +165,7 @@ def test_an_equal_cost_on_an_earlier_node_wins_although_scored_later(
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)
     scorer = Scripted(costs={"a": 5.0, "b": 5.0, "c": 9.0}, bounds={"a": 5.0, "b": 0.0, "c": 6.0})
 
-    placed = place(Snapshot(scripted_nodes()), Request("ns/p", compute=500), scorer)
+    placed = place(Ledger(scripted_nodes()), Request("ns/p", compute=500), scorer)
 
     assert isinstance(placed, Placement)
     assert placed.node == "a"
@@ -177,7 +178,7 @@ def test_a_state_whose_bound_equals_the_best_at_a_later_node_is_not_scored(
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)
     scorer = Scripted(costs={"a": 5.0, "b": 5.0, "c": 5.0}, bounds={"a": 1.0, "b": 5.0, "c": 5.0})
 
-    placed = place(Snapshot(scripted_nodes()), Request("ns/p", compute=500), scorer)
+    placed = place(Ledger(scripted_nodes()), Request("ns/p", compute=500), scorer)
 
     assert isinstance(placed, Placement)
     assert placed.node == "a"
@@ -187,7 +188,7 @@ def test_a_state_whose_bound_equals_the_best_at_a_later_node_is_not_scored(
 def test_kept_bounds_still_skip_states_on_the_next_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placement_module, "BOUND_FROM", 0)
     scorer = Scripted(costs={"a": 1.0, "b": 5.0, "c": 5.0}, bounds={"a": 1.0, "b": 2.0, "c": 3.0})
-    snap = Snapshot(scripted_nodes())
+    snap = Ledger(scripted_nodes())
     place(snap, Request("ns/p", compute=500), scorer)
     scorer.scored.clear()
 
@@ -200,7 +201,7 @@ def test_kept_bounds_still_skip_states_on_the_next_pod(monkeypatch: pytest.Monke
 
 def _fill(rng: random.Random, n: Node, scorer: FragmentationScorer, most: int) -> None:
     """Place up to `most` random pods on the one node `n`."""
-    snap = Snapshot([n])
+    snap = Ledger([n])
     for filler in range(rng.randint(0, most)):
         request = pod(rng, 1000 + filler)
         placed = place(snap, request, scorer)

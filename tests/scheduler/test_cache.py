@@ -6,10 +6,10 @@ from typing import Any
 from gpupack import keys
 from gpupack.pool import pool_key
 from scheduler.cache import Cache, Dirty
-from scheduler.ledger import request_of
+from scheduler.ledger import Request
 from scheduler.placement import Placement, place, why_unfit
 from scheduler.score import PackingScorer
-from scheduler.snapshot import Request
+from scheduler.translate import request_of
 
 JSON = dict[str, Any]
 GiB = 2**30
@@ -91,9 +91,9 @@ def test_a_rebuilt_ledger_books_exactly_what_the_annotations_say() -> None:
         capacity(0), capacity(1), fractional("a", "600m", gpu=0), fractional("b", "300m", gpu=1)
     )
 
-    gpus = cache.snapshot.gpus
+    gpus = cache.ledger.gpus
     assert (gpus[UUIDS[0]].used_compute, gpus[UUIDS[1]].used_compute) == (600, 300)
-    assert cache.snapshot.nodes["n1"].used_cpu == 2 + 200  # two capacity pods, two fractional
+    assert cache.ledger.nodes["n1"].used_cpu == 2 + 200  # two capacity pods, two fractional
     assert cache.pending == {}
 
 
@@ -103,9 +103,9 @@ def test_pods_seen_before_their_capacity_pod_are_charged_when_it_appears() -> No
     cache.dirty.pod("gpupack-system/cap-0")
     cache.refresh()
 
-    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert cache.ledger.gpus[UUIDS[0]].used_compute == 600
     # So a new 500m pod cannot land there: no double booking.
-    result = place(cache.snapshot, request_of(fractional("n", "500m")), PackingScorer())  # type: ignore[arg-type]
+    result = place(cache.ledger, request_of(fractional("n", "500m")), PackingScorer())  # type: ignore[arg-type]
     assert not isinstance(result, Placement)
 
 
@@ -139,7 +139,7 @@ def test_a_replaced_capacity_pod_keeps_its_gpu_when_the_old_one_goes_after_it() 
     cache.dirty.pod("gpupack-system/cap-0")
     cache.refresh()
 
-    gpu = cache.snapshot.gpus[UUIDS[0]]
+    gpu = cache.ledger.gpus[UUIDS[0]]
     assert (gpu.holder, gpu.used_compute) == ("cap-0-new", 600)
     assert list(cache.orphans()) == []
     assert cache.coming(POOL) == []
@@ -156,33 +156,33 @@ def test_a_node_deleted_and_made_again_gets_its_gpus_back() -> None:
     cache.dirty.node("n1")
     cache.refresh()
 
-    assert UUIDS[0] not in cache.snapshot.gpus
+    assert UUIDS[0] not in cache.ledger.gpus
     assert cache.coming(POOL) == []  # a GPU whose node is gone is not coming either
 
     nodes.objects["n1"] = saved
     cache.dirty.node("n1")
     cache.refresh()
 
-    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert cache.ledger.gpus[UUIDS[0]].used_compute == 600
 
 
 def test_an_assumed_pod_survives_a_relist_until_the_informer_shows_it_bound() -> None:
     cache, store = cache_with(capacity(0), fractional("a", "600m"))
     request = request_of(store.objects["ml/a"])
     assert isinstance(request, Request)
-    cache.snapshot.assume(request, "n1", (UUIDS[0],))
+    cache.ledger.assume(request, "n1", (UUIDS[0],))
     cache.assumed.add("ml/a")
     cache.pending.pop("ml/a")
 
     cache.dirty.pod("")  # relist
     cache.refresh()
 
-    assert cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert cache.ledger.gpus[UUIDS[0]].used_compute == 600
     assert "ml/a" not in cache.pending
 
 
 def booked_on(cache: Cache, index: int) -> tuple[int, int]:
-    gpu = cache.snapshot.gpus[UUIDS[index]]
+    gpu = cache.ledger.gpus[UUIDS[index]]
     return gpu.used_compute, gpu.used_memory
 
 
@@ -192,23 +192,23 @@ def test_pods_the_objects_put_beyond_a_gpu_are_reported_not_booked() -> None:
         capacity(0), fractional("a", "700m", gpu=0), fractional("b", "500m", gpu=0)
     )
 
-    gpu = cache.snapshot.gpus[UUIDS[0]]
+    gpu = cache.ledger.gpus[UUIDS[0]]
     assert gpu.used_compute <= gpu.compute
-    assert [b.request.key for b in cache.snapshot.overcommitted()] == ["ml/b"]
+    assert [b.request.key for b in cache.ledger.overcommitted()] == ["ml/b"]
     assert gpu.pods == 2  # both still count as hosted: the capacity pod stays
     # The GPU takes nothing new while it is over-committed, even what would fit its books.
     request = request_of(fractional("n", "100m"))
     assert isinstance(request, Request)
-    result = place(cache.snapshot, request, PackingScorer())
+    result = place(cache.ledger, request, PackingScorer())
     assert not isinstance(result, Placement)
-    assert "over-committed" in why_unfit(cache.snapshot, request, PackingScorer()).message
+    assert "over-committed" in why_unfit(cache.ledger, request, PackingScorer()).message
 
     # The first pod goes: the second now fits and is booked for real.
     del store.objects["ml/a"]
     cache.dirty.pod("ml/a")
     cache.refresh()
     assert booked_on(cache, 0)[0] == 500
-    assert cache.snapshot.overcommitted() == []
+    assert cache.ledger.overcommitted() == []
     assert gpu.over == 0
 
 
@@ -219,7 +219,7 @@ def test_gpu_memory_is_never_over_booked_either() -> None:
     cache, _ = cache_with(capacity(0), *big)
 
     assert booked_on(cache, 0) == (100, 50 * GiB)  # 80 GiB GPU: the second does not fit
-    assert len(cache.snapshot.overcommitted()) == 1
+    assert len(cache.ledger.overcommitted()) == 1
 
 
 def test_pods_seen_before_their_gpu_are_booked_only_up_to_it() -> None:
@@ -229,7 +229,7 @@ def test_pods_seen_before_their_gpu_are_booked_only_up_to_it() -> None:
     cache.refresh()
 
     assert booked_on(cache, 0)[0] == 800
-    assert len(cache.snapshot.overcommitted()) == 1
+    assert len(cache.ledger.overcommitted()) == 1
 
 
 def test_whatever_the_objects_say_the_books_hold_and_add_up() -> None:
@@ -257,9 +257,9 @@ def test_whatever_the_objects_say_the_books_hold_and_add_up() -> None:
             cache.dirty.pod("")  # relist
         cache.refresh()
 
-        for gpu in cache.snapshot.gpus.values():
-            booked = [b for b in cache.snapshot.bookings.values() if gpu.uuid in b.gpus]
-            over = [b for b in cache.snapshot.bookings.values() if gpu.uuid in b.over]
+        for gpu in cache.ledger.gpus.values():
+            booked = [b for b in cache.ledger.bookings.values() if gpu.uuid in b.gpus]
+            over = [b for b in cache.ledger.bookings.values() if gpu.uuid in b.over]
             assert gpu.used_compute == sum(b.request.compute for b in booked) <= gpu.compute, step
             assert gpu.used_memory == sum(b.request.gpu_memory for b in booked) <= gpu.memory
             assert gpu.over == len(over), step

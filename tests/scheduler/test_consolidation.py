@@ -4,14 +4,14 @@ that stay held, emptiest first, never past what the judge allows."""
 import pytest
 
 from scheduler.consolidation import Move, lower_bound, plan
-from scheduler.snapshot import Booking, Gpu, Node, Request, Snapshot
+from scheduler.ledger import Booking, Gpu, Ledger, Node, Request
 
 GiB = 2**30
 
 
-def cluster(*loads: list[int], memory: int = 16 * GiB, nodes: int = 1) -> Snapshot:
+def cluster(*loads: list[int], memory: int = 16 * GiB, nodes: int = 1) -> Ledger:
     """GPUs g0, g1, ... (spread over `nodes` nodes) with one pod per compute in `loads`."""
-    snapshot = Snapshot(
+    snapshot = Ledger(
         [Node(f"n{i}", cpu=64_000, memory=256 * GiB, max_pods=110) for i in range(nodes)]
     )
     for index, load in enumerate(loads):
@@ -144,7 +144,7 @@ def test_a_whole_gpu_pod_is_never_moved() -> None:
 
 
 def test_memory_counts_as_much_as_compute() -> None:
-    snapshot = Snapshot([Node("n0", cpu=64_000, memory=256 * GiB)])
+    snapshot = Ledger([Node("n0", cpu=64_000, memory=256 * GiB)])
     for index, (compute, memory) in enumerate([(100, 12 * GiB), (100, 8 * GiB)]):
         snapshot.add_gpu(Gpu(f"g{index}", "n0", memory=16 * GiB, holder=f"cap-{index}"))
         request = Request(f"ml/p{index}", compute=compute, gpu_memory=memory, owner="ml/w")
@@ -164,7 +164,7 @@ def test_a_move_across_nodes_needs_the_host_cpu_there() -> None:
 
 
 def test_real_time_mps_shares_never_land_beside_another_workload() -> None:
-    snapshot = Snapshot([Node("n0", cpu=64_000, memory=256 * GiB)])
+    snapshot = Ledger([Node("n0", cpu=64_000, memory=256 * GiB)])
     for index, owner in enumerate(["ml/a", "ml/b"]):
         snapshot.add_gpu(Gpu(f"g{index}", "n0", holder=f"cap-{index}"))
         request = Request(f"ml/p{index}", compute=200, owner=owner, exclusive=True)

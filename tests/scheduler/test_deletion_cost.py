@@ -82,4 +82,4 @@ def test_a_round_writes_at_most_its_limit_and_rounds_are_paced() -> None:
 
     assert keeper.round(0.0) == LIMIT
     assert keeper.round(1.0) == 0  # not due yet
-    assert set(costs(cache.snapshot)) == {f"ml/p{i}" for i in range(LIMIT + 10)}
+    assert set(costs(cache.ledger)) == {f"ml/p{i}" for i in range(LIMIT + 10)}

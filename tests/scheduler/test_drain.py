@@ -17,12 +17,12 @@ from gpupack.policy import (
 )
 from gpupack.runtime.api import ApiError
 from scheduler.drain import Drainer
-from scheduler.ledger import capacity_gpu
+from scheduler.ledger import Request
 from scheduler.lifecycle import Lifecycle
 from scheduler.placement import Placement, place, why_unfit
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
-from scheduler.snapshot import Request
+from scheduler.translate import capacity_gpu
 from tests.scheduler.test_cache import POOL, UUIDS, cache_with, capacity, fractional
 
 JSON = dict[str, Any]
@@ -264,9 +264,9 @@ def test_a_draining_gpu_takes_no_new_pod() -> None:
     assert gpu.draining
     cache, _ = cache_with(draining(0))
     request = Request("ml/new", compute=100, pool=POOL)
-    result = place(cache.snapshot, request, PackingScorer())
+    result = place(cache.ledger, request, PackingScorer())
     assert not isinstance(result, Placement)
-    assert "draining" in why_unfit(cache.snapshot, request, PackingScorer()).message
+    assert "draining" in why_unfit(cache.ledger, request, PackingScorer()).message
 
 
 def test_an_emptied_draining_capacity_pod_is_deleted_and_a_stuck_one_given_back() -> None:

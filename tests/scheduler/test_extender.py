@@ -21,10 +21,10 @@ from scheduler.cache import Cache, Dirty
 from scheduler.escapes import Escapes
 from scheduler.exclusion import KARPENTER_API, SETTLING
 from scheduler.extender import Extender
+from scheduler.ledger import Ledger, Request
 from scheduler.placement import place
 from scheduler.score import PackingScorer
 from scheduler.settings import Settings
-from scheduler.snapshot import Request, Snapshot
 from scheduler.waiting import REQUEUE_AGAIN, VERDICT_RENEWED, VERDICT_WRITTEN
 from tests.scheduler.test_cache import UUIDS, Store, capacity, fractional, node
 
@@ -226,7 +226,7 @@ def test_filter_answers_the_node_of_the_gpu_it_reserves() -> None:
 
     assert result["NodeNames"] == ["n1"]
     assert extender.reservations["ml/a"].gpu == UUIDS[0]
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 300
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 300
 
 
 def test_pods_filtered_before_any_bind_never_share_a_full_gpu() -> None:
@@ -249,7 +249,7 @@ def test_a_pod_filtered_again_gives_back_what_it_held() -> None:
 
     filter_(extender, pod)
 
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 600
 
 
 def test_a_reservation_never_bound_is_released_after_the_timeout() -> None:
@@ -260,7 +260,7 @@ def test_a_reservation_never_bound_is_released_after_the_timeout() -> None:
     extender.tick()
 
     assert extender.reservations == {}
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 0
     assert "ml/a" in extender.cache.pending
 
 
@@ -304,7 +304,7 @@ def test_a_pod_whose_share_changed_since_filter_is_not_bound_and_its_gpu_is_rele
     result = bind(extender, pod, "n1")
 
     assert "share changed" in result["Error"]
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 0
     assert not api.created
 
 
@@ -330,7 +330,7 @@ def test_a_bind_without_a_reservation_fails_when_the_gpu_filled_up_meanwhile() -
     result = bind(extender, late, "n1")
 
     assert "insufficient GPU compute" in result["Error"]
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 600
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 600
 
 
 def test_a_pod_not_admitted_by_the_webhook_fails_on_every_node_with_the_reason() -> None:
@@ -432,7 +432,7 @@ def test_a_pod_whose_seal_does_not_verify_is_not_placed(forge: Any) -> None:
 
     assert result["NodeNames"] == []
     assert all(keys.SEAL in why for why in result["FailedAndUnresolvableNodes"].values())
-    assert extender.cache.snapshot.gpus[UUIDS[0]].used_compute == 0
+    assert extender.cache.ledger.gpus[UUIDS[0]].used_compute == 0
 
 
 def test_a_pod_sealed_for_another_namespace_is_not_placed() -> None:
@@ -474,7 +474,7 @@ def test_no_interleaving_of_filters_binds_timeouts_and_deletes_over_books_a_gpu(
             if other["spec"].get("nodeName") and uuid and other["metadata"]["namespace"] == "ml":
                 compute = parse_compute(other["metadata"]["annotations"][keys.GPU_COMPUTE], "c")
                 booked[uuid] = booked.get(uuid, 0) + compute
-        for uuid, gpu in extender.cache.snapshot.gpus.items():
+        for uuid, gpu in extender.cache.ledger.gpus.items():
             assert booked.get(uuid, 0) <= gpu.used_compute <= 1000, (seed, uuid)
 
 
@@ -1276,7 +1276,7 @@ def test_a_pod_waiting_for_its_filter_costs_no_placement_until_it_may_be_asked_a
     placed: list[str] = []
     real = place
 
-    def counted(snapshot: Snapshot, request: Request, *args: object) -> object:
+    def counted(snapshot: Ledger, request: Request, *args: object) -> object:
         placed.append(request.key)
         return real(snapshot, request, *args)  # type: ignore[arg-type]
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpupack import keys
 from scheduler.headroom import Headroom, headroom_of, kept
-from scheduler.snapshot import Gpu, Request
+from scheduler.ledger import Gpu, Request
 from tests.scheduler.test_cache import UUIDS
 from tests.scheduler.test_extender import DeletingApi, filter_, pending, setup
 

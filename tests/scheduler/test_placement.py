@@ -2,9 +2,9 @@
 
 import pytest
 
+from scheduler.ledger import Gpu, Ledger, Node, Request
 from scheduler.placement import Placement, Unfit, place, refusal, why_unfit
 from scheduler.score import PackingScorer
-from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 GiB = 2**30
 
@@ -23,7 +23,7 @@ def pod(key: str, compute: int = 300, **kw: object) -> Request:
     return Request(key, cpu=100, memory=GiB, compute=compute, gpu_memory=4 * GiB, **kw)  # type: ignore[arg-type]
 
 
-def fill(snapshot: Snapshot, *requests: Request) -> list[Placement]:
+def fill(snapshot: Ledger, *requests: Request) -> list[Placement]:
     out = []
     for r in requests:
         p = place(snapshot, r, PackingScorer())
@@ -34,7 +34,7 @@ def fill(snapshot: Snapshot, *requests: Request) -> list[Placement]:
 
 
 def test_nine_300m_pods_pack_onto_three_gpus() -> None:
-    snap = Snapshot([node("a", 4), node("b", 4)])
+    snap = Ledger([node("a", 4), node("b", 4)])
 
     placements = fill(snap, *(pod(f"ns/p{i}") for i in range(9)))
 
@@ -44,7 +44,7 @@ def test_nine_300m_pods_pack_onto_three_gpus() -> None:
 
 
 def test_a_partly_used_gpu_is_preferred_over_an_empty_one() -> None:
-    snap = Snapshot([node("a", 1), node("b", 1)])
+    snap = Ledger([node("a", 1), node("b", 1)])
     fill(snap, pod("ns/first", 500))
     first_node = next(iter(snap.bookings.values())).node
 
@@ -54,7 +54,7 @@ def test_a_partly_used_gpu_is_preferred_over_an_empty_one() -> None:
 
 
 def test_gpu_memory_is_a_second_dimension() -> None:
-    snap = Snapshot([node("a", 1)])
+    snap = Ledger([node("a", 1)])
     fill(snap, Request("ns/big", compute=100, gpu_memory=38 * GiB))
 
     request = Request("ns/next", compute=100, gpu_memory=4 * GiB)
@@ -65,7 +65,7 @@ def test_gpu_memory_is_a_second_dimension() -> None:
 
 
 def test_host_cpu_counts_every_pod_on_the_node() -> None:
-    snap = Snapshot([node("a", 1, cpu=1000)])
+    snap = Ledger([node("a", 1, cpu=1000)])
     snap.assume(Request("other/web", cpu=950, gpus=0), "a", ())
 
     result = place(snap, pod("ns/p"), PackingScorer())
@@ -75,7 +75,7 @@ def test_host_cpu_counts_every_pod_on_the_node() -> None:
 
 
 def test_mps_pods_never_share_a_gpu_with_another_workload() -> None:
-    snap = Snapshot([node("a", 2)])
+    snap = Ledger([node("a", 2)])
     (a,) = fill(snap, pod("ns/a0", 200, owner="ns/Deployment/a", exclusive=True))
     (b,) = fill(snap, pod("ns/b0", 200, owner="ns/Deployment/b"))
     (a1,) = fill(snap, pod("ns/a1", 200, owner="ns/Deployment/a", exclusive=True))
@@ -89,7 +89,7 @@ def test_mps_pods_never_share_a_gpu_with_another_workload() -> None:
 
 
 def test_forget_undoes_assume_exactly() -> None:
-    snap = Snapshot([node("a", 1)])
+    snap = Ledger([node("a", 1)])
     (p,) = fill(snap, pod("ns/p", exclusive=True, owner="ns/Deployment/x"))
 
     snap.forget("ns/p")
@@ -103,7 +103,7 @@ def test_forget_undoes_assume_exactly() -> None:
 def test_coming_gpus_are_never_placed_on_but_are_reported() -> None:
     n = node("a", 1)
     n.gpus[0].coming = True
-    snap = Snapshot([n])
+    snap = Ledger([n])
 
     result = place(snap, pod("ns/p"), PackingScorer())
 
@@ -114,14 +114,14 @@ def test_coming_gpus_are_never_placed_on_but_are_reported() -> None:
 def test_pools_do_not_mix() -> None:
     n = node("a", 1)
     n.gpus[0].pool = "pool-a"
-    snap = Snapshot([n])
+    snap = Ledger([n])
 
     assert isinstance(place(snap, pod("ns/p", pool="pool-b"), PackingScorer()), Unfit)
     assert isinstance(place(snap, pod("ns/p", pool="pool-a"), PackingScorer()), Placement)
 
 
 def test_only_the_nodes_kube_scheduler_found_feasible_are_considered() -> None:
-    snap = Snapshot([node("a", 1), node("b", 1)])
+    snap = Ledger([node("a", 1), node("b", 1)])
     fill(snap, pod("ns/first", 500))
     partly_used = next(iter(snap.bookings.values())).node
     other = "b" if partly_used == "a" else "a"
@@ -133,7 +133,7 @@ def test_only_the_nodes_kube_scheduler_found_feasible_are_considered() -> None:
 
 
 def test_no_feasible_node_is_unfit_even_with_free_gpus() -> None:
-    snap = Snapshot([node("a", 1)])
+    snap = Ledger([node("a", 1)])
 
     assert isinstance(place(snap, pod("ns/p"), PackingScorer(), nodes=[]), Unfit)
 
@@ -141,16 +141,16 @@ def test_no_feasible_node_is_unfit_even_with_free_gpus() -> None:
 def test_without_host_checks_the_gpu_alone_decides() -> None:
     """kube-scheduler has already checked CPU, memory and the node itself."""
     full = node("a", 1, cpu=50, ready=False)
-    snap = Snapshot([full], check_hosts=False)
+    snap = Ledger([full], check_hosts=False)
 
     assert isinstance(place(snap, pod("ns/p"), PackingScorer(), nodes=["a"]), Placement)
-    assert isinstance(place(Snapshot([node("a", 1, cpu=50)]), pod("ns/p"), PackingScorer()), Unfit)
+    assert isinstance(place(Ledger([node("a", 1, cpu=50)]), pod("ns/p"), PackingScorer()), Unfit)
 
 
 def test_an_unhealthy_gpu_receives_no_new_pods() -> None:
     n = node("a", 2)
     n.gpus[0].healthy = False
-    snap = Snapshot([n])
+    snap = Ledger([n])
 
     placements = fill(snap, pod("ns/p1", 500), pod("ns/p2", 500))
 
@@ -169,14 +169,14 @@ def test_an_unhealthy_gpu_receives_no_new_pods() -> None:
     ],
 )
 def test_refusal_reads_like_the_reason_a_person_needs(build: object, expected: str) -> None:
-    snap = Snapshot([build()])  # type: ignore[operator]
+    snap = Ledger([build()])  # type: ignore[operator]
 
     assert refusal(snap, pod("ns/p"), "a") == expected
     assert refusal(snap, pod("ns/p"), "unknown") == "node not known to gpupack yet"
 
 
 def test_multi_gpu_request_takes_distinct_whole_gpus() -> None:
-    snap = Snapshot([node("a", 2), node("b", 4)])
+    snap = Ledger([node("a", 2), node("b", 4)])
 
     (p,) = fill(snap, Request("ns/train", compute=1000, gpus=3))
 
@@ -185,7 +185,7 @@ def test_multi_gpu_request_takes_distinct_whole_gpus() -> None:
 
 
 def test_an_mps_gpu_is_refused_to_every_shared_pod_whatever_the_memo_holds() -> None:
-    snap = Snapshot([node("a", 1)])
+    snap = Ledger([node("a", 1)])
     fill(snap, pod("ns/mps0", 200, owner="ns/Deployment/mps", exclusive=True))
 
     # A non-exclusive pod of the MPS workload's own name, then one of another workload:

@@ -4,15 +4,15 @@ nodes the pool already uses, on held GPUs or on whole GPUs nobody holds there.""
 from collections.abc import Callable, Collection, Mapping
 
 from scheduler.consolidation import Move
+from scheduler.ledger import Booking, Gpu, Ledger, Node, Request
 from scheduler.relocation import NEW_GPU, Whole, describe, relocate
-from scheduler.snapshot import Booking, Gpu, Node, Request, Snapshot
 
 GiB = 2**30
 
 
-def cluster(layout: Mapping[str, list[list[int]]]) -> Snapshot:
+def cluster(layout: Mapping[str, list[list[int]]]) -> Ledger:
     """Nodes by name, each a list of GPUs, each a list of its pods' compute."""
-    snapshot = Snapshot([Node(n, cpu=64_000, memory=256 * GiB, max_pods=110) for n in layout])
+    snapshot = Ledger([Node(n, cpu=64_000, memory=256 * GiB, max_pods=110) for n in layout])
     for node, gpus in layout.items():
         for index, loads in enumerate(gpus):
             uuid = f"{node}-g{index}"

@@ -2,11 +2,11 @@
 to pending by release or expiry; the snapshot's booking follows each step."""
 
 from scheduler.cache import Cache
-from scheduler.ledger import request_of
+from scheduler.ledger import Request
 from scheduler.placement import Placement, place
 from scheduler.reservations import Reservations
 from scheduler.score import PackingScorer
-from scheduler.snapshot import Request
+from scheduler.translate import request_of
 from tests.scheduler.test_cache import UUIDS, cache_with, capacity, fractional
 
 KEY = "ml/a"
@@ -17,7 +17,7 @@ def reserved() -> tuple[Reservations, Cache, Placement]:
     cache, _ = cache_with(capacity(0), pod)
     request = request_of(pod)
     assert isinstance(request, Request)
-    placement = place(cache.snapshot, request, PackingScorer())
+    placement = place(cache.ledger, request, PackingScorer())
     assert isinstance(placement, Placement)
     assert KEY in cache.pending
     reservations = Reservations(cache)
@@ -26,7 +26,7 @@ def reserved() -> tuple[Reservations, Cache, Placement]:
 
 
 def used(cache: Cache) -> int:
-    return cache.snapshot.gpus[UUIDS[0]].used_compute
+    return cache.ledger.gpus[UUIDS[0]].used_compute
 
 
 def test_a_reserved_share_counts_at_once_and_the_pod_is_no_longer_pending() -> None:

@@ -3,9 +3,9 @@
 import pytest
 
 from scheduler.fragmentation import Depth, TaskType, depth_of, fragmentation, task_mix
+from scheduler.ledger import Gpu, Ledger, Node, Request
 from scheduler.placement import Placement, place
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
-from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 GiB = 2**30
 
@@ -27,7 +27,7 @@ def pod(key: str, compute: int = 300, gpus: int = 1, cpu: int = 1000) -> Request
     return Request(key, cpu=cpu, memory=GiB, compute=compute, gpus=gpus)
 
 
-def decide(snapshot: Snapshot, request: Request, scorer: FragmentationScorer) -> Placement:
+def decide(snapshot: Ledger, request: Request, scorer: FragmentationScorer) -> Placement:
     result = place(snapshot, request, scorer)
     assert isinstance(result, Placement), result
     return result
@@ -123,7 +123,7 @@ def test_a_multi_gpu_type_loses_the_gpus_short_of_a_set_as_multi_gpu_pods_weigh(
 @pytest.mark.parametrize("deep", [False, True], ids=["shallow", "deep"])
 def test_prefers_the_gpu_whose_leftover_the_typical_pods_can_use(deep: bool) -> None:
     # Free 600 and 500: a 100 pod on the 600 GPU leaves 500, which the 500 type uses.
-    snap = Snapshot([node("a", 400, 500)])
+    snap = Ledger([node("a", 400, 500)])
     scorer = FragmentationScorer([TaskType(0, 500, 1)], Weights(deep=deep))
 
     placement = decide(snap, pod("ns/p", 100), scorer)
@@ -132,7 +132,7 @@ def test_prefers_the_gpu_whose_leftover_the_typical_pods_can_use(deep: bool) -> 
 
 
 def test_prefers_a_used_gpu_over_an_idle_one() -> None:
-    snap = Snapshot([node("a", 0, 700)])
+    snap = Ledger([node("a", 0, 700)])
     scorer = FragmentationScorer([TaskType(0, 300, 1)])
 
     placement = decide(snap, pod("ns/p", 300), scorer)
@@ -142,7 +142,7 @@ def test_prefers_a_used_gpu_over_an_idle_one() -> None:
 
 def test_prefers_a_node_already_in_use() -> None:
     idle, busy = node("a", 0, 0), node("b", 0, 0)
-    snap = Snapshot([idle, busy])
+    snap = Ledger([idle, busy])
     snap.assume(pod("other/web", gpus=0, compute=0), "b", ())
     scorer = FragmentationScorer([TaskType(0, 1000, 1)])
 
@@ -152,7 +152,7 @@ def test_prefers_a_node_already_in_use() -> None:
 
 
 def test_whole_gpu_pods_keep_a_whole_node_free_for_multi_gpu_pods() -> None:
-    snap = Snapshot([node("a", 0, 0, 0, 0), node("b", 0, 0, 500, 500)])
+    snap = Ledger([node("a", 0, 0, 0, 0), node("b", 0, 0, 500, 500)])
     scorer = FragmentationScorer(
         [TaskType(0, 1000, 4, weight=0.5), TaskType(0, 1000, 1, weight=0.5)]
     )
@@ -163,7 +163,7 @@ def test_whole_gpu_pods_keep_a_whole_node_free_for_multi_gpu_pods() -> None:
 
 
 def test_a_cpu_only_pod_takes_no_gpu() -> None:
-    snap = Snapshot([node("a", 0, 0)])
+    snap = Ledger([node("a", 0, 0)])
     scorer = FragmentationScorer([TaskType(0, 500, 1)])
 
     placement = decide(snap, pod("ns/cpu", compute=0, gpus=0), scorer)
@@ -175,7 +175,7 @@ def test_a_cpu_only_pod_takes_no_gpu() -> None:
 
 def test_a_cpu_only_pod_avoids_starving_the_gpus_of_cpu() -> None:
     # On "small" the pod would leave too little CPU for the typical GPU pod.
-    snap = Snapshot([node("small", 0, cpu=4000), node("large", 0, cpu=32_000)])
+    snap = Ledger([node("small", 0, cpu=4000), node("large", 0, cpu=32_000)])
     scorer = FragmentationScorer([TaskType(3000, 1000, 1)])
 
     placement = decide(snap, pod("ns/cpu", compute=0, gpus=0, cpu=2000), scorer)
@@ -184,7 +184,7 @@ def test_a_cpu_only_pod_avoids_starving_the_gpus_of_cpu() -> None:
 
 
 def test_a_multi_gpu_pod_takes_distinct_gpus() -> None:
-    snap = Snapshot([node("a", 0, 900, 0, 0)])
+    snap = Ledger([node("a", 0, 900, 0, 0)])
     scorer = FragmentationScorer([TaskType(0, 1000, 1)])
 
     placement = decide(snap, pod("ns/p", 1000, gpus=2), scorer)
@@ -197,7 +197,7 @@ def test_respects_the_gpus_placement_filtered_out() -> None:
     # gpu0 has compute to spare but no memory left: placement never offers it.
     n = node("a", 500, 0)
     n.gpus[0].used_memory = n.gpus[0].memory
-    snap = Snapshot([n])
+    snap = Ledger([n])
     scorer = FragmentationScorer([TaskType(0, 500, 1)])
 
     placement = decide(snap, Request("ns/p", compute=500, gpu_memory=GiB), scorer)
@@ -206,7 +206,7 @@ def test_respects_the_gpus_placement_filtered_out() -> None:
 
 
 def test_equal_nodes_share_one_cached_answer_and_a_new_mix_changes_the_generation() -> None:
-    snap = Snapshot([node(f"n{i}", 0, 0) for i in range(3)])
+    snap = Ledger([node(f"n{i}", 0, 0) for i in range(3)])
     scorer = FragmentationScorer([TaskType(0, 500, 1)])
     decide(snap, pod("ns/p", 500), scorer)
     before = scorer.generation
@@ -247,7 +247,7 @@ def test_task_mix_of_nothing_is_empty() -> None:
 def test_packing_scorer_handles_cpu_only_and_fractional_pods(
     request_: Request, gpus: tuple[str, ...]
 ) -> None:
-    snap = Snapshot([node("a", 0, 600)])
+    snap = Ledger([node("a", 0, 600)])
 
     result = place(snap, request_, PackingScorer())
 

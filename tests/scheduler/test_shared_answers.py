@@ -9,9 +9,9 @@ import pytest
 from scheduler import memo as memo_module
 from scheduler import state_index as state_index_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
+from scheduler.ledger import Gpu, Ledger, Node, Request
 from scheduler.placement import Placement, Scorer, Unfit, place, why_unfit
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
-from scheduler.snapshot import Gpu, Node, Request, Snapshot
 
 GiB = 2**30
 MIX = (
@@ -60,7 +60,7 @@ def pod(rng: random.Random, index: int) -> Request:
     )
 
 
-def outcome(result: Placement | Unfit, snap: Snapshot, request: Request, scorer: Scorer) -> object:
+def outcome(result: Placement | Unfit, snap: Ledger, request: Request, scorer: Scorer) -> object:
     """The placement, or that the pod fits nowhere, whether a GPU coming could take it,
     and why each node refuses it."""
     if isinstance(result, Placement):
@@ -68,7 +68,7 @@ def outcome(result: Placement | Unfit, snap: Snapshot, request: Request, scorer:
     return result.coming, why_unfit(snap, request, scorer).counts
 
 
-def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
+def churn(snap: Ledger, rng: random.Random, step: int) -> None:
     """What a real cluster does between decisions: pods leave, nodes and GPUs come and go,
     labels change."""
     roll = rng.random()
@@ -89,7 +89,7 @@ def churn(snap: Snapshot, rng: random.Random, step: int) -> None:
         snap.remove_gpu(rng.choice(sorted(snap.gpus)))
 
 
-def feasible(snap: Snapshot, rng: random.Random) -> list[str] | None:
+def feasible(snap: Ledger, rng: random.Random) -> list[str] | None:
     """What kube-scheduler might pass: every node, all but a few, or a few."""
     names = sorted(snap.nodes)
     roll = rng.random()
@@ -101,8 +101,8 @@ def feasible(snap: Snapshot, rng: random.Random) -> list[str] | None:
 
 
 def replay_side_by_side(
-    fast: tuple[Snapshot, Scorer],
-    reference: tuple[Snapshot, Scorer],
+    fast: tuple[Ledger, Scorer],
+    reference: tuple[Ledger, Scorer],
     seed: int,
     steps: int = 300,
     feasible_nodes: bool = False,
@@ -132,9 +132,7 @@ def replay_side_by_side(
 def test_shared_answers_decide_as_scoring_every_node_on_its_own(make: type, seed: int) -> None:
     shared_scorer = make(MIX) if make is FragmentationScorer else make()
     own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
-    replay_side_by_side(
-        (Snapshot(cluster()), shared_scorer), (Snapshot(cluster()), own_scorer), seed
-    )
+    replay_side_by_side((Ledger(cluster()), shared_scorer), (Ledger(cluster()), own_scorer), seed)
 
 
 @pytest.mark.parametrize("make", [FragmentationScorer, PackingScorer], ids=["fgd", "packing"])
@@ -147,8 +145,8 @@ def test_shared_answers_decide_as_scoring_every_node_on_its_own_among_feasible_n
     shared_scorer = make(MIX) if make is FragmentationScorer else make()
     own_scorer = OnItsOwn(make(MIX) if make is FragmentationScorer else make())
     replay_side_by_side(
-        (Snapshot(cluster()), shared_scorer),
-        (Snapshot(cluster()), own_scorer),
+        (Ledger(cluster()), shared_scorer),
+        (Ledger(cluster()), own_scorer),
         seed,
         feasible_nodes=True,
     )
@@ -156,7 +154,7 @@ def test_shared_answers_decide_as_scoring_every_node_on_its_own_among_feasible_n
 
 def test_place_after_forget_is_the_same_as_on_a_fresh_snapshot() -> None:
     scorer = FragmentationScorer(MIX)
-    snap, fresh = Snapshot(cluster()), Snapshot(cluster())
+    snap, fresh = Ledger(cluster()), Ledger(cluster())
     first = Request("ns/first", cpu=1000, compute=500, gpu_memory=GiB)
     placed = place(snap, first, scorer)
     assert isinstance(placed, Placement)
@@ -171,7 +169,7 @@ def test_place_after_forget_is_the_same_as_on_a_fresh_snapshot() -> None:
 
 def test_a_removed_node_is_never_chosen() -> None:
     scorer = FragmentationScorer(MIX)
-    snap = Snapshot([node("a", 1), node("b", 1)])
+    snap = Ledger([node("a", 1), node("b", 1)])
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     first = place(snap, request, scorer)
     assert isinstance(first, Placement)
@@ -187,7 +185,7 @@ def test_a_removed_node_is_never_chosen() -> None:
 
 def test_an_added_gpu_becomes_choosable() -> None:
     scorer = FragmentationScorer(MIX)
-    snap = Snapshot([node("a", 0)])
+    snap = Ledger([node("a", 0)])
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     assert isinstance(place(snap, request, scorer), Unfit)
 
@@ -200,7 +198,7 @@ def test_an_added_gpu_becomes_choosable() -> None:
 
 def test_a_node_made_unschedulable_by_a_label_change_is_not_chosen() -> None:
     scorer = FragmentationScorer(MIX)
-    snap = Snapshot([node("a", 2), node("b", 2)])
+    snap = Ledger([node("a", 2), node("b", 2)])
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     assert place(snap, request, scorer) == place(snap, request, scorer)  # warm: the same
     first = place(snap, request, scorer)
@@ -230,7 +228,7 @@ def test_shape_and_state_tables_that_start_over_keep_decisions(
         module = state_index_module if name == "LOG_MIN" else memo_module
         monkeypatch.setattr(module, name, value)
     rng_a, rng_b = random.Random(7), random.Random(7)
-    shared, own = Snapshot(cluster()), Snapshot(cluster())
+    shared, own = Ledger(cluster()), Ledger(cluster())
     shared_scorer, own_scorer = FragmentationScorer(MIX), OnItsOwn(FragmentationScorer(MIX))
 
     for step in range(200):
@@ -245,13 +243,13 @@ def test_shape_and_state_tables_that_start_over_keep_decisions(
 
 def test_a_new_task_mix_changes_shared_answers() -> None:
     scorer = FragmentationScorer(MIX)
-    snap = Snapshot(cluster())
+    snap = Ledger(cluster())
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
     place(snap, request, scorer)
 
     scorer.set_mix(MIX[1:])
 
-    assert place(snap, request, scorer) == place(Snapshot(cluster()), request, scorer)
+    assert place(snap, request, scorer) == place(Ledger(cluster()), request, scorer)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -269,9 +267,9 @@ def test_fast_deep_fragmentation_is_bit_identical(seed: int) -> None:
 
 def test_shallow_fragmentation_is_still_supported() -> None:
     scorer = FragmentationScorer(MIX, Weights(deep=False))
-    snap = Snapshot(cluster())
+    snap = Ledger(cluster())
     request = Request("ns/p", cpu=1000, compute=500, gpu_memory=GiB)
 
     assert place(snap, request, scorer) == place(
-        Snapshot(cluster()), request, OnItsOwn(FragmentationScorer(MIX, Weights(deep=False)))
+        Ledger(cluster()), request, OnItsOwn(FragmentationScorer(MIX, Weights(deep=False)))
     )

@@ -6,7 +6,8 @@ import pytest
 
 from gpupack import keys
 from gpupack.shares import pool_of
-from scheduler.ledger import (
+from scheduler.ledger import Node, Request
+from scheduler.translate import (
     NotOurs,
     assignment_of,
     capacity_gpu,
@@ -14,7 +15,6 @@ from scheduler.ledger import (
     node_of,
     request_of,
 )
-from scheduler.snapshot import Node, Request
 
 GiB = 2**30
 UUID = "GPU-6f1c2b9e-0000-4000-8000-000000000001"
