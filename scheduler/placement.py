@@ -57,12 +57,18 @@ BOUND_FROM: Final = 8  # new states that placement scores outright, without boun
 
 
 class Scorer(Protocol):
-    """Chooses GPUs on one node. `generation` changes when its answers would. A scorer
-    may also set `by_state = True`: its cost depends only on what `memo.state_key`
-    reads of the node (not its name, labels or GPU UUIDs), so equal nodes share it. Such a
-    scorer may also bound its costs: `profile(node, pool) -> object` summarises a node
-    state, and `bounder(request)` returns None or a function from a profile to a lower
-    bound on the cost `choose` would give (see `_best_bounded`)."""
+    """Chooses GPUs on one node: what placement asks of a scorer. A scorer subclasses it
+    and keeps the defaults it does not need.
+
+    - `generation` changes when its answers would.
+    - `by_state`: its cost depends only on what `memo.state_key` reads of the node (not
+      its name, labels or GPU UUIDs), so equal nodes share it.
+    - Such a scorer may also bound its costs: `profile(node, pool)` summarises a node
+      state, and `bounder(request)` returns a function from a profile to a lower bound
+      on the cost `choose` would give (see `_best_bounded`), or None (the default: no
+      bounds, every state is scored)."""
+
+    by_state: bool = False
 
     @property
     def generation(self) -> int: ...
@@ -72,6 +78,12 @@ class Scorer(Protocol):
     ) -> tuple[float, tuple[Gpu, ...]] | None:
         """The best `request.gpus` of `fits` and their cost; None if none will do."""
         ...
+
+    def bounder(self, request: Request) -> Callable[[object], float] | None:
+        return None
+
+    def profile(self, node: Node, pool: str) -> object:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +212,7 @@ def place(
     if nodes is not None:
         allowed = nodes if isinstance(nodes, (set, frozenset)) else frozenset(nodes)
         excluded = memo.eligible_names(request) - allowed
-    by_state = getattr(scorer, "by_state", False) and not request.exclusive
+    by_state = scorer.by_state and not request.exclusive
     if by_state and 2 * len(excluded) <= len(eligible):
         answers = memo.answers(shape)
         best_node = _best_indexed(snapshot, request, scorer, shape, answers, excluded)
@@ -415,13 +427,13 @@ def _bound_all(
     pod cannot fit there and the state is left out), else at -inf (scored when popped)."""
     index = memo_of(snapshot).states()
     bound: Callable[[object], float] | None = None
-    if len(states) > BOUND_FROM and hasattr(scorer, "bounder") and hasattr(scorer, "profile"):
+    if len(states) > BOUND_FROM:
         bound = scorer.bounder(request)
     if bound is None:
         for state in states:
             frontier.push((-math.inf, index.first_position(state), state))
         return
-    profile: Callable[[Node, str], object] = scorer.profile  # type: ignore[attr-defined]
+    profile = scorer.profile
     profiles = memo_of(snapshot).profiles()
     for state in states:
         summary = profiles.get(state)

@@ -49,6 +49,7 @@ from scheduler.fragmentation import (
     weight_sum,
 )
 from scheduler.ledger import FULL_GPU, Gpu, Node, Request
+from scheduler.placement import Scorer
 
 NODE_WEIGHT: Final = 1e-3  # node fullness only breaks ties between equal GPUs
 
@@ -57,9 +58,9 @@ Slot = tuple[int, bool]  # a GPU as a scorer sees it: free compute, hosts pods
 _Gpu = tuple[int, bool, str, int]  # free compute, hosts pods, model, free memory (-1: unknown)
 
 
-class PackingScorer:
+class PackingScorer(Scorer):
     generation: Final = 0
-    by_state: Final = True  # the cost depends only on the node's state (see placement)
+    by_state = True  # the cost depends only on the node's state (see placement)
 
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
@@ -87,10 +88,10 @@ class Weights:
     depth: Depth | None = None  # the deep measure's depth; None: derived from the mix
 
 
-class FragmentationScorer:
+class FragmentationScorer(Scorer):
     """Fragmentation delta plus consolidation (see the module docstring)."""
 
-    by_state: Final = True  # the cost depends only on the node's state (see placement)
+    by_state = True  # the cost depends only on the node's state (see placement)
 
     def __init__(self, mix: Sequence[TaskType] = (), weights: Weights | None = None) -> None:
         self._mix: tuple[TaskType, ...] = tuple(mix)

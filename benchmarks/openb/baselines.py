@@ -23,6 +23,7 @@ from typing import Final
 
 from scheduler.fragmentation import TaskType, fragmentation
 from scheduler.ledger import FULL_GPU, Gpu, Node, Request
+from scheduler.placement import Scorer
 
 MAX_SPEC_CPU: Final = 128_000  # millicores: the largest node the simulator normalises by
 MAX_SPEC_GPU: Final = 8_000  # GPU millis
@@ -33,7 +34,7 @@ def _first_idle(fits: Sequence[Gpu], count: int) -> tuple[Gpu, ...]:
     return tuple(g for g in fits if g.used_compute == 0)[:count]
 
 
-class BestFitScorer:
+class BestFitScorer(Scorer):
     generation: Final = 0
 
     def choose(
@@ -54,7 +55,7 @@ class BestFitScorer:
         return float(-score), chosen
 
 
-class FgdScorer:
+class FgdScorer(Scorer):
     """Fragmentation Gradient Descent as the paper's simulator scores it."""
 
     generation: Final = 0

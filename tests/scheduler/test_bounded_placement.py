@@ -13,7 +13,7 @@ from scheduler import placement as placement_module
 from scheduler.fragmentation import DeepFragmentation, TaskType
 from scheduler.ledger import Gpu, Ledger, Node, Request
 from scheduler.memo import memo_of
-from scheduler.placement import Placement, place
+from scheduler.placement import Placement, Scorer, place
 from scheduler.score import FragmentationScorer, Weights, _take
 from tests.scheduler.test_shared_answers import (
     MIX,
@@ -128,7 +128,7 @@ def test_another_scorer_drops_the_bounds_and_profiles() -> None:
     assert place(snap, request, other) == expected
 
 
-class Scripted:
+class Scripted(Scorer):
     """A by-state scorer whose costs and bounds are given per node name."""
 
     by_state = True

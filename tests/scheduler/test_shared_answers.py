@@ -22,7 +22,7 @@ MIX = (
 )
 
 
-class OnItsOwn:
+class OnItsOwn(Scorer):
     """The same scorer, without `by_state`: placement scores every node on its own."""
 
     def __init__(self, inner: FragmentationScorer | PackingScorer) -> None:
