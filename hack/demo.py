@@ -213,10 +213,7 @@ def report(cluster: LocalCluster, out: Any = sys.stdout) -> None:
     out.write(f"  export KUBECONFIG={cluster.kubeconfig}\n")
     out.write(f"  kubectl:          {cluster.binary('kubectl')}\n")
     out.write("  gpupack's pods:   kubectl get pods -n gpupack-system -o wide\n")
-    out.write(
-        "  decisions:        kubectl logs -n gpupack-system -l "
-        "app.kubernetes.io/component=webhook --prefix | .venv/bin/gpupack-webhook decisions -n ml\n"
-    )
+    out.write("  decisions:        PATH=$PWD/.venv/bin:$PATH kubectl gpupack decisions -n ml\n")
     out.write("  the plugin:       PATH=$PWD/.venv/bin:$PATH kubectl gpupack status\n")
     out.write("  scheduler events: kubectl get events -n ml --field-selector reason=Scheduled\n")
     out.write(f"  the release:      {cluster.binary('helm')} status gpupack -n gpupack-system\n")

@@ -1,4 +1,4 @@
-"""`gpupack-webhook decisions`: read the audit log back as a table or JSON.
+"""`kubectl gpupack decisions`: read the audit log back as a table or JSON.
 
 Reads audit lines from files or stdin (so `kubectl logs deploy/gpupack-webhook | ...`
 works, `--prefix` output included), ignores every other line, filters by namespace,
@@ -33,13 +33,6 @@ COLUMNS = (
     ("MEMORY", "memory"),
     ("CAPACITY", "capacity"),
 )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="*", metavar="FILE", help="audit log files (default: stdin)")
-    parser.add_argument("-n", "--namespace", help="only this namespace")
-    add_filters(parser)
-    parser.set_defaults(run=run)
 
 
 def _time_arg(text: str) -> datetime:
@@ -173,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             stream = open_input(source)
         except OSError as exc:
             print(
-                f"gpupack-webhook decisions: cannot read {source}: {exc.strerror}", file=sys.stderr
+                f"kubectl gpupack decisions: cannot read {source}: {exc.strerror}", file=sys.stderr
             )
             return 2
         with stream:

@@ -1,4 +1,4 @@
-"""`gpupack-webhook explain -f MANIFEST`: the webhook's decision for a manifest, offline.
+"""`kubectl gpupack explain -f MANIFEST`: the webhook's decision for a manifest, offline.
 
 Takes a Pod or a workload (its pod template), runs the same pure decision the server
 runs, and prints the decision and the resulting pod (or only the patch with --patch).
@@ -247,11 +247,11 @@ def run(args: argparse.Namespace) -> int:
         ]
     except OSError as exc:
         print(
-            f"gpupack-webhook explain: cannot read {args.filename}: {exc.strerror}", file=sys.stderr
+            f"kubectl gpupack explain: cannot read {args.filename}: {exc.strerror}", file=sys.stderr
         )
         return 2
     except ManifestError as exc:
-        print(f"gpupack-webhook explain: {exc}", file=sys.stderr)
+        print(f"kubectl gpupack explain: {exc}", file=sys.stderr)
         return 2
     for index, (decision, result) in enumerate(outputs):
         if args.output == "json":

@@ -76,9 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     decisions = commands.add_parser(
         "decisions",
-        help="the audit log of every webhook replica",
+        help="the audit log of every webhook replica, or of files and stdin",
         description="Read the audit lines from the logs of every webhook pod (not one "
-        "replica of several, as `kubectl logs deploy/...` does), merge them by time, filter.",
+        "replica of several, as `kubectl logs deploy/...` does), merge them by time, filter. "
+        "Given FILEs (`-` for stdin), read those instead, offline: other lines are ignored, "
+        "so `kubectl logs ... --prefix | kubectl gpupack decisions -` works.",
+    )
+    decisions.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="audit log files, - for stdin (default: the cluster)",
     )
     decisions.add_argument("-n", "--namespace", help="only decisions in this namespace")
     audit_reader.add_filters(decisions)
@@ -308,8 +316,14 @@ def _count(n: int, noun: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "explain":
-        result: int = args.run(args)
+    offline = args.command == "explain" or (args.command == "decisions" and args.files)
+    if offline:  # files and stdin: no cluster needed
+        run = audit_reader.run if args.command == "decisions" else args.run
+        try:
+            result: int = run(args)
+        except BrokenPipeError:  # `... | head` closed the pipe: not an error
+            sys.stderr.close()
+            return 0
         return result
     try:
         kube = connect(args.kubeconfig, user_agent="kubectl-gpupack", request_timeout=30)

@@ -1,7 +1,7 @@
 """The audit log: one JSON line per admission, to stdout and optionally a file.
 
 `audit_line` is pure (request, decision, capacity outcome, latency, time -> dict);
-`AuditLog` only writes. `gpupack-webhook decisions` reads these lines back, so the
+`AuditLog` only writes. `kubectl gpupack decisions` reads these lines back, so the
 field names here are a public format: add fields, never rename them.
 """
 

@@ -1,4 +1,5 @@
-"""`explain` and `decisions` as a user runs them: through main(), on files and stdin."""
+"""`kubectl gpupack explain` and `decisions` offline, as a user runs them: through main(),
+on files and stdin, with no cluster."""
 
 import io
 import json
@@ -9,9 +10,9 @@ import pytest
 import yaml
 
 from gpupack import keys
+from ops.kubectl import main
 from tests.webhook.builders import deployment_pod, request
 from webhook.audit import AuditLog, audit_line
-from webhook.cli import main
 from webhook.decision import CapacityOutcome
 from webhook.mutate import MutationContext, decide
 
@@ -167,7 +168,7 @@ def test_explain_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot read /nonexistent.yaml" in capsys.readouterr().err
 
 
-def _audit_log(tmp_path: Path) -> Path:
+def audit_log(tmp_path: Path) -> Path:
     """Real audit lines, written by AuditLog, mixed with other log output."""
     stream = io.StringIO()
     log = AuditLog(stream=stream)
@@ -206,7 +207,7 @@ def _audit_log(tmp_path: Path) -> Path:
 def test_decisions_table_filters_by_namespace(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["decisions", str(_audit_log(tmp_path)), "--namespace", "ml"]) == 0
+    assert main(["decisions", str(audit_log(tmp_path)), "--namespace", "ml"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:4] == ["TIME", "NAMESPACE", "POD", "WORKLOAD"]
     assert len(lines) == 3
@@ -233,7 +234,7 @@ def test_decisions_table_filters_by_namespace(
 def test_decisions_filters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], uids: list[str]
 ) -> None:
-    assert main(["decisions", str(_audit_log(tmp_path)), "-o", "json", *args]) == 0
+    assert main(["decisions", str(audit_log(tmp_path)), "-o", "json", *args]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["uid"] for r in records] == uids
 
@@ -241,8 +242,8 @@ def test_decisions_filters(
 def test_decisions_reads_stdin(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("sys.stdin", io.StringIO(_audit_log(tmp_path).read_text()))
-    assert main(["decisions", "-o", "json"]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO(audit_log(tmp_path).read_text()))
+    assert main(["decisions", "-", "-o", "json"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
 
 
