@@ -8,7 +8,7 @@ score:
   passes the feasible ones (`nodes`); the snapshot does not check the node again
   (`Ledger.check_hosts` is off). The trace replay has no kube-scheduler, so there the
   node is checked here: ready, schedulable, CPU, memory and pod count. Then each GPU of
-  a node holding GPUs of the pod's pool (`Ledger.eligible`): running (not coming),
+  a node holding GPUs of the pod's pool (`PlacementMemo.eligible`): running (not coming),
   healthy, not over-committed (`Gpu.over`), allowed model, compute and memory fit, and
   `real-time-mps` exclusivity (an MPS workload's GPU takes only its own pods; an MPS
   pod takes only a GPU nobody else uses).
@@ -19,12 +19,12 @@ score:
 Speed. A decision must not visit every node (12,000 of them in a large cluster):
 
 - A scorer whose cost depends only on the node's state says so (`by_state`); then
-  nodes in equal state (`Ledger.state_of`: capacity, usage, each GPU's kind and usage)
-  share one answer per pod shape (numbered by `Ledger.shape_of`), and what a decision
-  needs of each state is its first node (ties go to the node met first). The snapshot
-  keeps the live states and their nodes by position (`Ledger.states`, updated from
+  nodes in equal state (`PlacementMemo.state_of`: capacity, usage, each GPU's kind and
+  usage) share one answer per pod shape (numbered by `PlacementMemo.shape_of`), and what
+  a decision needs of each state is its first node (ties go to the node met first). The
+  memo keeps the live states and their nodes by position (`PlacementMemo.states`, updated from
   the nodes that changed), so a decision works on states, never on nodes.
-- Each shape keeps a frontier over the states (`Ledger.frontier`): a heap of (cost or
+- Each shape keeps a frontier over the states (`PlacementMemo.frontier`): a heap of (cost or
   lower bound, position of the state's first node). A decision takes in only the states
   that appeared since the shape's last decision, at their lower bound when the scorer
   can bound its cost cheaply (`profile` per state, `bounder` per pod; an infinite bound
@@ -32,7 +32,7 @@ Speed. A decision must not visit every node (12,000 of them in a large cluster):
   state only when it reaches the top with a bound, until a cost is on top: no state can
   beat it, or tie it at an earlier node. The cost picks the node; the winner alone is
   then scored on its own for its GPUs (same state, same cost). Why a node state's GPUs
-  refuse a GPU demand is kept too (`Ledger.refusals`), so a state whose GPUs cannot
+  refuse a GPU demand is kept too (`PlacementMemo.refusals`), so a state whose GPUs cannot
   take the pod leaves its shape's frontier for good at the cost of a lookup.
 - kube-scheduler's feasible nodes (`nodes`) are honoured by letting a state whose first
   node is not among them compete, for this decision, at its first node that is; when
@@ -168,7 +168,7 @@ def _evaluate(
     hosts: bool = True,
 ) -> NodeAnswer:
     """The node's answer: its cost and GPUs, or why it does not fit. `refused`
-    (`Ledger.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
+    (`PlacementMemo.refusals`) remembers, per node state, why its GPUs do not fit; `hosts`
     says whether the node itself is checked (`Ledger.check_hosts`)."""
     why = node_rejects(node, request) if hosts else None
     if why is not None:
@@ -320,7 +320,7 @@ def _best_indexed(
     excluded: frozenset[str],
 ) -> Node | None:
     """The first node with the lowest cost, from the live node states
-    (`Ledger.states`) and the shape's frontier over them (`Ledger.frontier`): the
+    (`PlacementMemo.states`) and the shape's frontier over them (`PlacementMemo.frontier`): the
     states that appeared since the shape's last decision are taken in with their cost,
     a lower bound on it (a scorer with `profile` and `bounder`, see `_bound_all`), or
     -inf; then entries are popped in (cost or bound, position) order, each bound turned

@@ -19,7 +19,7 @@ proportion to compute, as the trace benchmark derives it, the memory dimension i
 implied by compute. A scorer's answer for a node depends only on that node's state, the
 request and the scorer's task mix (`generation` moves when the mix is replaced), so
 placement may memoise it per node; both scorers say so (`by_state`), and placement then
-scores each distinct node state once per pod shape (`Ledger.state_of`).
+scores each distinct node state once per pod shape (`PlacementMemo.state_of`).
 
 Speed: a new node state costs a few fragmentation sums over the task mix. They are kept
 per (model, free CPU, free memory, free compute) in a bounded cache, and the deep sum

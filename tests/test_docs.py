@@ -173,3 +173,93 @@ def test_the_check_finds_a_stale_name(word: str) -> None:
 )
 def test_the_check_accepts_what_exists(word: str) -> None:
     assert problem(word) is None
+
+
+# -- module docstrings -----------------------------------------------------------------
+
+PRODUCT = sorted(
+    p
+    for package in PACKAGES - {"tests", "benchmarks", "hack"}
+    for p in (ROOT / package).rglob("*.py")
+    if not {".venv", ".cache"} & set(p.parts)
+)
+
+
+@functools.cache
+def classes() -> dict[str, frozenset[str]]:
+    """Every class of the product's code by name, with the names its body defines (those
+    of classes of the same name merged)."""
+    found: dict[str, set[str]] = {}
+    for source in PRODUCT:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names = found.setdefault(node.name, set())
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                        names.add(item.name)
+                        names.update(_set_on_self(item))
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        names.update(t.id for t in item.targets if isinstance(t, ast.Name))
+    return {name: frozenset(members) for name, members in found.items()}
+
+
+def _set_on_self(method: ast.AST) -> Iterator[str]:
+    """The attributes a method sets on `self` (`self.x = ...`, `self.x: T = ...`)."""
+    for node in ast.walk(method):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for one in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if not isinstance(one, ast.Attribute):
+                    continue
+                if isinstance(one.value, ast.Name) and one.value.id == "self":
+                    yield one.attr
+
+
+def docstring_problem(word: str) -> str | None:
+    """`problem`, and for `Class.member` of a class of the product's code: the member
+    must be the class's (a method, a field, a class attribute, an attribute a method
+    sets on `self`)."""
+    why = problem(word)
+    if why is not None:
+        return why
+    match = re.fullmatch(r"([A-Z]\w*)\.([a-z_]\w*)", word)
+    if match and match[1] in classes():
+        members = classes()[match[1]]
+        if match[2] not in members:
+            return f"{match[1]} has no {match[2]}"
+    return None
+
+
+def module_docstring_spans(source: Path) -> Iterator[tuple[int, str]]:
+    docstring = ast.get_docstring(ast.parse(source.read_text()), clean=False) or ""
+    for match in re.finditer(r"`([^`\n]+)`", docstring):
+        line = docstring.count("\n", 0, match.start()) + 2
+        for word in re.split(r"[\s,()\[\]{}'\"]+", match[1]):
+            if word := word.strip(".:;"):
+                yield line, word
+
+
+@pytest.mark.parametrize("source", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_name_a_module_docstring_gives_in_code_exists(source: Path) -> None:
+    """A module's docstring says what it owns and what it works with; a name it gives
+    that no longer exists is a statement the code no longer backs."""
+    stale = [
+        f"{source.relative_to(ROOT)}:{line}: `{word}`: {why}"
+        for line, word in module_docstring_spans(source)
+        if (why := docstring_problem(word)) is not None
+    ]
+    assert stale == []
+
+
+@pytest.mark.parametrize("word", ["Ledger.no_such_method", "scheduler.no_such_module"])
+def test_the_docstring_check_finds_a_stale_name(word: str) -> None:
+    assert docstring_problem(word) is not None
+
+
+@pytest.mark.parametrize("word", ["Ledger.assume", "Lifecycle.requirements", "Gpu.over"])
+def test_the_docstring_check_accepts_what_exists(word: str) -> None:
+    assert docstring_problem(word) is None

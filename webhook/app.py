@@ -1,4 +1,5 @@
-"""The webhook's HTTP application: `POST /mutate`, `GET /healthz`, `GET /readyz`.
+"""The webhook's HTTP application: `POST /mutate`, `POST /devices`, `GET /healthz`,
+`GET /readyz`.
 
 A thin adapter around the pure decision (`webhook.mutate.decide`): read and parse the
 AdmissionReview, decide, plan capacity through the cluster port (never an exception into
@@ -35,7 +36,7 @@ from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.devices import device_env_patch
 from webhook.metrics import ErrorKind, WebhookMetrics
-from webhook.mutate import PROCESS_KEY, MutationContext
+from webhook.mutate import MutationContext, process_key
 from webhook.mutate import decide as decide_pod
 from webhook.plans import PlanCache
 from webhook.policies import BUILTIN_POLICIES
@@ -341,15 +342,15 @@ def create_app(
     timer: Callable[[], float] = time.perf_counter,
     cpu_timer: Callable[[], float] = time.thread_time,
     tls_problem: TlsProblem | None = None,
-    key: bytes = PROCESS_KEY,
+    key: bytes | None = None,
     mps: bool = True,
     memory_enforcement: bool = False,
 ) -> Starlette:
-    """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity pods, no
+    """The webhook's ASGI app. `cluster` None: no namespace lookups, no capacity plan, no
     recommendations, and `policies` are the policies in force. `key`: the decision key
-    (`gpupack.seal`); by default one random to this process, which the scheduler does not
-    share. `decide`: by default `webhook.mutate.decide` with its plans memoized per pod
-    template (`webhook.plans`)."""
+    (`gpupack.seal`); by default one random to this process (`process_key`), which the
+    scheduler does not share. `decide`: by default `webhook.mutate.decide` with its plans
+    memoized per pod template (`webhook.plans`)."""
     if decide is None:
         decide = partial(decide_pod, plan=PlanCache(counted=metrics.plan_lookup))
     admissions = Admissions(
@@ -363,7 +364,7 @@ def create_app(
         cpu_timer=cpu_timer,
         mps=mps,
         memory_enforcement=memory_enforcement,
-        key=key,
+        key=process_key() if key is None else key,
     )
 
     def unready(check_files: bool) -> str | None:

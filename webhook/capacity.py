@@ -17,13 +17,13 @@ seconds as reservations (keyed by decision id, dropped as soon as a pod with tha
 `gpupack.io/decision` appears), so the nine pods a ReplicaSet creates at once count each
 other. Admissions of one pool are serialized by a lock.
 
-A full plan reads the whole pool, so a burst of a thousand pods into one pool cost a
-thousand reads of a pool growing to a thousand pods (about half the webhook's CPU in a
-burst of 2,000). Within `PLAN_REUSE` seconds of a pool's last full plan, an admission is
-fitted onto that plan's GPUs, with the pods admitted since (`gpupack.packing.Packing`):
-no pool read. Its answer is the full plan's, give or take a GPU (first fit in arrival
-order rather than largest first, and pods bound or deleted in the last `PLAN_REUSE`
-seconds not seen yet). Pools with real-time-mps pods are planned in full every time.
+A full plan reads the whole pool, so a burst into one pool would cost a read of the
+whole, growing pool per admission. Within `PLAN_REUSE` seconds of a pool's last full
+plan, an admission is fitted onto that plan's GPUs, with the pods admitted since
+(`gpupack.packing.Packing`): no pool read. Its answer is the full plan's, give or take
+a GPU (first fit in arrival order rather than largest first, and pods bound or deleted
+in the last `PLAN_REUSE` seconds not seen yet). Pools with real-time-mps pods are
+planned in full every time.
 
 Nothing here raises into an admission: bugs become an "error" outcome, and the pod is
 admitted anyway.

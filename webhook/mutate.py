@@ -16,11 +16,11 @@ not per template: the decision id and the seal, and for a `real-time-mps` pod it
 wiring (`webhook.mps`: the CSI volume that holds its GPU's MPS pipes and shared memory,
 mounted in each GPU container), for a memory-enforced one the shim's (`webhook.cuda`)."""
 
+import functools
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
 
 from gpupack import cuda, keys, seal
 from gpupack.errors import ContractError
@@ -47,7 +47,11 @@ def no_recommendation(namespace: str, kind: str, name: str) -> Recommendation | 
     return None
 
 
-PROCESS_KEY: Final = secrets.token_bytes(32)
+@functools.cache
+def process_key() -> bytes:
+    """A decision key random to this process, made on first use (no work at import):
+    seals made with it are refused by the scheduler, which does not have it."""
+    return secrets.token_bytes(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,7 @@ class MutationContext:
     recommendation: RecommendationLookup = no_recommendation
     # The decision key the seal is made with (the chart's Secret; a process-local random
     # key when none was given, whose seals the scheduler then refuses) and the time.
-    key: bytes = PROCESS_KEY
+    key: bytes = field(default_factory=process_key)
     now: int = field(default_factory=lambda: int(time.time()))
     mps: bool = True  # the install runs the MPS CSI driver (the chart's mps.enabled)
     # The install runs the memory shim's CSI driver (the chart's memoryEnforcement.enabled):

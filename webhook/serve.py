@@ -33,7 +33,7 @@ from webhook.app import NO_CLUSTER, ClusterPort, create_app
 from webhook.audit import AuditLog
 from webhook.guard import ConnectionLimits, Drain, GuardedProtocol
 from webhook.metrics import WebhookMetrics, start_metrics_server
-from webhook.mutate import PROCESS_KEY
+from webhook.mutate import process_key
 from webhook.tls import CertificateError, CertificateReloader
 
 EXIT_CONFIG: Final = 2
@@ -217,7 +217,7 @@ def read_key(path: str | None) -> bytes:
             "no --decision-key-file: decisions are sealed with a random key the scheduler "
             "does not have, so it will not place the pods this webhook admits"
         )
-        return PROCESS_KEY
+        return process_key()
     with open(path, "rb") as file:
         return seal.load_key(file.read(), path)
 

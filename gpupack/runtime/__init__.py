@@ -7,9 +7,12 @@
 - `leader`: leader election through a coordination.k8s.io Lease;
 - `shell`: the process shell (signals, wait for sync, lead or serve, exit codes);
 - `logs`, `args`: JSON logs and the shared argument types;
-- `capacity`: creating capacity pods (claim names, count them in flight, create), for
-  the webhook and the scheduler alike;
-- `http`: plain GETs to in-cluster endpoints that are not the API server (scrapes).
+- `events`: events.k8s.io Events on any object, best effort;
+- `serverclock`: the API server's wall clock, from its answers' `Date`;
+- `httpserver`, `endpoints`: the one bounded plain-HTTP server, and the `/metrics`,
+  `/healthz`, `/readyz` every binary serves with it;
+- `http`: plain GETs to in-cluster endpoints that are not the API server (scrapes);
+- `protowire`: the protobuf wire format the node agent's gRPC peers speak.
 
 It may import the contract (`gpupack.*`), `kubernetes` (configuration loading only) and
 `urllib3`; it never imports a component (import-linter enforces both). Components import

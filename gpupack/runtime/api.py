@@ -1,9 +1,8 @@
 """The shape of every Kubernetes API call the components make, without the transport.
 
 Standard library only, so every component shares one error type, one watch protocol and
-one retry helper (STYLE: "one retry helper with bounded backoff for API calls"), while
-each keeps its own transport (the webhook's and the scheduler's `kube` modules) that
-rides on the `kubernetes` package's configuration loading.
+one retry helper with bounded backoff, whatever carries the request: the one transport
+(`gpupack.runtime.transport`) in every binary, an in-memory fake in tests.
 
 Every failure becomes `ApiError(status, reason, message)`: the HTTP status and the
 Status object's reason (`AlreadyExists`, `Gone`, `Forbidden`, `Conflict`, ...), or status

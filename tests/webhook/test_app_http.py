@@ -35,7 +35,7 @@ from webhook.app import ClusterPort, Decide, create_app
 from webhook.audit import AUDIT_MARKER, AuditLog
 from webhook.decision import CapacityOutcome, Decision, Demand, Outcome, Reason
 from webhook.metrics import WebhookMetrics, start_metrics_server
-from webhook.mutate import PROCESS_KEY, MutationContext
+from webhook.mutate import MutationContext, process_key
 from webhook.policies import BUILTIN_POLICIES
 from webhook.review import MAX_BODY_BYTES, AdmissionRequest
 from webhook.serve import build_uvicorn_config, serve
@@ -334,7 +334,7 @@ def test_replicas_seal_and_check_by_the_api_servers_clock_not_their_own(
 
     answer = checking.admit(pod, uid="req-2")
 
-    assert seal.verify(PROCESS_KEY, "ml", pod["metadata"]["annotations"]) == int(server_time)
+    assert seal.verify(process_key(), "ml", pod["metadata"]["annotations"]) == int(server_time)
     assert answer["allowed"] is True
     assert "patch" not in answer
     assert checking.audit_lines()[0]["reason"] == "already-mutated"
