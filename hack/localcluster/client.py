@@ -45,6 +45,20 @@ class ApiError(Exception):
         self.body = body
 
 
+class _Kept:
+    """One thread's kept-alive connection, closed when the thread ends or the client goes:
+    a thread of the harness (a test's writer, a watcher) that never calls `close` leaves
+    no socket behind to be found unclosed later, in whichever test collects it."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection: http.client.HTTPSConnection) -> None:
+        self.connection = connection
+
+    def __del__(self) -> None:
+        self.connection.close()
+
+
 @dataclass
 class Kube:
     """A small JSON client for the Kubernetes API. Enough for tests and the demo; the
@@ -65,13 +79,14 @@ class Kube:
         self, url: urllib.parse.SplitResult, timeout: float
     ) -> http.client.HTTPSConnection:
         """One keep-alive connection per thread."""
-        connection: http.client.HTTPSConnection | None = getattr(self._local, "connection", None)
-        if connection is None:
+        kept: _Kept | None = getattr(self._local, "connection", None)
+        if kept is None:
             connection = http.client.HTTPSConnection(
                 url.hostname or "127.0.0.1", url.port or 443, context=self.context, timeout=timeout
             )
-            self._local.connection = connection
+            kept = self._local.connection = _Kept(connection)
             self._opened.add(connection)
+        connection = kept.connection
         connection.timeout = timeout
         return connection
 
@@ -189,9 +204,9 @@ class Kube:
 
     def close(self) -> None:
         """Close the calling thread's kept-alive connection."""
-        connection = getattr(self._local, "connection", None)
-        if connection is not None:
-            connection.close()
+        kept: _Kept | None = getattr(self._local, "connection", None)
+        if kept is not None:
+            kept.connection.close()
             self._local.connection = None
 
     def close_all(self) -> None:
