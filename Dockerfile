@@ -31,7 +31,7 @@ RUN apt-get update -qq \
  && apt-get install -y -qq --no-install-recommends gcc libc6-dev >/dev/null \
  && rm -rf /var/lib/apt/lists/*
 COPY cuda-shim /src/cuda-shim
-RUN gcc -O2 -fPIC -shared -fvisibility=hidden -Wl,-Bsymbolic-functions -Wall -Wextra -Werror \
+RUN gcc $(cat /src/cuda-shim/build-flags) -Wall -Wextra -Werror \
       -o /libgpupack-cuda.so /src/cuda-shim/*.c -ldl -lpthread \
  && chmod 0644 /libgpupack-cuda.so
 

@@ -12,9 +12,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = ROOT / "cuda-shim"
-HERE = Path(__file__).resolve().parent
+HERE = ROOT / "tests" / "cuda_shim"  # the fake driver's and the probe's C sources
 # The fake driver's parts (fake_cuda.h says what each models).
 FAKE_DRIVER = ("fake_cuda.c", "fake_memory.c", "fake_graphs.c", "fake_lookup.c", "fake_device.c")
 
@@ -24,10 +24,10 @@ def shim_sources() -> list[str]:
     return sorted(str(path) for path in SHIM_DIR.glob("*.c"))
 
 
-# What the image's builder stage uses (Dockerfile); the tests add warnings as errors.
-# -Bsymbolic-functions: what the shim hands out as its wrappers are its own functions, never
-# an interposer's of the same name loaded before it.
-SHIM_FLAGS = ("-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions")
+# What the image's builder stage uses (the Dockerfile reads the same file); the tests add
+# warnings as errors. -Bsymbolic-functions: what the shim hands out as its wrappers are its
+# own functions, never an interposer's of the same name loaded before it.
+SHIM_FLAGS = tuple((SHIM_DIR / "build-flags").read_text().split())
 SANITIZERS = {
     "": (),
     "address": (

@@ -57,15 +57,12 @@ def build(out: Path) -> tuple[Path, Path | None]:
     """The shim and the probe, from this checkout, with the machine's C compiler."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
     shim, probe = out / "libgpupack-cuda.so", out / "probe"
-    flags = ["-O2", "-g", "-Wall", "-Wextra"]
+    flags = ["-g", "-Wall", "-Wextra"]
     shim_built = command(
         [
             cc,
+            *(ROOT / "cuda-shim" / "build-flags").read_text().split(),  # the image's
             *flags,
-            "-fPIC",
-            "-shared",
-            "-fvisibility=hidden",
-            "-Wl,-Bsymbolic-functions",
             "-o",
             str(shim),
             *sorted(str(path) for path in (ROOT / "cuda-shim").glob("*.c")),
@@ -80,6 +77,7 @@ def build(out: Path) -> tuple[Path, Path | None]:
     built = command(
         [
             cc,
+            "-O2",
             *flags,
             "-o",
             str(probe),

@@ -44,7 +44,7 @@ The fake /proc is plain files in a temporary directory. Reading the real
 somewhat slower than it does here.
 
 With `--nvml real` the sampler reads this machine's GPUs through `PynvmlReader`, each with
-`--processes` real CUDA processes of 256 MiB (`tests.exporter.cuda_worker`; one in 8
+`--processes` real CUDA processes of 256 MiB (`doubles.cuda_worker`; one in 8
 spins on every SM), and the fake /proc gives their real PIDs the pods' cgroups: the
 scrape then costs what it costs over real NVML readings, and the sampler tick is the
 real NVML calls. Its compute series are not what the processes did: the simulated clock
@@ -76,6 +76,9 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from doubles.cuda_worker import cuda_process
+from doubles.nvml import FakeReader, fake_uuid
+from doubles.procfs import containerd_v2, write_proc
 from exporter.agent import Agent, PodDevices, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.collector import ExporterCollector, Scrape
@@ -90,9 +93,6 @@ from gpupack.objects import JSON
 from gpupack.quantity import format_compute, format_memory
 from gpupack.runtime import shell
 from gpupack.runtime.api import ApiError, WatchStream
-from tests.exporter.cuda_worker import cuda_process
-from tests.exporter.fake_reader import FakeReader, fake_uuid
-from tests.exporter.procfs import containerd_v2, write_proc
 
 TARGET_MS: Final = 20.0
 NODE: Final = "gpu-node-0"
@@ -265,7 +265,7 @@ def fake_gpus(layout: Layout) -> Iterator[Gpus]:
 @contextmanager
 def real_gpus(layout: Layout) -> Iterator[Gpus]:
     """The first `layout.gpus` whole GPUs NVML lists, each with `layout.processes` real
-    CUDA processes of REAL_PROCESS_BYTES (`tests.exporter.cuda_worker`): one in
+    CUDA processes of REAL_PROCESS_BYTES (`doubles.cuda_worker`): one in
     SPIN_EVERY spins on every SM, the others sleep."""
     probe = PynvmlReader()
     try:

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from doubles.shim_build import ROOT, SHIM_FLAGS, Build, compile_c
 from gpupack.budget import MAGIC
-from tests.cuda_shim.build import ROOT, SHIM_FLAGS, Build, compile_c
 
 LIMIT = 1 << 40
 OPS = {"sync": "bench", "async": "abench"}

@@ -48,7 +48,7 @@ from webhook.mutate import MutationContext, decide
 
 # Run as a script: make the repository's test builders (the realistic pod) importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.webhook.builders import as_the_api_server_sends_it, review, vllm_pod
+from doubles.pods import as_the_api_server_sends_it, review, vllm_pod
 from webhook.review import allow, parse_review
 from webhook.serve import build_uvicorn_config
 

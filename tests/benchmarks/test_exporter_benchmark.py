@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from benchmarks.exporter import run
-from tests.exporter.fake_reader import fake_uuid
+from doubles.nvml import fake_uuid
 
 GPUS = 2
 PROCESSES = 12  # per GPU: process 9 of each GPU is idle in FakeReader.typical

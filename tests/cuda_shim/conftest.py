@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_shim.build import Build
+from doubles.shim_build import Build
 from tests.cuda_shim.harness import Pod
 
 

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from doubles.shim_build import Build
 from gpupack.budget import Budget, read_budget
-from tests.cuda_shim.build import Build
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_shim.build import Build
+from doubles.shim_build import Build
 from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, OK, OOM, Pod, Run
 
 SHARE = 8 * GIB

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_shim.build import Build
+from doubles.shim_build import Build
 from tests.cuda_shim.harness import CONTEXT, GIB, GPU0, MIB, OK, OOM, Pod, Run, cubin, fake_module
 
 SHARE = 8 * GIB

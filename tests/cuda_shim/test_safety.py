@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_shim.build import HERE, Build, compile_c
+from doubles.shim_build import HERE, Build, compile_c
 from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, OK, OOM, Pod
 
 # A tracer as users preload them: it wraps cuMemAlloc_v2 and finds the next one with

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_shim.build import Build
+from doubles.shim_build import Build
 from tests.cuda_shim.harness import CONTEXT, GIB, LIMIT, MIB, MODES, OK, OOM, Pod
 
 # Every way an application takes device memory, with what it takes beyond its argument.

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from doubles.nvml import FakeReader, fake_uuid
+from doubles.procfs import containerd_v2, write_proc
 from exporter.agent import Agent, node_pods
 from exporter.cgroup import ProcessTable
 from exporter.claims import ClaimReader
@@ -24,8 +26,6 @@ from exporter.sampler import Sampler
 from gpupack.quantity import format_memory
 from gpupack.runtime.api import ApiError
 from gpupack.runtime.informer import Informer
-from tests.exporter.fake_reader import FakeReader, fake_uuid
-from tests.exporter.procfs import containerd_v2, write_proc
 from tests.fakes import FakeKube
 
 JSON = dict[str, Any]

@@ -2,6 +2,7 @@ from pathlib import Path
 
 import pytest
 
+from doubles.procfs import stat_line, write_proc
 from exporter.cgroup import (
     CgroupOwner,
     OwnerKind,
@@ -13,7 +14,6 @@ from exporter.cgroup import (
     parse_stat,
 )
 from tests.exporter import cgroup_fixtures as fx
-from tests.exporter.procfs import stat_line, write_proc
 
 BURSTABLE_A = CgroupOwner(fx.BURSTABLE_POD_UID, fx.CONTAINER_A)
 BESTEFFORT_B = CgroupOwner(fx.BESTEFFORT_POD_UID, fx.CONTAINER_B)

@@ -2,7 +2,7 @@
 
 Needs an NVIDIA GPU not in MIG mode, its driver (libnvidia-ml.so.1 and libcuda.so.1)
 and a PID namespace NVML can see into; elsewhere every test is skipped with the reason
-(`pytest -ra` prints it). The CUDA processes are `tests.exporter.cuda_worker`'s: each
+(`pytest -ra` prints it). The CUDA processes are `doubles.cuda_worker`'s: each
 finds the GPU by UUID, holds 1 GiB, and either spins on every SM (busy) or only sleeps
 (idle). The checks: each PID on the right GPU with the memory it holds plus at most
 1 GiB of context, the busy one's compute clearly above zero and the idle one's near
@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from doubles import cuda_worker
 from exporter.health import Health
 from exporter.nvml import PynvmlReader
 from exporter.readings import Device, GpuReading, NvmlUnavailable
 from exporter.sampler import Sampler
-from tests.exporter import cuda_worker
 
 pytestmark = pytest.mark.gpu
 

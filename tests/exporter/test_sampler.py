@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from doubles.nvml import EPOCH_US, FakeReader, GiB, fake_uuid
 from exporter.health import NVML, Health
 from exporter.readings import (
     Device,
@@ -19,7 +20,6 @@ from exporter.readings import (
 )
 from exporter.sampler import Sampler
 from hack.polling import eventually
-from tests.exporter.fake_reader import EPOCH_US, FakeReader, GiB, fake_uuid
 
 GPU0, GPU1, GPU2 = fake_uuid(0), fake_uuid(1), fake_uuid(2)
 PID = 4242

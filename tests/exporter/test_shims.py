@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from doubles.shim_build import Build
 from exporter.cgroup import OwnerKind, ProcessOwner, parse_stat
 from exporter.shims import RosterClient, mark
 from node import shim_roster
-from tests.cuda_shim.build import Build
 from tests.cuda_shim.harness import Pod
 
 

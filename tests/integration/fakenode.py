@@ -1,7 +1,7 @@
 """TEST INFRASTRUCTURE: one GPU node's exporter over a fake NVML, for integration tests.
 
 The exporter's own sampler, PID-to-pod mapping, collector and HTTP server run in the test
-process over a fake NVML (tests/exporter/fake_reader.py) whose processes belong, through
+process over a fake NVML (doubles/nvml.py) whose processes belong, through
 a fake /proc, to the node's pods. kwok nodes run no containers and have no GPUs, so the
 fake processes stand in for them; GPUs are named on capacity pods by the harness's
 SimulatedGpuAssigner (NoKubelet), or, given a lister of what kubelet gave each pod, by
@@ -16,6 +16,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from doubles.nvml import A100, FakeReader
+from doubles.procfs import containerd_v2, write_proc
 from exporter import server
 from exporter.agent import Agent, Lister, node_pods
 from exporter.cgroup import ProcessTable
@@ -29,8 +31,6 @@ from gpupack import keys
 from gpupack.runtime.transport import connect
 from hack.localcluster import SYSTEM_NAMESPACE, LocalCluster, SimulatedGpuAssigner, free_port
 from hack.localcluster.chart import EXPORTER_NAME
-from tests.exporter.fake_reader import A100, FakeReader
-from tests.exporter.procfs import containerd_v2, write_proc
 
 
 class NoKubelet:

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from doubles.nvml import A100
 from gpupack import keys
 from hack.localcluster import Kube, LocalCluster, NodePool
 from hack.localcluster.nodes import fake_uuid
-from tests.exporter.fake_reader import A100
 from tests.integration.fakenode import FakeNode
 from tests.integration.scheduling import (
     FAST,

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from doubles.nvml import L4
 from exporter.podresources import ContainerDevices, ContainerResources, PodResources
 from gpupack import keys
 from hack import polling
@@ -31,7 +32,6 @@ from hack.localcluster import (
     LocalCluster,
     SimulatedGpuAssigner,
 )
-from tests.exporter.fake_reader import L4
 from tests.exporter.podresources_server import PodResourcesServer, short_tempdir
 from tests.integration.fakenode import FakeNode
 
@@ -318,6 +318,8 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     files name the real pods' UIDs and container IDs."""
     from prometheus_client import CollectorRegistry, generate_latest
 
+    from doubles.nvml import FakeReader, GiB, MiB
+    from doubles.procfs import containerd_v2, write_proc
     from exporter.agent import Agent, node_pods
     from exporter.cgroup import ProcessTable
     from exporter.collector import ExporterCollector
@@ -326,8 +328,6 @@ def test_gpu_processes_are_charged_to_their_pods_by_name_beside_their_allocation
     from exporter.readings import Device
     from exporter.sampler import Sampler
     from gpupack.runtime.transport import connect
-    from tests.exporter.fake_reader import FakeReader, GiB, MiB
-    from tests.exporter.procfs import containerd_v2, write_proc
 
     gpu = SimulatedGpuAssigner.fake_uuid(NODE, 0)
     reader = FakeReader([Device(0, gpu, "NVIDIA L4", 23034 * MiB)])

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import yaml
 
+from doubles.nvml import GiB
 from gpupack import keys
 from hack.localcluster import CHART_DIR, EXPORTER_NAME, Kube, LocalCluster
 from hack.localcluster.prometheus import Prometheus, QueryError, Target
-from tests.exporter.fake_reader import GiB
 from tests.integration.fakenode import FakeNode
 from tests.integration.scheduling import wait_bound
 from tests.integration.workloads import deployment

@@ -562,7 +562,7 @@ def test_a_restricted_pod_on_the_real_node_loads_the_shim_with_its_limit_in_both
     Beside it: a root container cannot rewrite its limit, the library or the preload
     file (the runtime refuses: read-only), and a pod asking to run unenforced under a
     policy that forbids it is refused by the webhook, naming the policy's field."""
-    from tests.cuda_shim.build import Build
+    from doubles.shim_build import Build
 
     cluster, kube = node_cluster, node_cluster.kube()
     node = cluster.node

@@ -4,7 +4,7 @@ and the scheduler packs them onto fewer GPUs.
 
 Usage takes the path the exporter's metrics take in a cluster: the exporter's own
 sampler, PID-to-pod mapping, collector and HTTP server run in this process, over a fake
-NVML (tests/exporter/fake_reader.py) whose processes belong, through a fake /proc, to
+NVML (doubles/nvml.py) whose processes belong, through a fake /proc, to
 the test's pods; `gpupack-recommender` (a real process, with the chart's RBAC) scrapes
 it. kwok nodes run no containers, so the fake processes stand in for them.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from doubles.nvml import GiB
 from gpupack import keys
 from gpupack.quantity import format_memory, parse_compute, parse_memory
 from gpupack.recommendation import list_path, object_name
@@ -24,7 +25,6 @@ from hack.localcluster import (
     LocalCluster,
     SimulatedGpuAssigner,
 )
-from tests.exporter.fake_reader import GiB
 from tests.integration.fakenode import FakeNode
 from tests.integration.workloads import deployment
 

@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 import pytest
 
+from doubles.shim_build import Build
 from gpupack import budget, keys
 from node import cuda_csi
 from node.csi import PublishRequest, Refused, UnpublishRequest
 from node.cuda_volumes import CudaVolumes
-from tests.cuda_shim.build import Build
 
 NODE = "gpu-1"
 UID = "5b1c0d3e-0000-4000-8000-000000000001"

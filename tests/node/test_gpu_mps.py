@@ -30,12 +30,12 @@ from typing import Any
 
 import pytest
 
+from doubles import cuda_worker
 from exporter.cgroup import OwnerKind, ProcessTable
 from exporter.health import Health
 from exporter.nvml import PynvmlReader
 from exporter.readings import ProcessKind
 from exporter.sampler import Sampler
-from tests.exporter import cuda_worker
 
 pytestmark = pytest.mark.gpu
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from doubles.pods import deployment_pod, request
 from gpupack import keys
 from ops.kubectl import main
-from tests.webhook.builders import deployment_pod, request
 from webhook.audit import AuditLog, audit_line
 from webhook.decision import CapacityOutcome
 from webhook.mutate import MutationContext, decide

@@ -24,6 +24,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from doubles.pods import namespace, review, vllm_pod
 from gpupack import keys, seal
 from gpupack.objects import JSON
 from gpupack.policy import BUILTIN, PolicySet, effective_policies, policy_spec
@@ -41,7 +42,6 @@ from webhook.review import MAX_BODY_BYTES, AdmissionRequest
 from webhook.serve import build_uvicorn_config, serve
 from webhook.tls import CertificateReloader
 
-from .builders import namespace, review, vllm_pod
 from .conftest import CertificateAuthority, ServingFiles, run_server
 from .hostile import no_cluster_env, serve_command
 

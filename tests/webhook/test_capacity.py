@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from doubles.pods import as_the_api_server_sends_it, vllm_pod
 from gpupack import keys
 from gpupack.capacity import capacity_name
 from gpupack.objects import JSON
@@ -18,7 +19,6 @@ from gpupack.packing import Allocation
 from gpupack.pool import pool_key, scheduling_metadata
 from gpupack.runtime.informer import Informer
 from tests.fakes import FakeKube
-from tests.webhook.builders import as_the_api_server_sends_it, vllm_pod
 from webhook.capacity import (
     DECISION_INDEX,
     POOL_INDEX,

@@ -11,13 +11,12 @@ import jsonpatch
 import orjson
 from prometheus_client import CollectorRegistry
 
+from doubles.pods import review
 from gpupack.objects import JSON
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.devices import device_env_patch, given_a_gpu, unguarded
 from webhook.metrics import WebhookMetrics
-
-from .builders import review
 
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 

@@ -9,8 +9,8 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from doubles.pods import deployment_pod, review
 from gpupack import keys
-from tests.webhook.builders import deployment_pod, review
 from webhook.decision import Outcome, Reason
 from webhook.mutate import MutationContext, decide
 from webhook.review import ReviewError, parse_review

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from doubles.pods import review, vllm_pod
 from gpupack.quantity import parse_quantity
 
-from .builders import review, vllm_pod
 from .hostile import (
     Served,
     closed_by_server,

@@ -7,6 +7,8 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
+from doubles.pods import TestPod as Pod
+from doubles.pods import deployment_pod, request
 from gpupack import keys
 from gpupack.policy import (
     BUILTIN,
@@ -16,8 +18,6 @@ from gpupack.policy import (
     policy_from_object,
 )
 from gpupack.shares import pool_of
-from tests.webhook.builders import TestPod as Pod
-from tests.webhook.builders import deployment_pod, request
 from webhook.decision import Decision, Outcome, Reason
 from webhook.mutate import MutationContext, decide
 

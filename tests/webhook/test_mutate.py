@@ -10,13 +10,13 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
+from doubles.pods import TestPod as Pod
+from doubles.pods import deployment_pod, gpu_container, namespace, request
 from gpupack import keys, seal
 from gpupack.codec import read_original_resources
 from gpupack.gpu_request import GpuSlot
 from gpupack.objects import JSON
 from gpupack.recommendation import Recommendation
-from tests.webhook.builders import TestPod as Pod
-from tests.webhook.builders import deployment_pod, gpu_container, namespace, request
 from webhook.decision import Decision, Demand, Outcome, Reason, stamped
 from webhook.mutate import MutationContext, decide
 

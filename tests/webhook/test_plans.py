@@ -9,16 +9,16 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupack import keys, seal
-from gpupack.policy import PolicySet
-from gpupack.recommendation import Recommendation
-from tests.webhook.builders import (
+from doubles.pods import (
     as_the_api_server_sends_it,
     deployment_pod,
     namespace,
     request,
     review,
 )
+from gpupack import keys, seal
+from gpupack.policy import PolicySet
+from gpupack.recommendation import Recommendation
 from tests.webhook.test_fuzz import pods
 from tests.webhook.test_rightsizing import gpupolicy, lookup, policies, rec
 from webhook.decision import Decision, Outcome, Reason

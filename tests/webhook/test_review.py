@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tests.webhook.builders import deployment_pod, review
+from doubles.pods import deployment_pod, review
 from webhook.review import MAX_BODY_BYTES, ReviewError, allow, deny, parse_review
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from doubles.pods import TestPod, deployment_pod, namespace, request
 from gpupack import keys
 from gpupack.objects import JSON
 from gpupack.policy import (
@@ -26,7 +27,6 @@ from gpupack.policy import (
 )
 from gpupack.recommendation import Recommendation
 from gpupack.recommendation import recommendation_object as gpupack_recommendation_object
-from tests.webhook.builders import TestPod, deployment_pod, namespace, request
 from webhook.audit import audit_line
 from webhook.decision import Decision, Outcome, Reason
 from webhook.mutate import MutationContext, decide
