@@ -463,6 +463,28 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
 
 
 @pytest.mark.parametrize(
+    ("sets", "image"),
+    [
+        pytest.param((), "registry.k8s.io/pause:3.10", id="default"),
+        pytest.param(("scheduler.capacityImage=my/pause:1",), "my/pause:1", id="scheduler"),
+        # Values files written before the value moved keep working.
+        pytest.param(("webhook.capacityImage=old/pause:1",), "old/pause:1", id="deprecated"),
+    ],
+)
+def test_the_capacity_image_reaches_the_scheduler(sets: tuple[str, ...], image: str) -> None:
+    from scheduler.cli import build_parser
+
+    docs = render(*(f"--set={s}" for s in sets))
+    deployment = next(
+        d for d in of_kind(docs, "Deployment") if d["metadata"]["name"] == "gpupack-scheduler"
+    )
+    (extender,) = [
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "extender"
+    ]
+    assert build_parser().parse_args(extender["args"]).capacity_image == image
+
+
+@pytest.mark.parametrize(
     ("autoscaler", "writes_nodes"),
     [
         pytest.param("auto", True, id="auto"),
