@@ -26,7 +26,7 @@ Waiting pods are not headroom: an empty GPU a waiting pod could use is kept for 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from scheduler.ledger import FULL_GPU, Gpu, Request
+from scheduler.ledger import FULL_GPU, Gpu, Ledger, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,3 +92,30 @@ def kept(
             keep.append(gpu.uuid)
             missing -= room
     return tuple(keep)
+
+
+def pools_headroom(ledger: Ledger, empty: list[Gpu], pods: int) -> frozenset[str]:
+    """Which of the `empty` GPUs (running, nothing booked) each of their pools keeps as
+    headroom for `pods` more pods like the largest it runs (`headroom_of`, `kept`)."""
+    if not empty or pods <= 0:
+        return frozenset()
+    pools = {g.pool for g in empty}
+    used: dict[str, list[Gpu]] = {}
+    per_node: dict[str, dict[str, int]] = {}
+    for gpu in ledger.gpus.values():
+        if gpu.pool in pools and not gpu.coming:
+            nodes = per_node.setdefault(gpu.pool, {})
+            nodes[gpu.node] = nodes.get(gpu.node, 0) + 1
+            if gpu.pods:
+                used.setdefault(gpu.pool, []).append(gpu)
+    requests: dict[str, list[Request]] = {}
+    for booking in ledger.bookings.values():
+        on = ledger.gpus.get(booking.gpus[0]) if booking.gpus else None
+        if on is not None and on.pool in pools:
+            requests.setdefault(on.pool, []).append(booking.request)
+    keep: set[str] = set()
+    for pool in pools:
+        need = headroom_of(requests.get(pool, ()), pods)
+        mine = [g for g in empty if g.pool == pool and not g.coming]
+        keep.update(kept(need, used.get(pool, ()), mine, per_node.get(pool, {})))
+    return frozenset(keep)

@@ -63,9 +63,9 @@ from scheduler import writer
 from scheduler.cache import Cache, Capacity
 from scheduler.capacity_pods import CapacityCreator
 from scheduler.exclusion import Autoscaler, NodeLabels, already_excluded
-from scheduler.headroom import headroom_of, kept
+from scheduler.headroom import pools_headroom
 from scheduler.kube import Kube
-from scheduler.ledger import Gpu, Request
+from scheduler.ledger import Gpu
 from scheduler.manifest import MAX_NODES, Where, affinity_to_others, holding_nodes
 from scheduler.metrics import Metrics
 from scheduler.settings import Settings
@@ -343,29 +343,7 @@ class Lifecycle:
 
     def _headroom(self, empty: list[Gpu]) -> frozenset[str]:
         """The empty running GPUs each pool keeps as its headroom (`scheduler.headroom`)."""
-        if not empty or self._settings.headroom_pods <= 0:
-            return frozenset()
-        snapshot = self.cache.ledger
-        pools = {g.pool for g in empty}
-        used: dict[str, list[Gpu]] = {}
-        per_node: dict[str, dict[str, int]] = {}
-        for gpu in snapshot.gpus.values():
-            if gpu.pool in pools and not gpu.coming:
-                nodes = per_node.setdefault(gpu.pool, {})
-                nodes[gpu.node] = nodes.get(gpu.node, 0) + 1
-                if gpu.pods:
-                    used.setdefault(gpu.pool, []).append(gpu)
-        requests: dict[str, list[Request]] = {}
-        for booking in snapshot.bookings.values():
-            on = snapshot.gpus.get(booking.gpus[0]) if booking.gpus else None
-            if on is not None and on.pool in pools:
-                requests.setdefault(on.pool, []).append(booking.request)
-        keep: set[str] = set()
-        for pool in pools:
-            need = headroom_of(requests.get(pool, ()), self._settings.headroom_pods)
-            mine = [g for g in empty if g.pool == pool and not g.coming]
-            keep.update(kept(need, used.get(pool, ()), mine, per_node.get(pool, {})))
-        return frozenset(keep)
+        return pools_headroom(self.cache.ledger, empty, self._settings.headroom_pods)
 
     def _forget_verdicts(self, by_pool: Mapping[str, list[Waiting]]) -> None:
         """Drop `requirements`' kept verdicts of pools nothing waits in any more, and of
