@@ -17,7 +17,6 @@ import tempfile
 import threading
 import urllib.parse
 import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,10 +69,6 @@ class Kube:
     _local: threading.local = field(default_factory=threading.local, repr=False)
     ca: str = field(default="", repr=False)  # the cluster's CA (PEM): for `with_token`
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
-    # Every thread's connection still open, for `close_all` (weak: a thread's goes with it).
-    _opened: "weakref.WeakSet[http.client.HTTPSConnection]" = field(
-        default_factory=weakref.WeakSet, repr=False
-    )
 
     def _connection(
         self, url: urllib.parse.SplitResult, timeout: float
@@ -85,7 +80,6 @@ class Kube:
                 url.hostname or "127.0.0.1", url.port or 443, context=self.context, timeout=timeout
             )
             kept = self._local.connection = _Kept(connection)
-            self._opened.add(connection)
         connection = kept.connection
         connection.timeout = timeout
         return connection
@@ -208,13 +202,6 @@ class Kube:
         if kept is not None:
             kept.connection.close()
             self._local.connection = None
-
-    def close_all(self) -> None:
-        """Close every thread's kept-alive connection: for a client no thread uses any
-        more (one that would reconnects). `close` alone leaves other threads' open, and
-        they are only found unclosed when the client is collected."""
-        for connection in list(self._opened):
-            connection.close()
 
     def get(self, path: str, **params: str) -> Any:
         return self.request("GET", path, params=params or None)

@@ -51,7 +51,6 @@ class SimulatedGpuAssigner:
         self._writer = writer or kube
         self._agent = agent  # node -> that node's agent: writes carry its node claim
         self._agents: dict[str, Kube] = {}  # node -> its agent, made once (and again on 401)
-        self._retired: list[Kube] = []  # agents whose token died: closed with the rest
         self._creating = threading.Lock()
         self._interval = interval
         self.skip_nodes: set[str] = set()  # nodes whose real exporter a test runs
@@ -115,11 +114,7 @@ class SimulatedGpuAssigner:
                 self._writes.put(None)
             for thread in writers:
                 thread.join(timeout=10)
-            self._kube.close()
-            with self._lock:
-                owned = [*self._agents.values(), *self._retired]
-            for agent in owned:
-                agent.close_all()  # the assigner's own: every writer thread's connection
+            self._kube.close()  # the writers' connections closed as their threads ended
 
     def _relist(self) -> str:
         if not self._labels:  # every node's at once: one read, not one per node in a burst
@@ -220,9 +215,8 @@ class SimulatedGpuAssigner:
                     with self._lock:  # gone, or the API server restarting: ask again later
                         self._asked.pop(name, None)
                         if isinstance(error, ApiError) and error.status == 401 and node:
-                            dead = self._agents.pop(node, None)  # its token died: anew
-                            if dead is not None:  # other writers may be using it still
-                                self._retired.append(dead)
+                            # Its token died: anew. Its connections close as it goes.
+                            self._agents.pop(node, None)
                     self._failed.set()
         finally:
             self._writer.close()  # this thread's connection (the writer may be shared)
