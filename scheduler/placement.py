@@ -328,9 +328,10 @@ def _best_indexed(
     earlier node. A state whose GPUs refuse the pod leaves the frontier for good; one
     whose first node is `excluded` competes at its first node that is not, for this
     decision only."""
-    index = memo_of(snapshot).states()
-    frontier = memo_of(snapshot).frontier(shape)
-    bounds = memo_of(snapshot).bounds(shape)
+    memo = memo_of(snapshot)
+    index = memo.states()
+    frontier = memo.frontier(shape)
+    bounds = memo.bounds(shape)
     pool = request.pool
     unknown: list[int] = []
     for state in frontier.news(index):
@@ -348,7 +349,7 @@ def _best_indexed(
     if unknown:
         _bound_all(snapshot, request, scorer, bounds, frontier, unknown)
     heap, current = frontier.heap, frontier.current
-    refused = memo_of(snapshot).refusals(request)
+    refused = memo.refusals(request)
     hosts = snapshot.check_hosts
     aside: list[int] = []  # states whose first node is excluded
     own: list[Entry] = []  # their entries at their first allowed node, this decision only
@@ -425,7 +426,8 @@ def _bound_all(
     their lower bound when the scorer bounds and there are more than `BOUND_FROM` (a
     bound is kept in `bounds` for the next pod of this shape; an infinite one means the
     pod cannot fit there and the state is left out), else at -inf (scored when popped)."""
-    index = memo_of(snapshot).states()
+    memo = memo_of(snapshot)
+    index = memo.states()
     bound: Callable[[object], float] | None = None
     if len(states) > BOUND_FROM:
         bound = scorer.bounder(request)
@@ -434,7 +436,7 @@ def _bound_all(
             frontier.push((-math.inf, index.first_position(state), state))
         return
     profile = scorer.profile
-    profiles = memo_of(snapshot).profiles()
+    profiles = memo.profiles()
     for state in states:
         summary = profiles.get(state)
         if summary is None:
@@ -459,14 +461,15 @@ def why_unfit(
     allowed = None if nodes is None else frozenset(nodes)
     reasons: Counter[str] = Counter()
     candidates = 0
-    for node in memo_of(snapshot).eligible(request):
+    memo = memo_of(snapshot)
+    for node in memo.eligible(request):
         if allowed is not None and node.name not in allowed:
             continue
         candidates += 1
         answer = _evaluate(node, request, scorer, None, snapshot.check_hosts)
         if type(answer) is str:
             reasons[answer] += 1
-    excluded = memo_of(snapshot).gpu_nodes() - candidates
+    excluded = memo.gpu_nodes() - candidates
     if excluded > 0:
         reasons["no GPU of the pod's pool"] += excluded
     return Reasons(tuple(sorted(reasons.items(), key=lambda r: (-r[1], r[0]))))

@@ -28,7 +28,7 @@ Every method runs under the extender's lock, over its cache and reservations; AP
 import logging
 import math
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -159,7 +159,7 @@ class WaitingRoom:
         with `ask`, capacity is asked for it (not while a GPU that will take it starts)."""
         required = self._wait(key, pod, request, feasible, now)
         if ask:
-            self._ask_capacity(pod, request, required, sorted(feasible), now)
+            self._ask_capacity(pod, request, required, feasible, now)
 
     def placed(self, key: str) -> None:
         self.entries.pop(key, None)
@@ -309,7 +309,7 @@ class WaitingRoom:
         return required
 
     def _ask_capacity(
-        self, pod: JSON, request: Request, required: Where, feasible: Sequence[str], now: float
+        self, pod: JSON, request: Request, required: Where, feasible: Collection[str], now: float
     ) -> None:
         unplaced = self._unplaced(request.pool, required.key, now)
         self._lifecycle.request(request.pool, pod, unplaced, required, feasible)
