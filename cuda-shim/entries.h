@@ -57,6 +57,13 @@ ENTRY(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)
 ENTRY(cuGraphUpload, "cuGraphUpload", 11010, 0)
 ENTRY(cuGraphUpload_ptsz, "cuGraphUpload", 11010, 1)
 ENTRY(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0)
+/* launches, paced to the pod's compute share (compute.c; cuGraphLaunch above too) */
+ENTRY(cuLaunchKernel, "cuLaunchKernel", 4000, 0)
+ENTRY(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, 1)
+ENTRY(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, 0)
+ENTRY(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, 1)
+ENTRY(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, 0)
+ENTRY(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, 1)
 /* contexts, limits and modules (contexts.c) */
 ENTRY(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, 0)
 ENTRY(cuCtxCreate, "cuCtxCreate", 2000, 0)

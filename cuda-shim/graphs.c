@@ -245,7 +245,7 @@ EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
 }
 
 /* ---- running: the driver reserves the graph's memory ---- */
-static CUresult run(void *fn, CUgraphExec exec, CUstream stream, const char *call) {
+static CUresult charged_run(void *fn, CUgraphExec exec, CUstream stream, const char *call) {
   CUresult (*go)(CUgraphExec, CUstream) = (CUresult(*)(CUgraphExec, CUstream))fn;
   if (!active()) return go(exec, stream);
   uint64_t a = 0;
@@ -262,15 +262,27 @@ static CUresult run(void *fn, CUgraphExec exec, CUstream stream, const char *cal
   return rc;
 }
 
-#define RUN(name)                         \
-  void *fn = real(W_##name);              \
-  if (!fn) return CUDA_ERROR_NOT_FOUND;   \
-  return run(fn, exec, stream, #name);
+/* A launch is paced to the pod's compute share (compute.c); an upload is not. */
+static CUresult run(void *fn, CUgraphExec exec, CUstream stream, const char *call, int launch) {
+  int paced = launch && compute_before();
+  CUresult rc = charged_run(fn, exec, stream, call);
+  compute_after(paced, stream, rc == CUDA_SUCCESS);
+  return rc;
+}
 
-EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) { RUN(cuGraphLaunch) }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) { RUN(cuGraphLaunch_ptsz) }
-EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) { RUN(cuGraphUpload) }
-EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream) { RUN(cuGraphUpload_ptsz) }
+#define RUN(name, launch)                       \
+  void *fn = real(W_##name);                    \
+  if (!fn) return CUDA_ERROR_NOT_FOUND;         \
+  return run(fn, exec, stream, #name, launch);
+
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) { RUN(cuGraphLaunch, 1) }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  RUN(cuGraphLaunch_ptsz, 1)
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec exec, CUstream stream) { RUN(cuGraphUpload, 0) }
+EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream) {
+  RUN(cuGraphUpload_ptsz, 0)
+}
 
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice device) {
   typedef CUresult (*fn_t)(CUdevice);

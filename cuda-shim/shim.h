@@ -14,6 +14,7 @@
  *   contexts.c  contexts (measured), the device heap and stack (cuCtxSetLimit)
  *   modules.c   module globals: read from a cubin, or measured
  *   info.c      what the pod sees: cuMemGetInfo, cuDeviceTotalMem, NVML
+ *   compute.c   launches paced to the pod's compute share, beside the GPU's other pods
  *
  * Everything not listed in entries.h is never touched.
  */
@@ -260,6 +261,11 @@ unsigned newcomer(const struct reading *before, const struct reading *after);
 /* What the call took: exact from the process's own line (`exact`), else the device's
  * growth, capped. */
 uint64_t took(const struct reading *before, const struct reading *after, int *exact);
+
+/* ---- compute.c: around a launch (paced: whether the after must record it) ---- */
+int compute_before(void);
+void compute_after(int paced, CUstream stream, int ok);
+void compute_reset(void);
 
 /* ---- contexts.c / modules.c / vmm.c ---- */
 int has_context(int index);    /* this process made its first context there */

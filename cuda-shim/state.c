@@ -1,9 +1,11 @@
 /*
- * libgpupack-cuda.so: holds a pod's processes to the pod's GPU memory share.
+ * libgpupack-cuda.so: holds a pod's processes to the pod's GPU memory share (and, where
+ * asked, its compute share).
  *
  * Loaded into every process of a shared GPU container (/etc/ld.so.preload, served by the
  * node agent's CSI volume). It wraps the CUDA driver API's calls that take or give back
- * device memory, and its memory queries, and NVML's, and nothing else (entries.h):
+ * device memory, its memory queries, NVML's, and kernel launches, and nothing else
+ * (entries.h):
  *
  *   - every way a process holds device memory is charged to one budget per pod and
  *     device (a file in the pod's directory, shared by all its processes and containers)
@@ -12,7 +14,9 @@
  *   - cuMemGetInfo, cuDeviceTotalMem and nvmlDeviceGetMemoryInfo report the limit as each
  *     device's total and the limit less the pod's usage there as free (zero when the
  *     budget cannot be kept);
- *   - with no limit configured every entry point is a pure pass-through.
+ *   - with no limit configured every entry point is a pure pass-through;
+ *   - kernel launches are paced to the pod's compute share beside the GPU's other pods
+ *     where the pod's directory has a `compute` file (compute.c).
  *
  * This file owns the configuration. The pod's directory, GPUPACK_CUDA_DIR (default
  * /run/gpupack/cuda; the webhook sets it on every container, and a setuid program's
@@ -136,6 +140,7 @@ static void forked_child(void) {
   graphs_reset();
   contexts_reset();
   modules_reset();
+  compute_reset();
   __atomic_store_n(&shim.state, UNCONFIGURED, __ATOMIC_RELEASE);
 }
 

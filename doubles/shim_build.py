@@ -16,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIM_DIR = ROOT / "cuda-shim"
 HERE = ROOT / "tests" / "cuda_shim"  # the fake driver's and the probe's C sources
 # The fake driver's parts (fake_cuda.h says what each models).
-FAKE_DRIVER = ("fake_cuda.c", "fake_memory.c", "fake_graphs.c", "fake_lookup.c", "fake_device.c")
+FAKE_DRIVER = (
+    "fake_cuda.c",
+    "fake_memory.c",
+    "fake_graphs.c",
+    "fake_lookup.c",
+    "fake_device.c",
+    "fake_clock.c",
+)
 
 
 def shim_sources() -> list[str]:

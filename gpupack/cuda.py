@@ -14,8 +14,9 @@ A shared pod's memory share is held two ways (docs/isolation.md):
   `NVIDIA_GPU_MEMORY_REQUEST` (MiB) on each GPU container.
 
 `gpupack.io/enforcement` names what applies, as a comma-separated list in a fixed order:
-`mps` (CUDA MPS limits) and `memory` (the shim and the driver's limit), or `accounting`
-when neither does (only the scheduler's books hold the share). Pure and standard
+`mps` (CUDA MPS limits), `memory` (the shim and the driver's limit), and `compute` or
+`compute-cap` (the shim paces the pod's launches to its compute share, `COMPUTE`), or
+`accounting` when none does (only the scheduler's books hold the share). Pure and standard
 library only: the webhook, the node agent and the scheduler agree on these.
 """
 
@@ -32,8 +33,14 @@ PRELOAD: Final = "ld.so.preload"  # in the directory: the one line naming the li
 PRELOAD_PATH: Final = "/etc/ld.so.preload"  # where the dynamic loader reads it
 LIMIT: Final = "limit"
 BUDGET: Final = "budget"
+# Compute shares (cuda-shim/compute.c): the pod's share and mode ("300 share"), and the
+# GPU's file its pods pace by, one per GPU, linked into each of their directories.
+COMPUTE: Final = "compute"
+GPU_TIME: Final = "gpu-time"
+GPU_TIME_BYTES: Final = 64 + 128 * 64  # a header, then 128 slots of 64 bytes
 LIBRARY_PATH: Final = f"{MOUNT_PATH}/{LIBRARY}"
 BUDGET_PATH: Final = f"{MOUNT_PATH}/{BUDGET}"
+GPU_TIME_PATH: Final = f"{MOUNT_PATH}/{GPU_TIME}"
 ENV_DIR: Final = "GPUPACK_CUDA_DIR"  # the shim's directory, set on every container it holds
 # Where the node agent's image keeps the library it hands out.
 IMAGE_LIBRARY: Final = f"/opt/gpupack/lib/{LIBRARY}"
@@ -48,15 +55,34 @@ ENV_VARIABLES: Final = (ENV_MEMORY_LIMIT, ENV_MEMORY_REQUEST)
 ACCOUNTING: Final = "accounting"
 MPS: Final = "mps"
 MEMORY: Final = "memory"
+COMPUTE_SHARE: Final = "compute"  # GPU time in proportion to the share, idle time to any
+COMPUTE_CAP: Final = "compute-cap"  # and never past the share
+COMPUTE_WORDS: Final = {COMPUTE_SHARE: "share", COMPUTE_CAP: "cap"}  # the `compute` file's mode
 
 # The pod annotation that opts one workload out of memory enforcement.
 OPT_OUT_VALUE: Final = "off"
 
 
-def enforcement_value(*, mps: bool, memory: bool) -> str:
-    """The annotation's value for what applies to a pod."""
+def enforcement_value(*, mps: bool, memory: bool, compute: str | None = None) -> str:
+    """The annotation's value for what applies to a pod; `compute` is `COMPUTE_SHARE`,
+    `COMPUTE_CAP` or None (pacing rides on the shim: only with `memory`)."""
+    if compute is not None and (compute not in COMPUTE_WORDS or not memory):
+        raise ValueError(f"compute pacing {compute!r} needs the shim (memory) and a known mode")
     words = [word for word, on in ((MPS, mps), (MEMORY, memory)) if on]
-    return ",".join(words) or ACCOUNTING
+    return ",".join([*words, *([compute] if compute else [])]) or ACCOUNTING
+
+
+def compute_mode(applies: frozenset[str]) -> str | None:
+    """The `compute` file's mode (share, cap) for what `enforced` named, or None."""
+    for word, mode in COMPUTE_WORDS.items():
+        if word in applies:
+            return mode
+    return None
+
+
+def compute_file(millis: int, mode: str) -> str:
+    """The pod's `compute` file: its share in millis of a GPU and the mode."""
+    return f"{millis} {mode}\n"
 
 
 def enforced(value: str | None) -> frozenset[str]:
@@ -71,14 +97,16 @@ def volume() -> JSON:
     return {"name": VOLUME, "csi": {"driver": DRIVER}}
 
 
-def volume_mounts(*, preload: bool = True) -> list[JSON]:
-    """The pod's directory, read-only (the library, `limit`); its `budget`, the one file
-    the pod's processes write, on a mount of its own; and its `ld.so.preload` over the
-    container's (read-only)."""
+def volume_mounts(*, preload: bool = True, compute: bool = False) -> list[JSON]:
+    """The pod's directory, read-only (the library, `limit`, `compute`); its `budget`, and
+    with `compute` its GPU's `gpu-time`, the files the pod's processes write, each on a
+    mount of its own; and its `ld.so.preload` over the container's (read-only)."""
     mounts: list[JSON] = [
         {"name": VOLUME, "mountPath": MOUNT_PATH, "readOnly": True},
         {"name": VOLUME, "mountPath": BUDGET_PATH, "subPath": BUDGET},
     ]
+    if compute:
+        mounts.append({"name": VOLUME, "mountPath": GPU_TIME_PATH, "subPath": GPU_TIME})
     if preload:
         mounts.append(
             {"name": VOLUME, "mountPath": PRELOAD_PATH, "subPath": PRELOAD, "readOnly": True}

@@ -32,4 +32,11 @@ typedef struct {
   void *upload_stream, *error_node;
   int result;
 } INSTANTIATE_PARAMS;
+/* CUlaunchConfig: the grid, the block, shared memory, the stream, then attributes. */
+typedef struct {
+  unsigned grid[3], block[3], shared;
+  void *stream;
+  void *attrs;
+  unsigned count;
+} LAUNCH_CONFIG;
 #endif

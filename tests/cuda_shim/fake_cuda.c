@@ -92,6 +92,7 @@ static __thread int current = -1;
 static unsigned char context_made[FAKE_MAX_DEVICES];
 
 int current_device(void) { return current; }
+static int device_or_first(void) { return current >= 0 ? current : 0; }
 
 static CUresult context(int device) {
   if (device < 0 || device >= fake_devices()) return INVALID;
@@ -157,7 +158,17 @@ CUresult cuCtxGetDevice(int *device) {
   *device = current;
   return OK;
 }
-CUresult cuCtxSynchronize(void) { CALLED; synchronized(); return OK; }
+CUresult cuCtxSynchronize(void) {
+  CALLED;
+  fake_clock_drain(device_or_first());
+  synchronized();
+  return OK;
+}
+CUresult cuCtxGetCurrent(void **ctx) {
+  CALLED;
+  *ctx = current < 0 ? NULL : (void *)(uintptr_t)(CONTEXT_BASE + current);
+  return OK;
+}
 CUresult cuStreamCreate(void **stream, unsigned flags) {
   CALLED;
   (void)flags;
@@ -166,10 +177,16 @@ CUresult cuStreamCreate(void **stream, unsigned flags) {
   pthread_mutex_unlock(&fake_mu);
   return OK;
 }
-CUresult cuStreamSynchronize(void *stream) { CALLED; (void)stream; synchronized(); return OK; }
+CUresult cuStreamSynchronize(void *stream) {
+  CALLED;
+  (void)stream;
+  fake_clock_drain(device_or_first()); /* one queue per context: every stream's work */
+  synchronized();
+  return OK;
+}
+CUresult cuStreamSynchronize_ptsz(void *stream) { return cuStreamSynchronize(stream); }
 
 /* ---- memory queries ---- */
-static int device_or_first(void) { return current >= 0 ? current : 0; }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
   CALLED;
   int device = device_or_first();
@@ -242,5 +259,33 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
   CALLED;
   (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared;
   (void)stream, (void)params, (void)extra;
-  return launched(current) ? OK : OOM;
+  if (!launched(current)) return OOM;
+  fake_clock_launch(device_or_first());
+  return OK;
+}
+CUresult cuLaunchKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, unsigned shared, void *stream,
+                             void **params, void **extra) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra);
+}
+CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                   unsigned by, unsigned bz, unsigned shared, void *stream,
+                                   void **params) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, NULL);
+}
+CUresult cuLaunchCooperativeKernel_ptsz(void *f, unsigned gx, unsigned gy, unsigned gz,
+                                        unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                        void *stream, void **params) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, stream, params, NULL);
+}
+CUresult cuLaunchKernelEx(const LAUNCH_CONFIG *config, void *f, void **params,
+                          void **extra) {
+  if (!config) return INVALID;
+  return cuLaunchKernel(f, config->grid[0], config->grid[1], config->grid[2], config->block[0],
+                        config->block[1], config->block[2], config->shared, config->stream,
+                        params, extra);
+}
+CUresult cuLaunchKernelEx_ptsz(const LAUNCH_CONFIG *config, void *f, void **params,
+                               void **extra) {
+  return cuLaunchKernelEx(config, f, params, extra);
 }

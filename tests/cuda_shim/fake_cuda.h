@@ -5,7 +5,8 @@
  * memory freed at the last unmap and release, pools that keep freed memory up to their
  * release threshold until a synchronization, graph memory reserved at launch and kept
  * until a trim, the device heap and stack reserved at the next launch, module globals
- * taken at load, several devices. */
+ * taken at load, several devices, and kernels that take time on a device time-sliced
+ * between contexts (fake_clock.c). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@ typedef int CUresult;
 #define OOM 2
 #define INVALID_CONTEXT 201
 #define NOT_FOUND 500
+#define NOT_READY 600
 
 /* FAKE_CUDA_LOG: a file each call appends its name to. */
 void called(const char *name);
@@ -50,6 +52,9 @@ void handle_give(uint64_t handle);
 int current_device(void); /* the calling thread's context's device; -1: none */
 void synchronized(void);  /* pools give back what they keep past their threshold */
 int launched(int device); /* the heap and stack are reserved: 0 if the device is full */
+/* fake_clock.c: kernels that take time (FAKE_CUDA_KERNEL_US). */
+void fake_clock_launch(int device); /* queues one kernel (waits while the queue is full) */
+void fake_clock_drain(int device);  /* waits until the process's work there is done */
 
 /* What cuMemAllocAsync does: from the device's current pool, or into a capture. */
 CUresult stream_allocation(CUdeviceptr *p, size_t bytes, void *pool, void *stream);

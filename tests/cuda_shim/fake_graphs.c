@@ -193,6 +193,7 @@ CUresult cuGraphLaunch(void *exec, void *stream) {
   pthread_mutex_lock(&fake_mu);
   outliving(g, g, 0);
   pthread_mutex_unlock(&fake_mu);
+  fake_clock_launch(current_device() < 0 ? 0 : current_device()); /* one kernel's time */
   return OK;
 }
 CUresult cuDeviceGraphMemTrim(int device) {

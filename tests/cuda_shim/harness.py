@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from doubles.shim_build import Build
+from gpupack import cuda
 from gpupack.budget import Budget, read_budget
 
 MIB = 1 << 20
@@ -48,11 +49,13 @@ class Run:
 
 @dataclass
 class Pod:
-    """A pretend pod: its shim directory and the fake GPUs its processes share."""
+    """A pretend pod: its shim directory and the fake GPUs its processes share (in `root`,
+    or in `gpus` where several pods share them: `SharedGpu`)."""
 
     build: Build
     root: Path
     limit: int | None = LIMIT
+    gpus: Path | None = None
 
     def __post_init__(self) -> None:
         (self.root / "pod").mkdir(parents=True, exist_ok=True)
@@ -72,7 +75,8 @@ class Pod:
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LD_LIBRARY_PATH": str(self.build.root),
             "GPUPACK_CUDA_DIR": str(self.directory),
-            "FAKE_CUDA_STATE": str(self.root / "device"),
+            "FAKE_CUDA_STATE": str((self.gpus or self.root) / "device"),
+            "FAKE_CUDA_CLOCK": str((self.gpus or self.root) / "clock"),
             "FAKE_CUDA_CONTEXT": str(CONTEXT),
             "ASAN_OPTIONS": "verify_asan_link_order=0:halt_on_error=1",
             "TSAN_OPTIONS": "halt_on_error=1",
@@ -157,3 +161,24 @@ def fake_module(globals_bytes: int) -> bytes:
     """An image only the driver can size (PTX, a compressed fatbin): the fake driver
     takes `globals_bytes` when it loads it."""
     return f"FAKEMOD globals={globals_bytes}".encode() + b"\0"
+
+
+@dataclass
+class SharedGpu:
+    """Pods on one fake GPU: its memory and clock, and the `gpu-time` file the node agent
+    links into the directory of each pod of the GPU (`gpupack.cuda.GPU_TIME`)."""
+
+    build: Build
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / cuda.GPU_TIME).write_bytes(bytes(cuda.GPU_TIME_BYTES))
+
+    def pod(self, name: str, compute: str | None) -> Pod:
+        """A pod of the GPU; `compute` is its `compute` file ("300 share"), None for none."""
+        pod = Pod(self.build, self.root / name, gpus=self.root)
+        if compute is not None:
+            (pod.directory / cuda.COMPUTE).write_text(f"{compute}\n")
+        os.link(self.root / cuda.GPU_TIME, pod.directory / cuda.GPU_TIME)
+        return pod

@@ -20,6 +20,12 @@
  *   graphtrim heap:N stack:N kernel unwrapped hold hammer:THREADS:ROUNDS:BYTES
  *   bench:PAIRS:BYTES (allocation and free pairs a second)  abench:PAIRS:BYTES (async pairs)
  *   rss (the process's peak resident memory)  hold-briefly (a second)
+ *   work:FROM:TO:BATCH:KIND  launches (KIND kernel, ex, coop or graph) until TO, a
+ *     synchronization after every BATCH; prints the device time its kernels had between
+ *     FROM and TO (fake_gpu_ns), the launches, and each batch's latency (p50, p99, in us)
+ *     (FROM, TO: CLOCK_MONOTONIC in ms, as Python's time.monotonic)
+ *   idle-until:T  sleeps until T (CLOCK_MONOTONIC ms)
+ *   lbench:N  N kernel launches, then a synchronization (launches a second)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -111,6 +117,11 @@ typedef int CUresult;
   X(kernel, "cuLaunchKernel", "cuLaunchKernel", 13000,                                   \
     CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,     \
                  unsigned, void *, void **, void **))                                    \
+  X(kernel_ex, "cuLaunchKernelEx", "cuLaunchKernelEx", 13000,                           \
+    CUresult (*)(const LAUNCH_CONFIG *, void *, void **, void **))                       \
+  X(cooperative, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", 13000,        \
+    CUresult (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,     \
+                 unsigned, void *, void **))                                             \
   X(module_load, "cuModuleLoad", "cuModuleLoad", 13000, CUresult (*)(void **, const char *)) \
   X(module_data, "cuModuleLoadData", "cuModuleLoadData", 13000,                          \
     CUresult (*)(void **, const void *))                                                 \
@@ -202,6 +213,58 @@ static struct reg *named(const char *name) {
 }
 
 static int current = 0;
+
+static uint64_t fake(const char *name, int device) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  uint64_t (*fn)(int) = NULL;
+  if (lib) *(void **)&fn = dlsym(lib, name);
+  return fn ? fn(device) : 0;
+}
+
+static double monotonic_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Launch after launch until `to`, as a training or serving loop does (see work: above). */
+static CUresult work(double from, double to, unsigned long long batch, const char *kind) {
+  static double latency[1 << 16];
+  size_t batches = 0;
+  unsigned long long launches = 0, start_ns = 0, end_ns = 0;
+  int started = 0;
+  void *exec = NULL, *graph;
+  LAUNCH_CONFIG config = {.grid = {1, 1, 1}, .block = {1, 1, 1}};
+  CUresult rc = 0;
+  if (strcmp(kind, "graph") == 0) {
+    rc = cu.graph_create(&graph, 0);
+    if (!rc) rc = cu.instantiate(&exec, graph, 0);
+  }
+  while (!rc) {
+    double now = monotonic_ms(), began = now;
+    if (!started && now >= from) start_ns = fake("fake_gpu_ns", current), started = 1;
+    if (now >= to) break;
+    for (unsigned long long i = 0; i < batch && !rc; i++, launches++) {
+      if (strcmp(kind, "ex") == 0) rc = cu.kernel_ex(&config, NULL, NULL, NULL);
+      else if (strcmp(kind, "coop") == 0) rc = cu.cooperative(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+      else if (exec) rc = cu.launch(exec, NULL);
+      else rc = cu.kernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    }
+    if (!rc) rc = cu.sync();
+    if (batches < sizeof latency / sizeof *latency) latency[batches++] = (monotonic_ms() - began) * 1e3;
+  }
+  end_ns = fake("fake_gpu_ns", current);
+  qsort(latency, batches, sizeof *latency, by_value);
+  printf("work rc=%d gpu_ns=%llu launches=%llu p50_us=%.0f p99_us=%.0f\n", rc,
+         started ? end_ns - start_ns : 0, launches, batches ? latency[batches / 2] : 0.0,
+         batches ? latency[batches * 99 / 100] : 0.0);
+  return rc;
+}
 static void *device_pool, *host_pool;
 static void *pool_of(int host) {
   void **pool = host ? &host_pool : &device_pool;
@@ -212,12 +275,6 @@ static void *pool_of(int host) {
   return *pool;
 }
 
-static uint64_t fake(const char *name, int device) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  uint64_t (*fn)(int) = NULL;
-  if (lib) *(void **)&fn = dlsym(lib, name);
-  return fn ? fn(device) : 0;
-}
 
 /* A graph with one allocation node of `bytes` (freed in the graph unless `keep`), made a
  * child of another graph when `child`; instantiated into `r`. */
@@ -504,6 +561,28 @@ int main(int argc, char **argv) {
         rc = cu.async(&p, b, NULL);
         if (!rc) rc = cu.free_async(p, NULL);
       }
+    } else if (strncmp(op, "work:", 5) == 0) {
+      double from, to;
+      char kind[16] = "kernel";
+      if (sscanf(op, "work:%lf:%lf:%llu:%15s", &from, &to, &a, kind) < 3) {
+        fprintf(stderr, "bad %s\n", op);
+        return 2;
+      }
+      work(from, to, a ? a : 1, kind);
+      continue;
+    } else if (sscanf(op, "lbench:%llu", &a) == 1) {
+      double began = monotonic_ms();
+      for (unsigned long long n = 0; n < a && !rc; n++)
+        rc = cu.kernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+      if (!rc) rc = cu.sync();
+      double seconds = (monotonic_ms() - began) / 1e3;
+      printf("lbench rc=%d launches=%llu seconds=%.6f launches_per_second=%.0f\n", rc, a,
+             seconds, seconds > 0 ? (double)a / seconds : 0.0);
+      continue;
+    } else if (strncmp(op, "idle-until:", 11) == 0) {
+      double until = atof(op + 11), now;
+      while ((now = monotonic_ms()) < until) usleep((useconds_t)((until - now) * 1000));
+      continue;
     } else if (strcmp(op, "hold-briefly") == 0) {
       sleep(1);
       continue;
