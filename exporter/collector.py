@@ -169,6 +169,7 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
         (*POD_LABELS, "shim"),
     )
     using: set[tuple[str, str]] = set()
+    used: dict[tuple[str, str, str], float] = {}  # SM share by (namespace, pod, gpu)
     for gpu in scrape.readings.gpus:
         uuid = gpu.device.uuid
         shims: dict[tuple[str, str, str, Shim], int] = {}
@@ -180,6 +181,7 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
             labels = [namespace, pod, container, uuid]
             if use.compute is not None:
                 compute.add_metric(labels, use.compute)
+                used[(namespace, pod, uuid)] = used.get((namespace, pod, uuid), 0.0) + use.compute
             if use.memory is not None:
                 memory.add_metric(labels, float(use.memory))
         for source, use in sorted(others.items()):
@@ -188,10 +190,12 @@ def _pod_families(scrape: Scrape) -> Iterator[Metric]:
             if use.memory is not None:
                 other_memory.add_metric([uuid, source.value], float(use.memory))
     yield from (compute, memory, processes, other_compute, other_memory)
-    yield from _allocation_families(scrape, using)
+    yield from _allocation_families(scrape, using, used)
 
 
-def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterator[Metric]:
+def _allocation_families(
+    scrape: Scrape, using: set[tuple[str, str]], used: Mapping[tuple[str, str, str], float]
+) -> Iterator[Metric]:
     allocated_compute = _gauge(
         metrics.POD_COMPUTE_ALLOCATED,
         "Compute share gpupack allocated to the pod (gpupack.io/gpu-compute)",
@@ -210,8 +214,14 @@ def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterato
     enforcement = _gauge(
         metrics.POD_ENFORCEMENT,
         "What holds the pod to its share (1), as its gpupack.io/enforcement says: "
-        "accounting, mps, memory, mps,memory",
+        "accounting, mps, memory, mps,memory, memory,compute, memory,compute-cap",
         ("namespace", "pod", "enforcement"),
+    )
+    against_share = _gauge(
+        metrics.POD_COMPUTE_SHARE,
+        "GPU time the pod's processes used over its compute share (1: all of it; below 1 "
+        "on a busy GPU: held back, or not asking for more)",
+        ALLOCATION_LABELS,
     )
     holders = _gauge(
         metrics.GPU_CAPACITY_POD,
@@ -230,13 +240,16 @@ def _allocation_families(scrape: Scrape, using: set[tuple[str, str]]) -> Iterato
             labels = [pod.namespace, pod.name, pod.gpu_uuid]
             if pod.compute is not None:
                 allocated_compute.add_metric(labels, pod.compute / 1000)
+                share = used.get((pod.namespace, pod.name, pod.gpu_uuid))
+                if share is not None and pod.compute > 0:
+                    against_share.add_metric(labels, share / (pod.compute / 1000))
             if pod.memory is not None:
                 allocated_memory.add_metric(labels, float(pod.memory))
             if pod.enforcement:
                 enforcement.add_metric([pod.namespace, pod.name, pod.enforcement], 1.0)
         if (pod.managed and pod.gpu_uuid) or key in using:
             managed.add_metric(list(key), 1.0 if pod.managed else 0.0)
-    yield from (allocated_compute, allocated_memory, managed, enforcement, holders)
+    yield from (allocated_compute, allocated_memory, against_share, managed, enforcement, holders)
 
 
 def _health_families(scrape: Scrape) -> Iterator[Metric]:

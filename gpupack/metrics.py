@@ -16,6 +16,8 @@ POD_MEMORY_USED: Final = "gpupack_pod_gpu_memory_used_bytes"
 
 # Per fractional pod, per GPU: labels namespace, pod, gpu. What gpupack allocated.
 POD_COMPUTE_ALLOCATED: Final = "gpupack_pod_gpu_compute_allocated_ratio"
+# The pod's GPU time over its compute share: who is held back, who runs past its share.
+POD_COMPUTE_SHARE: Final = "gpupack_pod_gpu_compute_share_ratio"
 POD_MEMORY_ALLOCATED: Final = "gpupack_pod_gpu_memory_allocated_bytes"
 POD_MANAGED: Final = "gpupack_pod_gpu_managed"  # labels namespace, pod
 POD_GPU_PROCESSES: Final = "gpupack_pod_gpu_processes"  # + shim: loaded|missing|unknown

@@ -54,6 +54,16 @@ class MemoryEnforcement(StrEnum):
     OFF = "Off"  # the share is the scheduler's accounting only
 
 
+class ComputeShare(StrEnum):
+    """What a policy's pods' compute share (`gpupack.io/gpu-compute`) does on the GPU: the
+    memory shim paces their kernel launches (docs/isolation.md, "Compute shares")."""
+
+    OFF = "off"  # the GPU's own time-slicing: pods with work get equal time
+    SHARE = "share"  # pods with work get GPU time in proportion to their shares; idle time
+    # goes to whoever has work
+    CAP = "cap"  # as share, and a pod never runs past its share, even alone
+
+
 class ConsolidationMode(StrEnum):
     """Whether the scheduler may evict a policy's pods to empty part-used GPUs (the
     trade-off of Karpenter's `consolidationPolicy`: GPUs saved against restarts)."""
@@ -118,6 +128,8 @@ class Policy:
     # Whether a pod may turn enforcement off with gpupack.io/memory-enforcement: off. Off by
     # default: an unenforced pod could fill its GPU, so only an operator may allow it.
     allow_memory_opt_out: bool = False
+    # Off by default until measured on a GPU (docs/isolation.md, "Compute shares").
+    compute: ComputeShare = ComputeShare.OFF
 
     def __post_init__(self) -> None:
         key = f"policy {self.name}"
@@ -128,6 +140,12 @@ class Policy:
                 self.consolidation.mode.value,
                 "Off for an mps policy, unless consolidation.allowMPS is true (moving a "
                 "real-time-mps pod restarts a latency-critical server)",
+            )
+        if self.sharing is Sharing.MPS and self.compute is not ComputeShare.OFF:
+            raise ContractError(
+                f"{key} compute",
+                self.compute.value,
+                "off for an mps policy (MPS holds its pods to their compute share itself)",
             )
         if not 1 <= self.min_compute <= self.initial_compute <= self.max_compute <= 1000:
             raise ContractError(key, self, "1 <= min_compute <= initial_compute <= max <= 1000")
@@ -311,6 +329,9 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
     memory = _field(spec, "memoryEnforcement", where, required=False)
     if memory is not None and memory not in set(MemoryEnforcement):
         raise ContractError(f"{where}.memoryEnforcement", memory, " or ".join(MemoryEnforcement))
+    compute = _field(spec, "compute", where, required=False) or ComputeShare.OFF.value
+    if compute not in set(ComputeShare):
+        raise ContractError(f"{where}.compute", compute, ", ".join(ComputeShare))
     consolidation = _consolidation(_field(spec, "consolidation", where, required=False), where)
     opt_out = _field(spec, OPT_OUT_FIELD, where, required=False)
     if opt_out is None:
@@ -337,6 +358,7 @@ def policy_from_object(obj: Mapping[str, Any]) -> Policy:
         consolidation=consolidation,
         memory_enforcement=MemoryEnforcement(memory) if memory is not None else None,
         allow_memory_opt_out=opt_out,
+        compute=ComputeShare(compute),
     )
 
 

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--pods-dir",
         type=Path,
         default=Path("/var/lib/kubelet/pods"),
-        help="the kubelet's pod directories, where the pods' budgets are (default: %(default)s)",
+        help="the kubelet's pod directories, where the pods' budgets and their GPUs' "
+        "gpu-time files are (default: %(default)s)",
     )
     shell.add_arguments(parser, metrics_port=METRICS_PORT)
     return conventions(parser)
@@ -69,7 +70,9 @@ def start(args: argparse.Namespace, process: shell.Process) -> shell.Service:
         roster = shim_roster.serve(args.roster_socket, args.pods_dir)
         process.defer(roster.server_close)
         process.defer(roster.shutdown)
-    volumes = CudaVolumes(args.library, node=args.node_name, get_pod=pod_getter(kube))
+    volumes = CudaVolumes(
+        args.library, node=args.node_name, get_pod=pod_getter(kube), pods_dir=args.pods_dir
+    )
     csi.run_driver(
         process,
         cuda.DRIVER,

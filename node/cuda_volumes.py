@@ -18,6 +18,15 @@ one file the pod's processes write, through a mount of its own (0666: every cont
 the pod, whatever its user). The kubelet bind-mounts both into each container, so they
 share one budget. Unpublish empties and removes it.
 
+A pod paced to its compute share (`gpupack.io/enforcement` names `compute` or
+`compute-cap`) gets `compute` too (its sealed `gpupack.io/gpu-compute` in millis and the
+mode, root's), and `gpu-time`, the file the pods of its GPU (`gpupack.io/gpu-uuid`) pace
+by: a hard link to the one the GPU's other published pods have (the kubelet's pod
+directories are one filesystem), so one inode is shared through each pod's writable
+mount of it; the GPU's first pod gets a new one, and `gpu` beside it names the GPU, so a
+restarted driver finds the file again. A pod with no GPU UUID gets a file of its own: its
+launches are paced as if alone on its GPU (the log says so).
+
 A second publish (the kubelet publishes again after it restarts) keeps the budget, and
 where its processes already use another layout of it (a node agent upgraded under a
 running pod), keeps the library and preload file they came with too: the pod's new
@@ -28,8 +37,10 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -53,13 +64,19 @@ log = logging.getLogger(__name__)
 
 READ_ONLY: Final = 0o644
 SHARED: Final = 0o666
+GPU: Final = "gpu"  # beside a paced pod's `gpu-time`: the UUID of the GPU it is the file of
+_GPU_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")  # NVML's UUIDs: GPU-..., MIG-...
 
 
 @dataclass(frozen=True, slots=True)
 class Limit:
-    """A pod the shim holds: its share in bytes."""
+    """A pod the shim holds: its memory share in bytes, and, when the shim paces its
+    launches, its compute share (millis), the mode (`share`, `cap`) and its GPU."""
 
     bytes: int
+    compute: int | None = None
+    mode: str | None = None
+    gpu: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +104,17 @@ def decide(pod: JSON, uid: str, *, node: str) -> Limit | Refusal:
         return Refusal(f"pod {name}: {error}")
     if memory is None:
         return Refusal(f"pod {name} has no {keys.GPU_MEMORY}: no share to hold it to")
-    return Limit(memory)
+    mode = cuda.compute_mode(cuda.enforced(annotations.get(keys.ENFORCEMENT)))
+    if mode is None:
+        return Limit(memory)
+    try:
+        compute = codec.read_compute(annotations)
+    except ContractError as error:
+        return Refusal(f"pod {name}: {error}")
+    if compute is None:
+        return Refusal(f"pod {name} has no {keys.GPU_COMPUTE}: no compute share to pace it to")
+    gpu = annotations.get(keys.GPU_UUID)
+    return Limit(memory, compute, mode, gpu if gpu and _GPU_NAME.fullmatch(gpu) else None)
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -134,12 +161,20 @@ def _older_layout(budget: Path) -> str | None:
 
 
 class CudaVolumes:
-    """The driver's node side: publish and unpublish, idempotent as CSI asks."""
+    """The driver's node side: publish and unpublish, idempotent as CSI asks.
 
-    def __init__(self, library: Path, *, node: str, get_pod: PodGetter) -> None:
+    `pods_dir` (the kubelet's pod directories): where, after a restart, the driver looks
+    for the `gpu-time` file of a GPU its pods already share."""
+
+    def __init__(
+        self, library: Path, *, node: str, get_pod: PodGetter, pods_dir: Path | None = None
+    ) -> None:
         self._library = library
         self._node = node
         self._get_pod = get_pod
+        self._pods_dir = pods_dir
+        self._gpu_files: dict[str, Path] = {}  # GPU UUID -> a published pod's `gpu-time`
+        self._gpu_lock = threading.Lock()
 
     def publish(self, request: PublishRequest) -> None:
         pod = requested_pod(request, self._get_pod, cuda.DRIVER)
@@ -170,6 +205,8 @@ class CudaVolumes:
         _write(target / cuda.LIMIT, f"{decision.bytes}\n".encode(), READ_ONLY)
         if not budget.exists():  # a second publish keeps what the pod's processes hold
             _write(budget, bytes(budget_file.BYTES), SHARED)
+        if decision.compute is not None and decision.mode is not None:
+            self._pace(target, decision.compute, decision.mode, decision.gpu, f"{namespace}/{name}")
         log.info(
             "published the memory shim for %s/%s",
             namespace,
@@ -177,7 +214,59 @@ class CudaVolumes:
             extra={"target": str(target), "limit": decision.bytes},
         )
 
+    def _pace(self, target: Path, compute: int, mode: str, gpu: str | None, pod: str) -> None:
+        """The pod's `compute` file, and its GPU's `gpu-time`: a hard link to the file the
+        GPU's other pods already have, so all of them pace by one file (the kubelet's
+        pod directories are one filesystem), or a new one for the GPU's first."""
+        _write(target / cuda.COMPUTE, cuda.compute_file(compute, mode).encode(), READ_ONLY)
+        path = target / cuda.GPU_TIME
+        if path.is_file() and not path.is_symlink():
+            return  # a second publish: the pod's processes already pace by it
+        path.unlink(missing_ok=True)
+        with self._gpu_lock:
+            if gpu is not None:
+                for source in (self._gpu_files.get(gpu), self._find(gpu)):
+                    if source is not None and _link(source, path):
+                        self._gpu_files[gpu] = path
+                        _write(target / GPU, f"{gpu}\n".encode(), READ_ONLY)
+                        return
+            _write(path, bytes(cuda.GPU_TIME_BYTES), SHARED)
+            if gpu is None:
+                log.warning(
+                    "%s has no %s: its launches are paced by a file of its own, as if alone "
+                    "on its GPU",
+                    pod,
+                    keys.GPU_UUID,
+                )
+                return
+            self._gpu_files[gpu] = path
+            _write(target / GPU, f"{gpu}\n".encode(), READ_ONLY)
+
+    def _find(self, gpu: str) -> Path | None:
+        """A published pod's `gpu-time` of `gpu` (after a restart, none is remembered)."""
+        if self._pods_dir is None:
+            return None
+        for named in self._pods_dir.glob(f"*/volumes/kubernetes.io~csi/*/mount/{GPU}"):
+            try:
+                if named.read_text().strip() == gpu and not named.is_symlink():
+                    return named.parent / cuda.GPU_TIME
+            except OSError:
+                continue
+        return None
+
     def unpublish(self, request: UnpublishRequest) -> None:
         check_volume_id(request.volume_id)
         target = Path(request.target_path)
         shutil.rmtree(target, ignore_errors=True)
+
+
+def _link(source: Path, path: Path) -> bool:
+    """`path` made a hard link to `source` (a regular file, never through a symlink)."""
+    try:
+        if source.is_symlink() or not source.is_file():
+            return False
+        os.link(source, path, follow_symlinks=False)
+    except OSError as error:
+        log.warning("could not link %s to %s: %s", path, source, error)
+        return False
+    return True

@@ -7,7 +7,9 @@ too) mounts it three times: the pod's directory at /run/gpupack/cuda read-only (
 library and the limit: a root container can change neither), its `budget` over the
 same path writable (the one file the pod's processes write, shared by every container),
 and its `ld.so.preload` over the container's `/etc/ld.so.preload`, read-only, so the
-dynamic loader loads the shim into every process, whatever its environment. Each gets
+dynamic loader loads the shim into every process, whatever its environment. A pod paced
+to its compute share mounts its GPU's `gpu-time` writable too, the file the GPU's pods
+pace by. Each gets
 `GPUPACK_CUDA_DIR=/run/gpupack/cuda`, so an image's ENV cannot point the shim elsewhere.
 
 A container that mounts a file of its own at /etc/ld.so.preload keeps it: the shim goes
@@ -40,11 +42,11 @@ def _own_preload(mounts: list[JSON]) -> bool:
     )
 
 
-def _mount_ops(container: JSON, base: str) -> tuple[list[JSON], list[str]]:
+def _mount_ops(container: JSON, base: str, *, compute: bool) -> tuple[list[JSON], list[str]]:
     mounts = [m for m in container.get("volumeMounts") or [] if isinstance(m, dict)]
     name = container.get("name")
     own = _own_preload(mounts)
-    ours = cuda.volume_mounts(preload=not own)
+    ours = cuda.volume_mounts(preload=not own, compute=compute)
     kept = [
         m
         for m in mounts
@@ -114,10 +116,11 @@ def _gpu_containers(spec: PodSpec) -> set[tuple[str, int]]:
     return {(slot.field, slot.index) for slot in scan_gpus(spec).slots if slot.count > 0}
 
 
-def wiring(spec: PodSpec) -> Wiring:
+def wiring(spec: PodSpec, *, compute: bool = False) -> Wiring:
     """The volume, and the mounts and environment (LD_PRELOAD too, where a container
-    brings its own preload file) of every container and init container. Idempotent: a pod
-    that has them gets no operation."""
+    brings its own preload file) of every container and init container; with `compute`
+    (the pod is paced to its compute share) the GPU's `gpu-time` file too. Idempotent: a
+    pod that has them gets no operation."""
     ops, warnings = patch.volume_ops(spec, cuda.volume())
     with_env = _gpu_containers(spec)  # the plan's patch gave these an env list
     for field in CONTAINER_FIELDS:
@@ -126,7 +129,7 @@ def wiring(spec: PodSpec) -> Wiring:
             if not isinstance(container, dict):
                 continue
             base = patch.pointer("spec", field, index)
-            more, said = _mount_ops(container, base)
+            more, said = _mount_ops(container, base, compute=compute)
             ops += more
             warnings += said
             listed = container

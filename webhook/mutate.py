@@ -36,7 +36,7 @@ from webhook.decision import Decision, Demand, Outcome, Reason, stamped
 from webhook.policies import BUILTIN_POLICIES, UnknownPolicyError, resolve_policy
 from webhook.review import AdmissionRequest
 from webhook.rewrite import build_patch, strip_ops, with_identity, with_lists
-from webhook.share import OptOutForbidden, allocate, memory_enforced
+from webhook.share import OptOutForbidden, allocate, compute_notes, memory_enforced
 
 # (namespace, workload kind, workload name) -> the workload's usable recommendation
 RecommendationLookup = Callable[[str, str, str], Recommendation | None]
@@ -162,7 +162,7 @@ def stamp(decision: Decision, request: AdmissionRequest, ctx: MutationContext) -
             ops, warnings = ops + wired.ops, warnings + wired.warnings
             spec = with_lists(spec, wired.ops)
         if cuda.MEMORY in applies:
-            shim = shim_wiring(spec)
+            shim = shim_wiring(spec, compute=cuda.compute_mode(applies) is not None)
             ops, warnings = ops + shim.ops, warnings + shim.warnings
     return stamped(decision, ops, sealed, demand, warnings)
 
@@ -233,6 +233,7 @@ def plan_decision(request: AdmissionRequest, ctx: MutationContext) -> Decision:
     try:
         allocation = allocate(annotations, spec, choice.policy, recommendation)
         memory, memory_notes = memory_enforced(annotations, choice.policy, ctx.memory_enforcement)
+        memory_notes += compute_notes(choice.policy, memory)
     except ContractError as exc:
         return deny(Reason.INVALID_ANNOTATION, f"gpupack: {exc}", choice.policy.name)
     except OptOutForbidden as exc:

@@ -18,7 +18,14 @@ from gpupack import cuda, keys
 from gpupack.codec import read_compute, read_memory
 from gpupack.errors import ContractError
 from gpupack.objects import PodSpec
-from gpupack.policy import OPT_OUT_FIELD, MemoryEnforcement, Policy, Sharing, UpdateMode
+from gpupack.policy import (
+    OPT_OUT_FIELD,
+    ComputeShare,
+    MemoryEnforcement,
+    Policy,
+    Sharing,
+    UpdateMode,
+)
 from gpupack.quantity import MEMORY_FORM, format_compute, format_memory
 from gpupack.recommendation import Recommendation
 
@@ -120,8 +127,29 @@ def allocate(
 
 def enforcement(policy: Policy, *, memory: bool = False) -> str:
     """The `gpupack.io/enforcement` of a pod of `policy`: what holds it to its share
-    (`mps`, `memory`, both), or `accounting` where only the scheduler's books do."""
-    return cuda.enforcement_value(mps=policy.sharing is Sharing.MPS, memory=memory)
+    (`mps`, `memory`, and with the shim the policy's compute pacing), or `accounting`
+    where only the scheduler's books do."""
+    return cuda.enforcement_value(
+        mps=policy.sharing is Sharing.MPS, memory=memory, compute=compute_word(policy, memory)
+    )
+
+
+def compute_word(policy: Policy, memory: bool) -> str | None:
+    """What paces a pod of `policy` to its compute share: the shim does, where it is
+    loaded (`memory`) and the policy's `compute` is not off."""
+    if not memory or policy.compute is ComputeShare.OFF:
+        return None
+    return cuda.COMPUTE_CAP if policy.compute is ComputeShare.CAP else cuda.COMPUTE_SHARE
+
+
+def compute_notes(policy: Policy, memory: bool) -> tuple[str, ...]:
+    """The audit's word on a compute share the policy asks for and the pod cannot get."""
+    if memory or policy.compute is ComputeShare.OFF:
+        return ()
+    return (
+        f"compute: {policy.compute.value} (policy {policy.name}) not applied: the shim that "
+        "paces launches is loaded only where memory is enforced",
+    )
 
 
 MEMORY_ENFORCEMENT_FORM: Final = f"{cuda.OPT_OUT_VALUE} or on"

@@ -151,6 +151,10 @@ def test_pod_usage_stands_beside_its_allocation() -> None:
     assert values(samples, "gpupack_pod_gpu_compute_allocated_ratio") == {
         ("ml", "trainer-0", GPU0): 0.3
     }
+    # Its three processes used 0.40 of the GPU on a share of 0.3: past its share.
+    assert values(samples, "gpupack_pod_gpu_compute_share_ratio") == {
+        ("ml", "trainer-0", GPU0): pytest.approx(0.40 / 0.3)
+    }
     assert values(samples, "gpupack_pod_gpu_memory_allocated_bytes") == {
         ("ml", "trainer-0", GPU0): 12 * GIB
     }

@@ -7,6 +7,7 @@ the pod's sealed annotation."""
 import os
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import grpc
 import pytest
 
 from doubles.shim_build import Build
-from gpupack import budget, keys
+from gpupack import budget, cuda, keys
 from node import cuda_csi
 from node.csi import PublishRequest, Refused, UnpublishRequest
 from node.cuda_volumes import CudaVolumes
@@ -200,3 +201,139 @@ def test_help_names_the_driver(capsys: pytest.CaptureFixture[str]) -> None:
         cuda_csi.main(["--help"])
     assert done.value.code == 0
     assert "cuda.gpupack.io" in capsys.readouterr().out
+
+
+GPU_A = "GPU-0a0b0c0d-0000-4000-8000-00000000000a"
+GPU_B = "GPU-0a0b0c0d-0000-4000-8000-00000000000b"
+
+
+def paced(
+    uid: str, gpu: str | None, enforcement: str = "memory,compute", compute: str = "300m"
+) -> dict[str, Any]:
+    the_pod = pod(**{keys.ENFORCEMENT: enforcement, keys.GPU_COMPUTE: compute})
+    the_pod["metadata"]["uid"] = uid
+    if gpu is not None:
+        the_pod["metadata"]["annotations"][keys.GPU_UUID] = gpu
+    return the_pod
+
+
+def published(tmp_path: Path, driver: CudaVolumes, index: int) -> Path:
+    target = tmp_path / "pods" / f"uid-{index}" / "volumes" / "kubernetes.io~csi" / "c" / "mount"
+    driver.publish(publish_request(target, uid=f"uid-{index}"))
+    return target
+
+
+class Pods:
+    """Pods of this node the driver is asked about, by UID."""
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, dict[str, Any]] = {}
+        self.asking = ""
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.by_uid.get(self.asking)
+
+
+def paced_driver(built: Build, tmp_path: Path, pods: Pods) -> CudaVolumes:
+    return CudaVolumes(built.shim, node=NODE, get_pod=pods.get, pods_dir=tmp_path / "pods")
+
+
+def publish_paced(tmp_path: Path, driver: CudaVolumes, pods: Pods, index: int, **kw: Any) -> Path:
+    pods.asking = f"uid-{index}"
+    pods.by_uid[pods.asking] = paced(pods.asking, **kw)
+    return published(tmp_path, driver, index)
+
+
+def test_pods_of_one_gpu_pace_by_one_file_and_another_gpus_by_another(
+    built: Build, tmp_path: Path
+) -> None:
+    pods = Pods()
+    driver = paced_driver(built, tmp_path, pods)
+    first = publish_paced(tmp_path, driver, pods, 1, gpu=GPU_A)
+    second = publish_paced(tmp_path, driver, pods, 2, gpu=GPU_A, enforcement="memory,compute-cap")
+    other = publish_paced(tmp_path, driver, pods, 3, gpu=GPU_B)
+    assert (first / "compute").read_text() == "300 share\n"
+    assert (second / "compute").read_text() == "300 cap\n"
+    assert stat.S_IMODE((first / "compute").stat().st_mode) == 0o644
+    shared = (first / "gpu-time").stat()
+    assert shared.st_size == cuda.GPU_TIME_BYTES
+    assert stat.S_IMODE(shared.st_mode) == 0o666  # every pod of the GPU writes its slot
+    assert (second / "gpu-time").stat().st_ino == shared.st_ino
+    assert (other / "gpu-time").stat().st_ino != shared.st_ino
+    # The GPU's first pod goes: the next pod still joins the file the second one has.
+    driver.unpublish(UnpublishRequest("csi-abc", str(first)))
+    fourth = publish_paced(tmp_path, driver, pods, 4, gpu=GPU_A)
+    assert (fourth / "gpu-time").stat().st_ino == (second / "gpu-time").stat().st_ino
+
+
+def test_a_restarted_driver_finds_the_gpus_file_again(built: Build, tmp_path: Path) -> None:
+    pods = Pods()
+    first = publish_paced(tmp_path, paced_driver(built, tmp_path, pods), pods, 1, gpu=GPU_A)
+    again = publish_paced(tmp_path, paced_driver(built, tmp_path, pods), pods, 2, gpu=GPU_A)
+    assert (again / "gpu-time").stat().st_ino == (first / "gpu-time").stat().st_ino
+
+
+def test_a_paced_pod_without_a_gpu_uuid_gets_a_file_of_its_own(
+    built: Build, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = Pods()
+    driver = paced_driver(built, tmp_path, pods)
+    first = publish_paced(tmp_path, driver, pods, 1, gpu=None)
+    second = publish_paced(tmp_path, driver, pods, 2, gpu="../../etc")  # not a UUID either
+    assert (first / "gpu-time").stat().st_ino != (second / "gpu-time").stat().st_ino
+    assert "paced by a file of its own" in caplog.text
+
+
+def test_a_pod_not_paced_gets_no_compute_files(built: Build, tmp_path: Path) -> None:
+    target = tmp_path / "mount"
+    volumes(built, pod(**{keys.GPU_COMPUTE: "300m", keys.GPU_UUID: GPU_A})).publish(
+        publish_request(target)
+    )
+    assert not (target / "compute").exists()
+    assert not (target / "gpu-time").exists()
+
+
+def test_a_paced_pod_without_a_compute_share_is_refused(built: Build, tmp_path: Path) -> None:
+    the_pod = pod(**{keys.ENFORCEMENT: "memory,compute"})
+    with pytest.raises(Refused, match="no gpupack.io/gpu-compute"):
+        volumes(built, the_pod).publish(publish_request(tmp_path / "mount"))
+
+
+def test_two_published_pods_of_one_gpu_get_gpu_time_by_their_shares(
+    built: Build, tmp_path: Path
+) -> None:
+    """The directories the driver wrote, used by the real shim as containers would."""
+    pods = Pods()
+    driver = paced_driver(built, tmp_path, pods)
+    targets = [
+        publish_paced(tmp_path, driver, pods, i, gpu=GPU_A, compute=compute)
+        for i, compute in ((1, "300m"), (2, "700m"))
+    ]
+    start = time.monotonic() * 1000 + 1500
+    end = start + 2000
+    procs = [
+        subprocess.Popen(
+            [str(built.probe), "gpa", "ctx", f"work:{start}:{end}:4"],
+            env={
+                "PATH": os.environ["PATH"],
+                "LD_LIBRARY_PATH": str(built.root),
+                "LD_PRELOAD": str(target / "libgpupack-cuda.so"),
+                "GPUPACK_CUDA_DIR": str(target),
+                "GPUPACK_CUDA_QUIET": "1",
+                "FAKE_CUDA_STATE": str(tmp_path / "device"),
+                "FAKE_CUDA_CLOCK": str(tmp_path / "clock"),
+                "FAKE_CUDA_KERNEL_US": "1000",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for target in targets
+    ]
+    got = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        got.append(int(out.split("gpu_ns=")[1].split()[0]) / 2e9)
+    assert abs(got[0] - 0.3) <= 0.05, got
+    assert abs(got[1] - 0.7) <= 0.05, got
