@@ -24,6 +24,8 @@ FILES: Final = {
     "context": "context.py",
     "train-step": "train-step.py",
     "device-malloc": "device-malloc.py",
+    "matmul-loop": "matmul-loop.py",
+    "latency-loop": "latency-loop.py",
 }
 
 CASES: Final = {name: (PROGRAMS / file).read_text() for name, file in FILES.items()}

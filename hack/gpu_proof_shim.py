@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.budget import read_budget  # the standard library only: no dependencies
+from hack import gpu_proof_compute
 from hack.gpu_proof_cases import CASES
 
 GIB = 1 << 30
@@ -252,6 +253,7 @@ class Proof:
         self.context_cost()
         self.mps_client()
         self.overhead()
+        self.compute_shares()
 
     def two_processes(self) -> None:
         pod = self.pod("two")
@@ -503,6 +505,9 @@ class Proof:
             ratio is not None and ratio <= 1.02,
             "training step with/without <= 1.02",
         )
+
+    def compute_shares(self) -> None:
+        gpu_proof_compute.run(self)
 
 
 def main(argv: list[str]) -> int:
