@@ -292,7 +292,7 @@ static int query_events(void) {
   typedef CUresult (*set_t)(CUcontext);
   query_t query = DRIVER(query_t, "cuEventQuery");
   set_t set = DRIVER(set_t, "cuCtxSetCurrent");
-  static __thread CUcontext current;
+  static CUcontext current; /* the meter's own: it is the one thread that queries */
   int pending = 0;
   pthread_mutex_lock(&c.mu);
   for (int i = 0; i < EVENTS; i++) {

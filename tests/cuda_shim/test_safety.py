@@ -3,6 +3,7 @@ interposers and tracers, in setuid programs run by anyone, over a budget that is
 it should be; and where it cannot keep the pod's limit, it says so and gives nothing."""
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -165,3 +166,14 @@ def test_a_setuid_program_ignores_the_callers_directory_and_writes_nothing_throu
     assert secret.read_text() == "root's own\n"
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
     assert secret.stat().st_size == len("root's own\n")
+
+
+def test_the_shim_needs_nothing_but_glibc(built: Build) -> None:
+    """It loads into any image's processes: no libm, and no thread-local storage that
+    would make it need the dynamic loader itself (the image's test checks the same of the
+    image's build; this catches it before an image is built)."""
+    needed = subprocess.run(
+        ["readelf", "-d", str(built.shim)], capture_output=True, text=True, check=True
+    ).stdout
+    libraries = set(re.findall(r"\(NEEDED\).*\[(.+)\]", needed))
+    assert libraries <= {"libc.so.6", "libdl.so.2", "libpthread.so.0"}, libraries
