@@ -25,12 +25,12 @@ SHARING: Final = "sharing"
 # Not a pod field either: the mark of a pool whose pods' memory is not enforced.
 MEMORY: Final = "memory"
 UNENFORCED: Final = "unenforced"
-# Where the API server runs ExtendedResourceToleration (GKE and other managed clusters
-# do), it gives a pod a toleration `<resource> Exists NoSchedule` for each extended
-# resource it asks, and runs again after the webhook: a rewritten pod gets one for each
-# share gpupack charges it. No node has such a taint, so they say nothing about where the
-# pod may go, and the webhook never sees them: they are not part of the pool (the
-# `nvidia.com/gpu` one, written before the webhook runs, is).
+# A rewritten pod tolerates each share gpupack charges it (`<resource> Exists
+# NoSchedule`): the webhook writes them, as the API server's ExtendedResourceToleration
+# (GKE and other managed clusters run it) would when it runs again after the webhook. No
+# node has such a taint, so they say nothing about where the pod may go, and the pod the
+# webhook plans from has none: they are not part of the pool (the `nvidia.com/gpu` one,
+# written by the plugin before the webhook runs, is).
 _CHARGED: Final = frozenset({RESOURCE_COMPUTE, RESOURCE_MEMORY})
 
 

@@ -2,8 +2,9 @@
 
 Pure, over the pod as the API server sent it. `build_patch` removes `nvidia.com/gpu`
 (keeping the original in `gpupack.io/original-resources`), charges each GPU container its
-share as extended resources (so ResourceQuotas bind), sets `schedulerName`, writes the
-share's annotations and the GPU container's environment (`gpu_env`: its GPU by the
+share as extended resources (so ResourceQuotas bind) and tolerates them as the API
+server's `ExtendedResourceToleration` would (`charged_tolerations`), sets `schedulerName`,
+writes the share's annotations and the GPU container's environment (`gpu_env`: its GPU by the
 annotation the scheduler writes, MPS limits, the shim's limit), and removes user-written
 values of gpupack's own keys (`strip_ops`). `with_identity` adds what each admission
 writes on top of a plan shared by a template's pods: the decision id and the seal. What
@@ -104,6 +105,42 @@ def _charge_ops(container: Container, slot: GpuSlot, allocation: PodShare) -> li
     return ops
 
 
+# The shares charged, in the order ExtendedResourceToleration adds their tolerations
+# (sorted by name).
+CHARGED: Final = tuple(sorted((keys.RESOURCE_COMPUTE, keys.RESOURCE_MEMORY)))
+
+
+def charged_toleration(resource: str) -> JSON:
+    """The toleration ExtendedResourceToleration gives a pod for an extended resource."""
+    return {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _matched(toleration: JSON) -> tuple[object, ...]:
+    """What the plugin compares to find a pod's toleration equal to the one it would add
+    (Kubernetes' `Toleration.MatchToleration`: key, operator, value, effect)."""
+    return tuple(toleration.get(k) or "" for k in ("key", "operator", "value", "effect"))
+
+
+def charged_tolerations(spec: PodSpec) -> list[JSON]:
+    """The tolerations of the charged shares, written by the webhook itself: where the API
+    server runs ExtendedResourceToleration (managed clusters do), the plugin runs again
+    after the webhook rewrote the pod and would add them then, which makes the API server
+    call the webhook a second time (`reinvocationPolicy: IfNeeded`) for nothing. Written
+    here, the plugin's second run finds them and changes nothing, and the stored pod is
+    the one the webhook planned with or without the plugin. No node has such a taint: they
+    do not change where the pod may go (nor its pool, `gpupack.pool`). Appended in the
+    plugin's order, each one the pod does not already have."""
+    have = {_matched(t) for t in spec.get("tolerations") or () if isinstance(t, dict)}
+    missing = [
+        charged_toleration(r) for r in CHARGED if (r, "Exists", "", "NoSchedule") not in have
+    ]
+    if not missing:
+        return []
+    if spec.get("tolerations") is None:
+        return [patch.add("/spec/tolerations", missing)]
+    return [patch.add("/spec/tolerations/-", t) for t in missing]
+
+
 def _env_var(name: str, value: str) -> JSON:
     return {"name": name, "value": value}
 
@@ -176,6 +213,7 @@ def build_patch(
     is held to its memory share (`memory_enforced`)."""
     ops: list[JSON] = []
     original = OriginalResources(scheduler_name=spec.get("schedulerName"))
+    charged = False
     for slot in gpus.slots:
         container = spec[slot.field][slot.index]  # type: ignore[literal-required]
         removed = {}
@@ -193,6 +231,9 @@ def build_patch(
         target[slot.name] = removed
         if slot.count > 0:
             ops.extend(_charge_ops(container, slot, allocation))
+            charged = True
+    if charged:
+        ops.extend(charged_tolerations(spec))
     scheduler_path = "/spec/schedulerName"
     if "schedulerName" in spec:
         if spec["schedulerName"] != keys.SCHEDULER_NAME:

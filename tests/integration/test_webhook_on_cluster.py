@@ -562,3 +562,60 @@ def test_the_pods_of_one_replicaset_share_one_plan(
     finally:
         kube.delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/shared")
         delete_capacity(kube, first)
+
+
+def webhook_calls(kube: Kube) -> float:
+    """How many times the API server has called gpupack's namespaces webhook for a pod
+    creation, by its own metric (`apiserver_admission_webhook_admission_duration_seconds`)."""
+    text = kube.text("GET", "/metrics", content_type="text/plain")
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "apiserver_admission_webhook_admission_duration_seconds_count"
+        and sample.labels.get("name") == "namespaces.gpupack.io"
+        and sample.labels.get("operation") == "CREATE"
+    )
+
+
+def test_a_rewritten_pod_costs_one_webhook_call_where_the_api_server_adds_tolerations(
+    kube: Kube, opted_in_namespace: str, local_cluster: LocalCluster
+) -> None:
+    """The local API server runs ExtendedResourceToleration, as managed clusters do: it
+    tolerates every extended resource a pod asks, and runs again after a webhook changed
+    the pod. The webhook writes the tolerations of the shares it charges itself, so that
+    second run finds nothing to add and the API server does not call the webhook again:
+    one call per pod, by the API server's count, and each toleration stored once."""
+    ns = opted_in_namespace
+    charged = [
+        {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
+        for resource in (keys.RESOURCE_COMPUTE, keys.RESOURCE_MEMORY)
+    ]
+    mine = {"key": keys.RESOURCE_MEMORY, "operator": "Exists", "effect": "NoSchedule"}
+    names = ("once-a", "once-b", "once-c")
+    before = webhook_calls(kube)
+    stored = []
+    try:
+        for name in names:
+            obj = pod(ns, name)
+            if name == "once-c":  # one of them already tolerates a charged share
+                obj["spec"]["tolerations"].append(mine)
+            stored.append(kube.create(pods_path(ns), obj))
+        calls = webhook_calls(kube) - before
+        for item in stored:
+            assert_mutated(item)
+            tolerations = item["spec"]["tolerations"]
+            for toleration in [*charged, isolate(ns)]:
+                assert tolerations.count(toleration) == 1, tolerations
+            gpu = {"key": keys.NVIDIA_GPU, "operator": "Exists", "effect": "NoSchedule"}
+            assert gpu in tolerations, tolerations  # the plugin's, before the webhook
+        assert calls == len(names), f"{calls} webhook calls for {len(names)} pods"
+        for item in stored:
+            line = audit_entry(local_cluster, item["metadata"]["annotations"][keys.DECISION])
+            assert line is not None
+            assert line["reason"] == "mutated", line
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiError):
+                kube.delete(f"{pods_path(ns)}/{name}")
+        delete_capacity(kube, stored[0] if stored else None)

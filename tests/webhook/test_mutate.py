@@ -768,10 +768,77 @@ def test_patch_is_deterministic_and_minimal() -> None:
         "/spec/containers/0/resources/limits/gpupack.io~1gpu-compute-milli",
         "/spec/containers/0/resources/limits/gpupack.io~1gpu-memory",
         "/spec/containers/0/resources/requests",
+        "/spec/tolerations",
         "/spec/schedulerName",
         "/metadata/annotations",
         "/spec/containers/0/env",
     ]
+
+
+CHARGED_TOLERATIONS = [
+    {"key": keys.RESOURCE_COMPUTE, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": keys.RESOURCE_MEMORY, "operator": "Exists", "effect": "NoSchedule"},
+]
+GPU_TAINT = {"key": keys.NVIDIA_GPU, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def extended_resource_toleration(spec: JSON) -> list[JSON]:
+    """What the API server's ExtendedResourceToleration leaves as the pod's tolerations:
+    for each extended resource a container asks (sorted by name), `<name> Exists
+    NoSchedule` appended unless a toleration with that key, operator, value and effect is
+    there (Kubernetes' AddOrUpdateTolerationInPod)."""
+    tolerations = list(spec.get("tolerations") or [])
+    names = sorted(
+        {
+            name
+            for field_name in ("containers", "initContainers")
+            for c in spec.get(field_name) or []
+            for name in (c.get("resources") or {}).get("requests") or {}
+            if "/" in name and not name.startswith("kubernetes.io/")
+        }
+    )
+    for name in names:
+        wanted = {"key": name, "operator": "Exists", "effect": "NoSchedule"}
+        fields_ = ("key", "operator", "value", "effect")
+        if not any(all(t.get(k, "") == wanted.get(k, "") for k in fields_) for t in tolerations):
+            tolerations.append(wanted)
+    return tolerations
+
+
+@pytest.mark.parametrize(
+    "tolerations",
+    [
+        pytest.param(None, id="none"),
+        pytest.param([GPU_TAINT], id="the-gpu-taints-added-before-the-webhook"),
+        pytest.param([GPU_TAINT, CHARGED_TOLERATIONS[1]], id="one-charged-one-already"),
+        pytest.param([{**CHARGED_TOLERATIONS[0], "value": ""}], id="an-equal-one-with-empty-value"),
+        pytest.param([{"operator": "Exists"}], id="tolerates-everything"),
+    ],
+)
+def test_the_rewritten_pod_tolerates_its_charges_so_the_plugins_second_run_changes_nothing(
+    tolerations: list[JSON] | None,
+) -> None:
+    """Where the API server runs ExtendedResourceToleration it runs again after the
+    webhook; had the pod changed then, the API server would call the webhook again."""
+    pod = deployment_pod() if tolerations is None else deployment_pod(tolerations=tolerations)
+    decision = decide(request(pod), MutationContext())
+    stored = jsonpatch.apply_patch(pod, list(decision.patch))
+    assert extended_resource_toleration(stored["spec"]) == stored["spec"]["tolerations"]
+    matched = [
+        [t.get(k, "") for k in ("key", "operator", "value", "effect")]
+        for t in stored["spec"]["tolerations"]
+    ]
+    for toleration in CHARGED_TOLERATIONS:
+        assert matched.count([toleration["key"], "Exists", "", "NoSchedule"]) == 1, matched
+    assert stored["spec"]["tolerations"][: len(tolerations or [])] == (tolerations or [])
+
+
+def test_a_pod_charged_nothing_gets_no_tolerations() -> None:
+    container = gpu_container()
+    container["resources"]["limits"][keys.NVIDIA_GPU] = "0"
+    pod = deployment_pod(containers=[container])
+    decision = decide(request(pod), MutationContext())
+    assert not [op for op in decision.patch if op["path"].startswith("/spec/tolerations")]
 
 
 def test_keys_needing_json_pointer_escapes() -> None:
