@@ -17,15 +17,17 @@ simulated GPU assigner stands in for the nodes' agents):
    capacity pods'), and timed the same way.
 
 Reports both paces, `ratio` = gpupack's pods per second / kube-scheduler's (target 0.5,
-goal 0.8), the capacity pods made against the lower bound (the GPUs the shares need)
-and the most that existed at once, and the peak resident memory (VmHWM) of the extender,
-of the webhook and of gpupack's two kube-schedulers (fractional pods', capacity pods');
+goal 0.8), the capacity pods made against the lower bound (the GPUs the shares need) and
+the most that existed at once, and the peak resident memory (VmHWM) of the extender, of
+the webhook and of gpupack's two kube-schedulers (fractional pods', capacity pods');
 where the CPU went during gpupack's burst (each process of the cluster, and this
-benchmark's clients and watch), the extender's filter results and requeues, and the
-writes the API server answered during each burst (by verb and resource, from its
-`apiserver_request_total`). Then `memory` (benchmarks/scale/memory.py): what the
-extender's and the webhook's own classes keep per 10,000 pods and per 1,000 nodes, built
-from the cluster's objects at the end, against the same with every object kept whole.
+benchmark's clients and watch), the CPU per placed pod of both bursts (all processes
+together: `cpu_ms_per_placed_pod`, a steadier figure than the pace), the extender's
+filter results and requeues, and the writes the API server answered during each burst
+(by verb and resource, from its `apiserver_request_total`). Then `memory`
+(benchmarks/scale/memory.py): what the extender's and the webhook's own classes keep per
+10,000 pods and per 1,000 nodes, built from the cluster's objects at the end, against
+the same with every object kept whole.
 
 The stand-in for the node agents (`SimulatedGpuAssigner`) is event-driven: it watches
 the capacity pods and names each one when the event that shows it Running arrives, four
@@ -231,6 +233,16 @@ def cpu_seconds(processes: dict[str, Any]) -> dict[str, float]:
     return used
 
 
+def cpu_per_pod(gpupack: float, kube_scheduler: float, pods: int) -> dict[str, float | None]:
+    """Milliseconds of CPU per placed pod in each burst (all processes together), and
+    gpupack's over kube-scheduler's."""
+    return {
+        "gpupack": round(gpupack / pods * 1000, 1),
+        "kube_scheduler": round(kube_scheduler / pods * 1000, 1),
+        "ratio": round(gpupack / kube_scheduler, 2) if kube_scheduler > 0 else None,
+    }
+
+
 def extender_counts(args: list[str]) -> dict[str, float]:
     """The extender's filter results and requeues, from its metrics endpoint."""
     port = next(a.split("=", 1)[1] for a in args if a.startswith("--metrics-port="))
@@ -368,11 +380,16 @@ def main(argv: list[str] | None = None) -> int:
             }
 
             whole = kube.create_namespace("burst-out", {})
+            k_cpu_before = cpu_seconds(cluster.processes)
             k_first, k_last = burst(kube, whole, args.pods, args.threads, gpu_share=False)
             created = k_last - k_first
             print(f"  kube-scheduler: {args.pods} pods created in {created:.1f} s", file=log)
             k_done = wait_bound(timeline, whole, args.pods, args.timeout)
             kube_s = k_done - k_first
+            k_cpu_after = cpu_seconds(cluster.processes)
+            kube_cpu = sum(k_cpu_after.values()) - sum(
+                k_cpu_before.get(name, 0.0) for name in k_cpu_after
+            )
             kube_writes = writes_between(requests_after, api_requests(kube))
             print(f"  kube-scheduler: all bound in {kube_s:.1f} s", file=log)
             whole_pods = timeline.pods_of(whole)
@@ -409,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         "capacity_scheduler_peak_mib": schedulers_mib["capacity"],
         "gpupack_stages": gpupack_stages,
         "gpupack_cpu_seconds": gpupack_cpu,
+        # Every process of the cluster and the benchmark's own, over each burst: steadier
+        # than the pace on a machine whose load moves between runs.
+        "cpu_ms_per_placed_pod": cpu_per_pod(sum(gpupack_cpu.values()), kube_cpu, args.pods),
         "extender_counts": counts,
         "gpupack_api_writes": writes_between(requests_before, requests_after),
         "kube_scheduler_api_writes": kube_writes,

@@ -28,6 +28,9 @@ def test_a_small_burst_reports_both_paces_the_timeline_and_the_capacity(
     assert report["webhook_peak_mib"] > 0
     assert report["kube_scheduler_peak_mib"] > 0
     assert report["capacity_scheduler_peak_mib"] > 0
+    cpu = report["cpu_ms_per_placed_pod"]
+    assert cpu["gpupack"] > 0
+    assert cpu["kube_scheduler"] > 0
     memory, kept_whole = report["memory"], report["memory"]["objects_whole"]
     assert memory["extender"]["pods"] >= 8 + 8 + 2  # the shares, the whole-GPU pods, capacity
     assert memory["extender"]["nodes"] == 2
