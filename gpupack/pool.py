@@ -31,12 +31,19 @@ UNENFORCED: Final = "unenforced"
 # node has such a taint, so they say nothing about where the pod may go, and the pod the
 # webhook plans from has none: they are not part of the pool (the `nvidia.com/gpu` one,
 # written by the plugin before the webhook runs, is).
-_CHARGED: Final = frozenset({RESOURCE_COMPUTE, RESOURCE_MEMORY})
+# In the order the plugin adds them (sorted by name).
+CHARGED: Final = tuple(sorted((RESOURCE_COMPUTE, RESOURCE_MEMORY)))
+
+
+def charged_toleration(resource: str) -> JSON:
+    """The toleration ExtendedResourceToleration gives a pod for extended resource
+    `resource`, and the webhook for each share it charges."""
+    return {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def _charged(toleration: JSON) -> bool:
     return (
-        toleration.get("key") in _CHARGED
+        toleration.get("key") in CHARGED
         and toleration.get("operator") == "Exists"
         and toleration.get("effect") == "NoSchedule"
     )

@@ -20,6 +20,7 @@ from gpupack.codec import OriginalResources, write_original_resources
 from gpupack.gpu_request import GpuScan, GpuSlot
 from gpupack.objects import JSON, Container, Pod, PodSpec
 from gpupack.policy import Policy, Sharing
+from gpupack.pool import CHARGED, charged_toleration
 from gpupack.quantity import format_compute, format_memory
 from webhook import patch
 from webhook.policies import PolicyChoice
@@ -105,16 +106,6 @@ def _charge_ops(container: Container, slot: GpuSlot, allocation: PodShare) -> li
     return ops
 
 
-# The shares charged, in the order ExtendedResourceToleration adds their tolerations
-# (sorted by name).
-CHARGED: Final = tuple(sorted((keys.RESOURCE_COMPUTE, keys.RESOURCE_MEMORY)))
-
-
-def charged_toleration(resource: str) -> JSON:
-    """The toleration ExtendedResourceToleration gives a pod for an extended resource."""
-    return {"key": resource, "operator": "Exists", "effect": "NoSchedule"}
-
-
 def _matched(toleration: JSON) -> tuple[object, ...]:
     """What the plugin compares to find a pod's toleration equal to the one it would add
     (Kubernetes' `Toleration.MatchToleration`: key, operator, value, effect)."""
@@ -126,8 +117,8 @@ def charged_tolerations(spec: PodSpec) -> list[JSON]:
     server runs ExtendedResourceToleration (managed clusters do), the plugin runs again
     after the webhook rewrote the pod and would add them then, which makes the API server
     call the webhook a second time (`reinvocationPolicy: IfNeeded`) for nothing. Written
-    here, the plugin's second run finds them and changes nothing, and the stored pod is
-    the one the webhook planned with or without the plugin. No node has such a taint: they
+    here, the plugin's second run finds them and changes nothing, and the pod carries them
+    with or without the plugin. No node has such a taint: they
     do not change where the pod may go (nor its pool, `gpupack.pool`). Appended in the
     plugin's order, each one the pod does not already have."""
     have = {_matched(t) for t in spec.get("tolerations") or () if isinstance(t, dict)}
