@@ -185,7 +185,7 @@ class Admissions:
         """`POST /devices`: `NVIDIA_VISIBLE_DEVICES=void` on every container the kubelet
         gives no GPU and that names none (`webhook.devices`). Pure and quick: no cluster
         read, no audit line (every pod of the cluster may come here); counted. A bug
-        admits the pod unchanged, and the admission policy `gpupack-device-env` then
+        admits the pod unchanged, and the admission policy `gpupack-pods` then
         refuses it: the boundary fails closed."""
         try:
             review = parse_review(await read_body(request))

@@ -10,7 +10,7 @@ then injects nothing. Containers given a GPU keep what the device plugin (or DRA
 gpupack's fractional containers carry their own downward-API variable (`webhook.mutate`).
 
 A variable a container already sets is left as written: the admission policy
-`gpupack-device-env` refuses every value but `void`, `none` and gpupack's own. Ephemeral
+`gpupack-pods` refuses every value but `void`, `none` and gpupack's own. Ephemeral
 containers already on the pod are immutable; only those being added are given the
 variable. The chart sends this path every pod outside the exempt namespaces where the
 API server has no MutatingAdmissionPolicy (which does the same, in the API server).

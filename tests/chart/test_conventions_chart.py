@@ -146,10 +146,9 @@ def test_every_object_is_named_after_the_overrides(values: list[str], prefix: st
     for component in COMPONENTS:
         assert workload(docs, component, prefix)
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
-    admitted = next(
-        p for p in policies if p["metadata"]["name"] == f"{prefix}-immutable-allocations"
-    )
-    assert f"system:serviceaccount:{NAMESPACE}:{prefix}-webhook" in yaml.safe_dump(admitted)
+    for name in ("pods", "immutable-allocations"):
+        fence = next(p for p in policies if p["metadata"]["name"] == f"{prefix}-{name}")
+        assert f"system:serviceaccount:{NAMESPACE}:{prefix}-webhook" in yaml.safe_dump(fence)
 
 
 def test_the_crds_are_applied_before_every_upgrade_by_a_hook_with_only_that_right() -> None:

@@ -299,7 +299,7 @@ def test_only_the_scheduler_creates_pods_for_the_capacity_profile(
     }  # fmt: skip
     pods = f"/api/v1/namespaces/{plain_namespace}/pods"
     with acting_as(kube, "alice") as alice:
-        said = refused_by(lambda: alice.create(pods, body), "gpupack-capacity-scheduler")
+        said = refused_by(lambda: alice.create(pods, body), "gpupack-pods")
         assert "schedulerName gpupack-capacity is gpupack's own" in said
         body["spec"]["schedulerName"] = "default-scheduler"
         alice.create(pods, body, dry_run=True)  # the same pod for the default scheduler

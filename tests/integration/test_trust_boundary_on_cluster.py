@@ -91,6 +91,26 @@ def test_a_pod_naming_gpupack_scheduler_without_a_gpu_request_is_refused(
     assert "did not admit" in why
 
 
+@pytest.mark.parametrize(
+    ("metadata", "named"),
+    [
+        ({"annotations": {keys.GPU_UUID: "GPU-00000000-0000-0000-0000-000000000000"}}, keys.GPU_UUID),
+        ({"annotations": {keys.CAPACITY_POD: "gpupack-capacity-a100-0"}}, keys.CAPACITY_POD),
+        ({"labels": {keys.HOSTING: "true"}}, keys.HOSTING),
+    ],
+)  # fmt: skip
+def test_nobody_but_gpupack_creates_a_pod_with_what_only_its_scheduler_writes(
+    kube: Kube, plain_namespace: str, metadata: JSON, named: str
+) -> None:
+    """A GPU, a capacity pod or the hosting label written by hand at creation, on a pod
+    the webhook never sees: refused by the API server, naming the key."""
+    body = bare_pod("forged")
+    body["metadata"] |= metadata
+    assert f"gpupack: {named} may only be written by gpupack" in refused(
+        kube, plain_namespace, body
+    )
+
+
 @pytest.mark.smoke
 @pytest.mark.parametrize(
     ("edit", "named"),
