@@ -156,7 +156,13 @@ def test_a_node_an_autoscaler_removes_gives_its_empty_gpus_back_and_takes_no_new
             lambda: kept not in pool_capacity(kube, pool),
             timeout=30,
         )
-        assert deleted(chart_grace, "node-removed") == before + 1
+        # Counted once the extender's DELETE has returned, a moment after the API server
+        # applied it (what the wait above saw).
+        kube.wait_for(
+            "the deletion counted as node-removed",
+            lambda: deleted(chart_grace, "node-removed") == before + 1,
+            timeout=10,
+        )
         create(kube, in_pool(deployment(ns, "late", 1, "100m", **pinned), group))
 
         def refused() -> str | None:
