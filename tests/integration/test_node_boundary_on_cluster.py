@@ -233,6 +233,11 @@ def test_the_node_agent_writes_only_its_annotations_on_its_own_nodes_capacity_po
         with pytest.raises(ApiError) as deleted:  # and RBAC: no delete at all
             agent.request("DELETE", f"{pods}/fence-here")
         assert deleted.value.status == 403
+        # RBAC: no pod write outside the release namespace, where the fence is not bound.
+        with pytest.raises(ApiError) as elsewhere:
+            agent.merge_patch("/api/v1/namespaces/default/pods/anyone", uuid)
+        assert elsewhere.value.status == 403
+        assert "cannot patch resource" in elsewhere.value.body, elsewhere.value.body
     with acting_as(kube, EXPORTER) as unbound:  # a token from anywhere but a kubelet
         said = refused_by(lambda: unbound.merge_patch(f"{pods}/fence-here", uuid), fence)
         assert "bound to no node" in said
