@@ -134,6 +134,63 @@ def test_nobody_but_gpupack_changes_an_admitted_pods_allocation(
     assert kube.get(path)["metadata"]["annotations"] == meta["annotations"]
 
 
+@pytest.mark.parametrize("subresource", ["", "/status"])
+def test_nobody_but_gpupack_changes_an_admitted_pods_gpupack_labels(
+    kube: Kube, admitted: JSON, subresource: str
+) -> None:
+    """A gpupack.io/ label added by hand, through an update or a status update: refused,
+    naming it; a label of the user's own in the same place passes (the policy's match
+    condition lets every change of metadata through to its validations, which decide)."""
+    meta = admitted["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}" + subresource
+    with pytest.raises(ApiError) as error:
+        kube.merge_patch(path, {"metadata": {"labels": {"gpupack.io/role": "capacity"}}})
+    assert error.value.status == 403, error.value.body
+    assert "gpupack: label gpupack.io/role is written by gpupack only" in error.value.body
+    kube.merge_patch(path, {"metadata": {"labels": {"team": "a"}}})
+    assert kube.get(path)["metadata"]["labels"]["team"] == "a"
+
+
+def test_a_status_update_that_leaves_the_metadata_alone_passes(kube: Kube, admitted: JSON) -> None:
+    """What every kubelet writes many times per pod: a status change, no metadata change.
+    The policies let it through (the immutable-allocations match condition is false)."""
+    meta = admitted["metadata"]
+    path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
+    condition = {"type": "gpupack.io/test", "status": "True"}
+    conditions = [*kube.get(path)["status"].get("conditions", []), condition]
+    kube.merge_patch(path, {"status": {"conditions": conditions}})
+    conditions = kube.get(path)["status"]["conditions"]
+    assert any(c["type"] == "gpupack.io/test" for c in conditions), conditions
+    assert kube.get(path)["metadata"]["annotations"] == meta["annotations"]
+
+
+def test_a_binding_carries_no_gpupack_annotation_but_from_gpupack(
+    kube: Kube, plain_namespace: str
+) -> None:
+    """A Binding that names a GPU, posted by anyone but gpupack-scheduler: refused before
+    the pod is bound; the same Binding without it binds the pod."""
+    kube.create(
+        f"/api/v1/namespaces/{plain_namespace}/pods",
+        bare_pod("bound-by-hand", schedulerName="nobody", tolerations=[{"operator": "Exists"}]),
+    )
+    path = f"/api/v1/namespaces/{plain_namespace}/pods/bound-by-hand"
+    node = next(n["metadata"]["name"] for n in kube.get("/api/v1/nodes")["items"])
+    binding: JSON = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "bound-by-hand", "annotations": {keys.GPU_UUID: "GPU-forged"}},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    with pytest.raises(ApiError) as error:
+        kube.create(path + "/binding", binding)
+    assert error.value.status == 403, error.value.body
+    assert f"a Binding may not carry {keys.GPU_UUID}" in error.value.body
+    assert not kube.get(path)["spec"].get("nodeName")
+    binding["metadata"]["annotations"] = {"team": "a"}
+    kube.create(path + "/binding", binding)
+    assert kube.get(path)["spec"]["nodeName"] == node
+
+
 def test_a_capacity_pod_that_hosts_pods_is_neither_deleted_nor_evicted(
     kube: Kube, admitted: JSON
 ) -> None:
