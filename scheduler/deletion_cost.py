@@ -14,7 +14,7 @@ pods per round, and only on running pods a ReplicaSet owns. A cost the user set 
 theirs: gpupack manages the annotation only while it is absent or equal to the value
 gpupack last wrote (`gpupack.io/deletion-cost`, which only gpupack may write). The API
 server lets the scheduler change nothing else on a user's pod (the chart's admission
-policy `scheduler-pod-writes`).
+policy `immutable-allocations`).
 """
 
 import logging

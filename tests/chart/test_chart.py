@@ -440,19 +440,23 @@ def test_the_scheduler_renders_its_flags_and_least_privilege_rbac() -> None:
     verbs = rule_verbs(role)
     # Cluster-wide, a pod's pod-deletion-cost only: the admission policy fences the patch.
     assert verbs[("", "pods")] == {"get", "list", "watch", "patch"}
-    fence = [
+    (fence,) = [
         p
         for p in of_kind(docs, "ValidatingAdmissionPolicy")
-        if p["metadata"]["name"] == "gpupack-scheduler-pod-writes"
+        if p["metadata"]["name"] == "gpupack-immutable-allocations"
     ]
-    assert len(fence) == 1
+    outside = "request.namespace != 'gpupack-system'"
+    assert outside in fence["spec"]["matchConditions"][0]["expression"]
     assert "system:serviceaccount:gpupack-system:gpupack-scheduler" in str(fence)
+    assert "the scheduler may only change the pod-deletion-cost" in str(fence)
     without = render("--set=scheduler.deletionCost.enabled=false")
     (role_without,) = [
         d for d in of_kind(without, "ClusterRole") if d["metadata"]["name"] == "gpupack-scheduler"
     ]
     assert rule_verbs(role_without)[("", "pods")] == {"get", "list", "watch"}  # no write
-    assert "scheduler-pod-writes" not in str(of_kind(without, "ValidatingAdmissionPolicy"))
+    policies = str(of_kind(without, "ValidatingAdmissionPolicy"))
+    assert "pod-deletion-cost" not in policies
+    assert "request.namespace != 'gpupack-system'" not in policies
     assert verbs[("", "pods/binding")] == {"create"}
     assert verbs[("", "pods/status")] == {"patch"}  # the condition that requeues a pod
     assert ("", "secrets") not in verbs

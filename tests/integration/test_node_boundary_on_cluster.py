@@ -269,7 +269,7 @@ def test_the_scheduler_cannot_re_own_or_un_finalize_a_node_or_a_users_pod(
             said = refused_by(lambda: scheduler.merge_patch(f"/api/v1/nodes/{node}", held), nodes)
             assert "finalizers" in said
 
-            pods = "gpupack-scheduler-pod-writes"
+            pods = "gpupack-immutable-allocations"
             freed = {"metadata": {"finalizers": None}}
             said = refused_by(lambda: scheduler.merge_patch(f"{path}/kept", freed), pods)
             assert "finalizers" in said
