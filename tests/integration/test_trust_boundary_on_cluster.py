@@ -153,7 +153,8 @@ def test_nobody_but_gpupack_changes_an_admitted_pods_gpupack_labels(
 
 def test_a_status_update_that_leaves_the_metadata_alone_passes(kube: Kube, admitted: JSON) -> None:
     """What every kubelet writes many times per pod: a status change, no metadata change.
-    The policies let it through (the immutable-allocations match condition is false)."""
+    The policies let it through: gpupack-immutable-allocations' match condition neither
+    errs (failurePolicy Fail would refuse the write) nor sends it to a check that refuses."""
     meta = admitted["metadata"]
     path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status"
     condition = {"type": "gpupack.io/test", "status": "True"}

@@ -282,14 +282,30 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupack.exporter.name
 
 {{- /* CEL: `object` and `oldObject` have the same owner references and finalizers: what
 a fence that allows a narrow change must also hold still (a dangling owner makes the
-garbage collector delete the object; a finalizer removed lets it go early). */ -}}
+garbage collector delete the object; a finalizer removed lets it go early). `who` names
+the writer in the messages; `unless`, a CEL condition under which the checks pass (the
+writes they do not apply to), or none. */ -}}
 {{- define "gpupack.cel.sameOwnership" -}}
-- expression: "object == null || oldObject == null || (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) == (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
-  message: "gpupack: {{ . }} may not change owner references"
+{{- $unless := ternary (printf "%s || " .unless) "" (hasKey . "unless") -}}
+- expression: "{{ $unless }}object == null || oldObject == null || (has(object.metadata.ownerReferences) ? object.metadata.ownerReferences : []) == (has(oldObject.metadata.ownerReferences) ? oldObject.metadata.ownerReferences : [])"
+  message: "gpupack: {{ .who }} may not change owner references"
   reason: Forbidden
-- expression: "object == null || oldObject == null || (has(object.metadata.finalizers) ? object.metadata.finalizers : []) == (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : [])"
-  message: "gpupack: {{ . }} may not add or remove finalizers"
+- expression: "{{ $unless }}object == null || oldObject == null || (has(object.metadata.finalizers) ? object.metadata.finalizers : []) == (has(oldObject.metadata.finalizers) ? oldObject.metadata.finalizers : [])"
+  message: "gpupack: {{ .who }} may not add or remove finalizers"
   reason: Forbidden
+{{- end -}}
+
+{{- /* CEL: whether a pod write is exempt from gpupack-immutable-allocations' checks of
+gpupack's own metadata: gpupack's identities, and the node agent (fenced by
+gpupack-exporter-writes). */ -}}
+{{- define "gpupack.cel.writesGpupackMetadata" -}}
+request.userInfo.username in {{ include "gpupack.identities" . }} || request.userInfo.username == '{{ include "gpupack.exporter.identity" . }}'
+{{- end -}}
+
+{{- /* CEL: gpupack-scheduler updating a pod outside the release namespace, where it may
+change only the pod-deletion-cost (scheduler.deletionCost.enabled). */ -}}
+{{- define "gpupack.cel.schedulerOutside" -}}
+request.operation == 'UPDATE' && request.userInfo.username == 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupack.scheduler.name" . }}' && request.namespace != '{{ .Release.Namespace }}'
 {{- end -}}
 
 {{- /* CEL: whether the pod (`object`) is in an opted-in scope, as the webhook's two
