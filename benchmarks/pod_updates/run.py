@@ -32,7 +32,6 @@ Usage: .venv/bin/python -m benchmarks.pod_updates.run [--pods 50] [--updates 150
 import argparse
 import copy
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -42,21 +41,14 @@ from typing import Any, Final
 
 import yaml
 
-from hack.localcluster import ApiError, Kube, LocalCluster, chart
+from benchmarks.scale.run import cpu_seconds
+from hack.localcluster import Kube, LocalCluster, chart
 
-POLICIES: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 NAMESPACE: Final = "pod-updates"
 VARIANTS: Final = ("none", "chart", "no_match_condition")
 SETTLE_SECONDS: Final = 3.0  # the API server's policy informers see a change
 WARM_UPDATES: Final = 100
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -89,27 +81,12 @@ def rendered_policies(cluster: LocalCluster) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def replace(kube: Kube, collection: str, obj: dict[str, Any]) -> None:
-    body = copy.deepcopy(obj)
-    body["metadata"].pop("resourceVersion", None)
-    try:
-        kube.request("DELETE", f"{collection}/{body['metadata']['name']}")
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-    kube.create(collection, body)
-
-
 def install(kube: Kube, docs: list[dict[str, Any]], variant: str) -> None:
-    """The chart's policies and bindings as `variant` has them."""
-    for doc in docs:
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            name = doc["metadata"]["name"]
-            try:
-                kube.request("DELETE", f"{BINDINGS}/{name}")
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+    """The chart's policies and bindings as `variant` has them: the bindings deleted, the
+    policies replaced, the bindings created again (none for `none`)."""
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    for binding in bindings:
+        kube.delete(f"{BINDINGS}/{binding['metadata']['name']}")
     if variant == "none":
         return
     for doc in docs:
@@ -119,10 +96,13 @@ def install(kube: Kube, docs: list[dict[str, Any]], variant: str) -> None:
                 "-immutable-allocations"
             ):
                 policy["spec"].pop("matchConditions", None)
-            replace(kube, POLICIES, policy)
-    for doc in docs:
-        if doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            kube.create(BINDINGS, doc)
+            kube.apply(policy)  # a replacement: a dropped field goes
+    for binding in bindings:
+        kube.create(BINDINGS, binding)
+
+
+def apiserver_cpu(cluster: LocalCluster) -> float:
+    return cpu_seconds(cluster.processes)["kube-apiserver"]
 
 
 def update(kube: Kube, pods: int, index: int, tag: str) -> None:
@@ -159,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
         kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         for i in range(args.pods):
             kube.create(f"/api/v1/namespaces/{NAMESPACE}/pods", pod(f"p{i}"))
-        pid = cluster.processes["kube-apiserver"].pid
         for round_ in range(args.rounds):
             order = VARIANTS if round_ % 2 == 0 else tuple(reversed(VARIANTS))
             for variant in order:
@@ -167,11 +146,11 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(SETTLE_SECONDS)
                 for k in range(WARM_UPDATES):
                     update(kube, args.pods, k, f"warm {round_} {variant} {k}")
-                before, started = cpu_seconds(pid), time.monotonic()
+                before, started = apiserver_cpu(cluster), time.monotonic()
                 for k in range(args.updates):
                     update(kube, args.pods, k, f"{round_} {variant} {k}")
                 elapsed = time.monotonic() - started
-                cpu_ms[variant].append((cpu_seconds(pid) - before) / args.updates * 1000)
+                cpu_ms[variant].append((apiserver_cpu(cluster) - before) / args.updates * 1000)
                 wall_ms[variant].append(elapsed / args.updates * 1000)
                 print(
                     f"  round {round_ + 1} {variant:18s}: API server {cpu_ms[variant][-1]:.3f} "
