@@ -39,6 +39,11 @@ NO_LOSSES: Final[Losses] = ((), (0.0,))
 _Side = tuple[int, int]  # pods of a task type some GPUs hold (-1: none can run), FGD's usable
 _Single = tuple[int, float, float]  # compute, popularity x GPU millis per pod, popularity
 _Kind = tuple[int, int, float, float]  # GPUs, then as `_Single`
+# A task type's row of one GPU side (`DeepFragmentation._rows`): its CPU and host memory
+# per pod, the pods the GPUs hold (-1: it cannot run on them), its term when it cannot run
+# on the node, its term when CPU and host memory do not limit it, and what the term is
+# computed from when host memory does (weight, GPU millis per pod, FGD's usable, depth).
+_Row = tuple[int, int, int, float, float, float, int, int, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +179,7 @@ class DeepFragmentation:
         self._tasks = tuple((t.weight, t.cpu, t.memory, t.compute * t.gpus) for t in mix)
         self._depths = tuple(self.depth.of(t) for t in mix)
         self._gpu_side: dict[tuple[str, tuple[int, ...]], tuple[_Side, ...]] = {}
+        self._gpu_rows: dict[tuple[str, tuple[int, ...]], tuple[_Row, ...]] = {}
         self._usable: dict[tuple[str, tuple[int, ...]], float] = {}
         self._kinds: dict[str, tuple[tuple[_Single, ...], tuple[_Kind, ...]]] = {}
         self._taken: dict[tuple[str, int, int], float] = {}
@@ -318,6 +324,35 @@ class DeepFragmentation:
             tuple((g, c, f, w) for (g, c), (f, w) in multi.items()),
         )
 
+    def _rows(self, model: str, ordered: tuple[int, ...]) -> tuple[_Row, ...]:
+        """Per task type, in the mix's order, the terms `__call__` adds for GPUs with
+        `ordered` free compute, computed once per GPU side by the same float operations:
+        what is left to a node's CPU and host memory is which of them applies."""
+        key = (model, ordered)
+        rows = self._gpu_rows.get(key)
+        if rows is None:
+            total = sum(ordered)
+            rows = tuple(
+                (
+                    cpu,
+                    memory,
+                    gpu_fit,
+                    weight * total,
+                    weight * (total - usable_part(gpu_fit * per_pod, wide, depth)),
+                    weight,
+                    per_pod,
+                    wide,
+                    depth,
+                )
+                for (weight, cpu, memory, per_pod), (gpu_fit, wide), depth in zip(
+                    self._tasks, self._sides(model, ordered), self._depths, strict=True
+                )
+            )
+            if len(self._gpu_rows) >= CACHE_LIMIT:
+                self._gpu_rows.clear()
+            self._gpu_rows[key] = rows
+        return rows
+
     def __call__(
         self, model: str, free_cpu: int, free: Sequence[int], free_memory: int | None
     ) -> float:
@@ -325,20 +360,21 @@ class DeepFragmentation:
         total = sum(ordered)
         if not total:
             return 0.0
-        sides = self._sides(model, ordered)
-        check_memory = free_memory is not None
-        host_memory = free_memory or 0
         out = 0.0
-        for (weight, cpu, memory, per_pod), (gpu_fit, wide), depth in zip(
-            self._tasks, sides, self._depths, strict=True
+        if free_memory is None:
+            for cpu, _, gpu_fit, idle, usable, *_ in self._rows(model, ordered):
+                out += idle if gpu_fit < 0 or free_cpu < cpu else usable
+            return out
+        for cpu, memory, gpu_fit, idle, usable, weight, per_pod, wide, depth in self._rows(
+            model, ordered
         ):
-            if gpu_fit < 0 or free_cpu < cpu or (check_memory and host_memory < memory):
-                out += weight * total
-                continue
-            fit = gpu_fit
-            if check_memory and memory and host_memory // memory < fit:
-                fit = host_memory // memory
-            out += weight * (total - usable_part(fit * per_pod, wide, depth))
+            if gpu_fit < 0 or free_cpu < cpu or free_memory < memory:
+                out += idle
+            elif memory and free_memory // memory < gpu_fit:  # host memory holds fewer pods
+                filled = free_memory // memory * per_pod  # `usable_part`, inlined:
+                out += weight * (total - (depth * filled + (1.0 - depth) * wide))
+            else:
+                out += usable
         return out
 
 

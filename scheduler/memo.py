@@ -25,6 +25,7 @@ STATE_LIMIT: Final = 100_000  # numbered node states kept before the table start
 SHAPE_LIMIT: Final = 4_096  # numbered request shapes kept before the table starts over
 ANSWER_LIMIT: Final = 1_000_000  # shared answers kept before the least used shapes lose theirs
 DEAD_BATCH: Final = 32  # states left by every node, forgotten together
+GONE_MIN: Final = 4_096  # gone states logged at least before the log's older half is dropped
 
 
 def memo_of(ledger: Ledger) -> "PlacementMemo":
@@ -51,6 +52,11 @@ class PlacementMemo:
         self._refusals: dict[tuple[object, ...], dict[int, str]] = {}  # see `refusals`
         self._frontiers: dict[int, Frontier] = {}  # shape -> its heap over the states
         self._used: dict[int, int] = {}  # shape -> the `answers` call that last used it
+        # States no node is in any more, in the order they went (`_forget_dead`), and how
+        # far into that log (counting dropped entries) each shape's tables are purged.
+        self._gone: list[int] = []
+        self._gone_base = 0
+        self._purged: dict[int, int] = {}
         self._index = StateIndex()
         # What a node of the ledger calls when it changes (`Node.on_change`): the index's
         # own method, one call on every booking's path.
@@ -150,6 +156,7 @@ class PlacementMemo:
                 self._bounds.clear()
                 self._frontiers.clear()
                 self._used.clear()
+                self._purged.clear()
                 for node in self._ledger.nodes.values():
                     node.memo.clear()
             number = self._shapes[shape] = len(self._shapes)
@@ -165,20 +172,22 @@ class PlacementMemo:
             self._profiles.clear()
             self._frontiers.clear()
             self._used.clear()
+            self._purged.clear()
             self._answers_of = (scorer, generation)
             self._epoch += 1
         return self._epoch
 
     def answers(self, shape: int) -> dict[int, StateAnswer]:
         """Placement's answers for one shape by state number, under the current
-        `scorer_epoch`. Bounded: what is kept of states no node is in any more is dropped
-        (`_forget_dead`), and past `ANSWER_LIMIT` answers, bounds, frontier entries,
+        `scorer_epoch`. Bounded: what the shape keeps of states no node is in any more is
+        dropped now (`_purge`), and past `ANSWER_LIMIT` answers, bounds, frontier entries,
         profiles and refusals together (checked every 64 calls) the shapes used least
         recently lose theirs (`_shrink`)."""
         self._answer_calls += 1
         self._used[shape] = self._answer_calls
         if self._answer_calls % 64 == 0:
             self._shrink()
+        self._purge(shape)
         answers = self._answers.get(shape)
         if answers is None:
             answers = self._answers[shape] = {}
@@ -207,30 +216,60 @@ class PlacementMemo:
             self._answers.pop(shape, None)
             self._bounds.pop(shape, None)
             self._frontiers.pop(shape, None)
+            self._purged.pop(shape, None)
             del self._used[shape]
         if shared > ANSWER_LIMIT // 2:
             self._profiles.clear()
             self._refusals.clear()
 
     def _forget_dead(self) -> None:
-        """Drop what is kept per state for the states no node is in any more (their numbers
-        are never used again), in batches of `DEAD_BATCH`."""
+        """Drop what every shape shares (profiles, refusals) for the states no node is in
+        any more, in batches of `DEAD_BATCH`, and log them for each shape's own tables,
+        which `_purge` clears when the shape is next used: a decision pays for the shape it
+        places, not for every shape met so far. (A node that enters such a state again
+        gets its number again, and the index takes it in as new.)"""
         dead = self._index.dead
         if len(dead) < DEAD_BATCH:
             return
         gone = [state for state in dead if self._index.members(state) is None]
         dead.clear()
-        tables: list[dict[int, Any]] = [
-            *self._answers.values(),
-            *self._bounds.values(),
-            *(f.current for f in self._frontiers.values()),
-            *self._refusals.values(),
-            self._profiles,
-        ]
-        for table in tables:
+        shared: list[dict[int, Any]] = [*self._refusals.values(), self._profiles]
+        for table in shared:
             if table:
                 for state in gone:
                     table.pop(state, None)
+        self._gone.extend(gone)
+        if len(self._gone) > GONE_MIN:
+            half = len(self._gone) // 2  # a shape that has not read it is purged in full
+            del self._gone[:half]
+            self._gone_base += half
+
+    def _purge(self, shape: int) -> None:
+        """Drop the shape's answers, bounds and frontier entries of the states gone since
+        its last purge (`_forget_dead`), or of all its states, when that is fewer to look
+        at or the log has dropped entries it had not read; only of states still without
+        a node (a state a node enters again keeps its number, and its frontier entry)."""
+        end = self._gone_base + len(self._gone)
+        read = self._purged.get(shape, 0)
+        if read == end:
+            return
+        self._purged[shape] = end
+        frontier = self._frontiers.get(shape)
+        gone = self._gone[read - self._gone_base :] if read >= self._gone_base else None
+        members = self._index.members
+        for table in (
+            self._answers.get(shape),
+            self._bounds.get(shape),
+            None if frontier is None else frontier.current,
+        ):
+            if not table:
+                continue
+            if gone is None or len(gone) > len(table):
+                dead = [state for state in table if members(state) is None]
+            else:
+                dead = [state for state in gone if state in table and members(state) is None]
+            for state in dead:
+                table.pop(state, None)  # a state may go, come back and go again
 
     def bounds(self, shape: int) -> dict[int, float]:
         """Lower bounds on the cost of one shape by state number, for states placement

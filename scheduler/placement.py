@@ -177,15 +177,11 @@ def _evaluate(
         why = refused.get(node.state)
         if why is not None:
             return why
-    fits: list[Gpu] = []
-    reasons: Counter[str] = Counter()
-    for gpu in node.gpus:
-        rejected = gpu_rejects(gpu, request)
-        if rejected is None:
-            fits.append(gpu)
-        else:
-            reasons[rejected] += 1
-    if len(fits) < request.gpus:
+    fits = [gpu for gpu in node.gpus if gpu_rejects(gpu, request) is None]
+    if len(fits) < request.gpus:  # why, counted only here: memoised per state in `refused`
+        reasons = Counter(
+            why for gpu in node.gpus if (why := gpu_rejects(gpu, request)) is not None
+        )
         why = reasons.most_common(1)[0][0] if reasons else f"fewer than {request.gpus} GPUs"
         if refused is not None:
             refused[node.state] = why
@@ -334,8 +330,9 @@ def _best_indexed(
     bounds = memo.bounds(shape)
     pool = request.pool
     unknown: list[int] = []
+    pools = index.pools
     for state in frontier.news(index):
-        if pool not in index.pools(state):  # no GPU of the pool, or no node any more
+        if pool not in pools(state):  # no GPU of the pool, or no node any more
             continue
         answer = answers.get(state)
         if isinstance(answer, str):

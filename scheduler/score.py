@@ -36,7 +36,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from scheduler.fragmentation import (
     CACHE_LIMIT,
@@ -127,10 +127,11 @@ class FragmentationScorer(Scorer):
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
-        pooled = [g for g in node.gpus if g.pool == request.pool and not g.coming]
+        pool = request.pool
+        pooled = [g for g in node.gpus if g.pool == pool and not g.coming]
         model = pooled[0].model if pooled else ""
-        free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
-        fit_slots = tuple(sorted(_slot(g) for g in fits))
+        free = tuple(sorted([g.free_compute for g in pooled], reverse=True))
+        fit_slots = tuple(sorted([_slot(g) for g in fits]))
         node_used = node.used_pods > 0
         memory = node.free_memory if self._weights.host_memory else None
         key = (
@@ -357,9 +358,8 @@ class _Profile:
     memory_losses: Losses  # the same for host memory
 
 
-@dataclass(frozen=True, slots=True)
-class _State:
-    """A node as the fragmentation sees it."""
+class _State(NamedTuple):
+    """A node as the fragmentation sees it (a tuple: made for every placement weighed)."""
 
     model: str
     cpu: int  # free millicores

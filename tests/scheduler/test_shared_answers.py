@@ -2,7 +2,8 @@
 on its own, however the snapshot changes between decisions."""
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -239,6 +240,52 @@ def test_shape_and_state_tables_that_start_over_keep_decisions(
         if isinstance(a, Placement):
             shared.assume(request, a.node, a.gpus)
             own.assume(request, a.node, a.gpus)
+
+
+@pytest.mark.parametrize("gone_min", [1, 4_096])
+def test_a_shape_forgets_the_states_no_node_is_in_and_keeps_every_live_one(
+    monkeypatch: pytest.MonkeyPatch, gone_min: int
+) -> None:
+    """What a shape keeps of a state no node is in any more goes when the shape is used
+    next (from the log of gone states, or, once the log dropped what it had not read, by
+    looking at each state); what it keeps of a live state stays, also of a state that went
+    and came back (it keeps its number)."""
+    monkeypatch.setattr(memo_module, "DEAD_BATCH", 1)
+    monkeypatch.setattr(memo_module, "GONE_MIN", gone_min)
+    rng = random.Random(11)
+    snap, scorer = Ledger(cluster()), FragmentationScorer(MIX)
+    memo = memo_module.memo_of(snap)
+    requests = [pod(rng, step) for step in range(6)]
+    kept_live = 0
+    for step in range(300):
+        request = requests[step % len(requests)]
+        placed = place(snap, request, scorer)
+        if isinstance(placed, Placement) and rng.random() < 0.6:
+            snap.assume(replace(request, key=f"ns/s{step}"), placed.node, placed.gpus)
+        churn(snap, rng, step)
+        index = memo.states()  # what changed is in the index, the states gone are logged
+        shape = memo.shape_of(requests[(step + 1) % len(requests)])
+        frontier = memo.frontier(shape)
+        before: dict[str, Mapping[int, object]] = {
+            name: dict(table)
+            for name, table in (
+                ("answers", memo._answers.get(shape, {})),
+                ("bounds", memo._bounds.get(shape, {})),
+                ("frontier", frontier.current),
+            )
+        }
+        memo.answers(shape)
+        after: dict[str, Mapping[int, object]] = {
+            "answers": memo._answers.get(shape, {}),
+            "bounds": memo._bounds.get(shape, {}),
+            "frontier": frontier.current,
+        }
+        for name, table in after.items():
+            assert all(index.members(state) is not None for state in table), name
+            live = {s: v for s, v in before[name].items() if index.members(s) is not None}
+            assert table == live, name
+            kept_live += len(live)
+    assert kept_live > 0
 
 
 def test_a_new_task_mix_changes_shared_answers() -> None:
