@@ -22,6 +22,7 @@ at all: counted in the filling too, it made the scorer guard CPU at the GPUs' ex
 where multi-GPU pods are common. docs/scheduler.md ("Packing") has the measurements.
 """
 
+import math
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -39,11 +40,13 @@ NO_LOSSES: Final[Losses] = ((), (0.0,))
 _Side = tuple[int, int]  # pods of a task type some GPUs hold (-1: none can run), FGD's usable
 _Single = tuple[int, float, float]  # compute, popularity x GPU millis per pod, popularity
 _Kind = tuple[int, int, float, float]  # GPUs, then as `_Single`
-# A task type's row of one GPU side (`DeepFragmentation._rows`): its CPU and host memory
-# per pod, the pods the GPUs hold (-1: it cannot run on them), its term when it cannot run
-# on the node, its term when CPU and host memory do not limit it, and what the term is
-# computed from when host memory does (weight, GPU millis per pod, FGD's usable, depth).
-_Row = tuple[int, int, int, float, float, float, int, int, float]
+# A task type's row of one GPU side (`DeepFragmentation._rows`): the free CPU below which
+# it cannot run there (infinite when the GPUs cannot hold it), the host memory below which
+# it cannot, the host memory below which that memory holds fewer of its pods than the GPUs
+# do, its term when it cannot run, its term when nothing on the host limits it, and what
+# the term is computed from when host memory does (weight, GPU millis per pod, FGD's
+# usable, depth).
+_Row = tuple[float, int, float, float, float, tuple[float, int, int, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,15 +337,12 @@ class DeepFragmentation:
             total = sum(ordered)
             rows = tuple(
                 (
-                    cpu,
+                    cpu if gpu_fit >= 0 else math.inf,
                     memory,
-                    gpu_fit,
+                    memory * gpu_fit if memory else -math.inf,
                     weight * total,
                     weight * (total - usable_part(gpu_fit * per_pod, wide, depth)),
-                    weight,
-                    per_pod,
-                    wide,
-                    depth,
+                    (weight, per_pod, wide, depth),
                 )
                 for (weight, cpu, memory, per_pod), (gpu_fit, wide), depth in zip(
                     self._tasks, self._sides(model, ordered), self._depths, strict=True
@@ -362,15 +362,14 @@ class DeepFragmentation:
             return 0.0
         out = 0.0
         if free_memory is None:
-            for cpu, _, gpu_fit, idle, usable, *_ in self._rows(model, ordered):
-                out += idle if gpu_fit < 0 or free_cpu < cpu else usable
+            for cpu, _, _, idle, usable, _ in self._rows(model, ordered):
+                out += idle if free_cpu < cpu else usable
             return out
-        for cpu, memory, gpu_fit, idle, usable, weight, per_pod, wide, depth in self._rows(
-            model, ordered
-        ):
-            if gpu_fit < 0 or free_cpu < cpu or free_memory < memory:
+        for cpu, memory, capped, idle, usable, parts in self._rows(model, ordered):
+            if free_cpu < cpu or free_memory < memory:
                 out += idle
-            elif memory and free_memory // memory < gpu_fit:  # host memory holds fewer pods
+            elif free_memory < capped:  # host memory holds fewer pods than the GPUs
+                weight, per_pod, wide, depth = parts
                 filled = free_memory // memory * per_pod  # `usable_part`, inlined:
                 out += weight * (total - (depth * filled + (1.0 - depth) * wide))
             else:
