@@ -47,6 +47,19 @@ class Request:
     models: frozenset[str] | None = None  # allowed GPU models; None: any
 
     @property
+    def gpu_demand(self) -> tuple[object, ...]:
+        """What the checks of one GPU (`placement.gpu_rejects`) read of the pod."""
+        return (
+            "gpu demand",
+            self.pool,
+            self.models,
+            self.compute,
+            self.gpu_memory,
+            self.exclusive,
+            self.owner if self.exclusive else "",
+        )
+
+    @property
     def shape(self) -> tuple[object, ...]:
         """Everything placement depends on except the pod's name."""
         return (
@@ -124,6 +137,9 @@ class Node:
     gpus: list[Gpu] = field(default_factory=list)
     version: int = 0
     memo: dict[int, NodeAnswer] = field(default_factory=dict)  # shape number -> answer
+    # What placement and its scorer derive from this version of the node alone (the GPUs
+    # a GPU demand may take, a pool's free compute), by what it was derived for.
+    derived: dict[tuple[object, ...], object] = field(default_factory=dict)
     memo_generation: int = -1
     state: int = UNKNOWN  # this version's state number (`PlacementMemo.state_of`)
     position: int = -1  # its place in the snapshot's node order (ties go to the first)
@@ -133,6 +149,7 @@ class Node:
     def touch(self) -> None:
         self.version += 1
         self.memo.clear()
+        self.derived.clear()
         self.state = UNKNOWN
         if self.on_change is not None:
             self.on_change(self)

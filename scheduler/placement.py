@@ -47,7 +47,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from scheduler.ledger import Gpu, Ledger, Node, NodeAnswer, Request, StateAnswer
 from scheduler.memo import memo_of
@@ -177,7 +177,10 @@ def _evaluate(
         why = refused.get(node.state)
         if why is not None:
             return why
-    fits = [gpu for gpu in node.gpus if gpu_rejects(gpu, request) is None]
+    demand = request.gpu_demand
+    fits = cast("list[Gpu] | None", node.derived.get(demand))
+    if fits is None:
+        fits = node.derived[demand] = [g for g in node.gpus if gpu_rejects(g, request) is None]
     if len(fits) < request.gpus:  # why, counted only here: memoised per state in `refused`
         reasons = Counter(
             why for gpu in node.gpus if (why := gpu_rejects(gpu, request)) is not None

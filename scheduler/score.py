@@ -36,7 +36,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, cast
 
 from scheduler.fragmentation import (
     CACHE_LIMIT,
@@ -127,10 +127,7 @@ class FragmentationScorer(Scorer):
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
-        pool = request.pool
-        pooled = [g for g in node.gpus if g.pool == pool and not g.coming]
-        model = pooled[0].model if pooled else ""
-        free = tuple(sorted([g.free_compute for g in pooled], reverse=True))
+        model, free = _pool_side(node, request.pool)
         fit_slots = tuple(sorted([_slot(g) for g in fits]))
         node_used = node.used_pods > 0
         memory = node.free_memory if self._weights.host_memory else None
@@ -160,9 +157,7 @@ class FragmentationScorer(Scorer):
         """What `bounder`'s bounds read of the node's state, for pods of `pool`: independent
         of the pod, so placement keeps one per node state (see placement)."""
         w = self._weights
-        pooled = [g for g in node.gpus if g.pool == pool and not g.coming]
-        model = pooled[0].model if pooled else ""
-        free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
+        model, free = _pool_side(node, pool)
         memory = node.free_memory if w.host_memory else None
         used = node.used_pods > 0
         before = self._frag_of(_State(model, node.free_cpu, memory, used), free)
@@ -174,8 +169,8 @@ class FragmentationScorer(Scorer):
                     g.model,
                     g.memory - g.used_memory if g.memory else -1,
                 )
-                for g in pooled
-                if not g.exclusive_owner
+                for g in node.gpus
+                if g.pool == pool and not g.coming and not g.exclusive_owner
             )
         )
         side = (model, free, gpus)
@@ -365,6 +360,21 @@ class _State(NamedTuple):
     cpu: int  # free millicores
     memory: int | None  # free bytes; None: not considered
     used: bool  # hosts pods
+
+
+def _pool_side(node: Node, pool: str) -> tuple[str, tuple[int, ...]]:
+    """The model and the free compute (largest first) of the node's running GPUs of
+    `pool`, derived once per version of the node."""
+    key = ("pool side", pool)
+    side = node.derived.get(key)
+    if side is None:
+        pooled = [g for g in node.gpus if g.pool == pool and not g.coming]
+        model = pooled[0].model if pooled else ""
+        side = node.derived[key] = (
+            model,
+            tuple(sorted([g.free_compute for g in pooled], reverse=True)),
+        )
+    return cast("tuple[str, tuple[int, ...]]", side)
 
 
 def _slot(gpu: Gpu) -> Slot:

@@ -4,6 +4,7 @@ on its own, however the snapshot changes between decisions."""
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 import pytest
 
@@ -11,7 +12,7 @@ from scheduler import memo as memo_module
 from scheduler import state_index as state_index_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
 from scheduler.ledger import Gpu, Ledger, Node, Request
-from scheduler.placement import Placement, Scorer, Unfit, place, why_unfit
+from scheduler.placement import Placement, Scorer, Unfit, gpu_rejects, place, why_unfit
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 
 GiB = 2**30
@@ -286,6 +287,42 @@ def test_a_shape_forgets_the_states_no_node_is_in_and_keeps_every_live_one(
             assert table == live, name
             kept_live += len(live)
     assert kept_live > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_what_a_node_derives_for_placement_is_never_stale(seed: int) -> None:
+    """What placement and the scorer keep per version of a node (the GPUs a GPU demand
+    may take, a pool's model and free compute) is what the node says now, after every
+    booking, release and change of nodes and GPUs."""
+    rng = random.Random(seed)
+    snap, scorer = Ledger(cluster()), FragmentationScorer(MIX)
+    checked = 0
+    for step in range(200):
+        request = pod(rng, step)
+        placed = place(snap, request, scorer, feasible(snap, rng))
+        if isinstance(placed, Placement):
+            snap.assume(request, placed.node, placed.gpus)
+        churn(snap, rng, step)
+        for n in snap.nodes.values():
+            for key, value in n.derived.items():
+                if key[0] == "gpu demand":
+                    _, pool, models, compute, gpu_memory, exclusive, owner = key
+                    demand = Request(
+                        "ns/check",
+                        compute=cast(int, compute),
+                        gpu_memory=cast(int, gpu_memory),
+                        pool=cast(str, pool),
+                        models=cast("frozenset[str] | None", models),
+                        exclusive=cast(bool, exclusive),
+                        owner=cast(str, owner),
+                    )
+                    assert value == [g for g in n.gpus if gpu_rejects(g, demand) is None], key
+                else:
+                    pooled = [g for g in n.gpus if g.pool == key[1] and not g.coming]
+                    free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
+                    assert value == (pooled[0].model if pooled else "", free), key
+                checked += 1
+    assert checked > 0
 
 
 def test_a_new_task_mix_changes_shared_answers() -> None:
