@@ -76,7 +76,9 @@ class Scorer(Protocol):
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
-        """The best `request.gpus` of `fits` and their cost; None if none will do."""
+        """The best `request.gpus` of `fits` (the node's GPUs that `gpu_rejects` lets take
+        the pod, as this version of the node has them) and their cost; None if none will
+        do."""
         ...
 
     def bounder(self, request: Request) -> Callable[[object], float] | None:

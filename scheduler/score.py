@@ -128,7 +128,10 @@ class FragmentationScorer(Scorer):
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
         model, free = _pool_side(node, request.pool)
-        fit_slots = tuple(sorted([_slot(g) for g in fits]))
+        slots_key = ("fit slots", request.gpu_demand)  # `fits` are the node's for it
+        fit_slots = cast("tuple[Slot, ...] | None", node.derived.get(slots_key))
+        if fit_slots is None:
+            fit_slots = node.derived[slots_key] = tuple(sorted([_slot(g) for g in fits]))
         node_used = node.used_pods > 0
         memory = node.free_memory if self._weights.host_memory else None
         key = (

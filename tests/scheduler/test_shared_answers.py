@@ -292,8 +292,8 @@ def test_a_shape_forgets_the_states_no_node_is_in_and_keeps_every_live_one(
 @pytest.mark.parametrize("seed", range(3))
 def test_what_a_node_derives_for_placement_is_never_stale(seed: int) -> None:
     """What placement and the scorer keep per version of a node (the GPUs a GPU demand
-    may take, a pool's model and free compute) is what the node says now, after every
-    booking, release and change of nodes and GPUs."""
+    may take and the scorer's view of them, a pool's model and free compute) is what the
+    node says now, after every booking, release and change of nodes and GPUs."""
     rng = random.Random(seed)
     snap, scorer = Ledger(cluster()), FragmentationScorer(MIX)
     checked = 0
@@ -305,24 +305,34 @@ def test_what_a_node_derives_for_placement_is_never_stale(seed: int) -> None:
         churn(snap, rng, step)
         for n in snap.nodes.values():
             for key, value in n.derived.items():
-                if key[0] == "gpu demand":
-                    _, pool, models, compute, gpu_memory, exclusive, owner = key
-                    demand = Request(
-                        "ns/check",
-                        compute=cast(int, compute),
-                        gpu_memory=cast(int, gpu_memory),
-                        pool=cast(str, pool),
-                        models=cast("frozenset[str] | None", models),
-                        exclusive=cast(bool, exclusive),
-                        owner=cast(str, owner),
-                    )
-                    assert value == [g for g in n.gpus if gpu_rejects(g, demand) is None], key
-                else:
+                if key[0] == "pool side":
                     pooled = [g for g in n.gpus if g.pool == key[1] and not g.coming]
                     free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
                     assert value == (pooled[0].model if pooled else "", free), key
+                    checked += 1
+                    continue
+                demand = cast("tuple[object, ...]", key[1] if key[0] == "fit slots" else key)
+                fits = [g for g in n.gpus if gpu_rejects(g, _demanding(demand)) is None]
+                if key[0] == "fit slots":
+                    assert value == tuple(sorted((g.free_compute, g.pods > 0) for g in fits)), key
+                else:
+                    assert value == fits, key
                 checked += 1
     assert checked > 0
+
+
+def _demanding(demand: tuple[object, ...]) -> Request:
+    """A pod with this GPU demand (`Request.gpu_demand`)."""
+    _, pool, models, compute, gpu_memory, exclusive, owner = demand
+    return Request(
+        "ns/check",
+        compute=cast(int, compute),
+        gpu_memory=cast(int, gpu_memory),
+        pool=cast(str, pool),
+        models=cast("frozenset[str] | None", models),
+        exclusive=cast(bool, exclusive),
+        owner=cast(str, owner),
+    )
 
 
 def test_a_new_task_mix_changes_shared_answers() -> None:
