@@ -40,6 +40,9 @@ Speed. A decision must not visit every node (12,000 of them in a large cluster):
   instead, one answer per state.
 - real-time-mps pods, and scorers whose cost depends on more than the state, are scored
   node by node, each node's answer for a shape memoised on it until it changes.
+- What a scoring derives from the node alone (the GPUs a GPU demand may take, the
+  scorer's view of them) is kept on the node until it changes (`Node.derived`): pod
+  shapes that differ only in CPU or memory ask the same of its GPUs.
 """
 
 import heapq
