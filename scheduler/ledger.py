@@ -50,7 +50,6 @@ class Request:
     def gpu_demand(self) -> tuple[object, ...]:
         """What the checks of one GPU (`placement.gpu_rejects`) read of the pod."""
         return (
-            "gpu demand",
             self.pool,
             self.models,
             self.compute,
@@ -138,7 +137,7 @@ class Node:
     version: int = 0
     memo: dict[int, NodeAnswer] = field(default_factory=dict)  # shape number -> answer
     # What placement and its scorer derive from this version of the node alone (the GPUs
-    # a GPU demand may take, a pool's free compute), by what it was derived for.
+    # a GPU demand may take, a pool's GPUs), keyed by what it is and what it was for.
     derived: dict[tuple[object, ...], object] = field(default_factory=dict)
     memo_generation: int = -1
     state: int = UNKNOWN  # this version's state number (`PlacementMemo.state_of`)

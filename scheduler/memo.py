@@ -280,11 +280,11 @@ class PlacementMemo:
         return bounds
 
     def refusals(self, request: Request) -> dict[int, str]:
-        """Why no GPU of a node state takes a pod with the GPU demand of `request` (pool,
-        models, compute, GPU memory, count), by state number, for the states placement
+        """Why no GPU of a node state takes a pod with the GPU demand of `request`
+        (`Request.gpu_demand`, and how many GPUs), by state number, for the states placement
         found so; not for real-time-mps pods. A state's GPUs never change, so the reasons
         hold for every shape and scorer; kept and dropped with `answers`."""
-        key = (request.pool, request.models, request.compute, request.gpu_memory, request.gpus)
+        key = (request.gpu_demand, request.gpus)
         refused = self._refusals.get(key)
         if refused is None:
             refused = self._refusals[key] = {}

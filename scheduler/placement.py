@@ -182,10 +182,10 @@ def _evaluate(
         why = refused.get(node.state)
         if why is not None:
             return why
-    demand = request.gpu_demand
-    fits = cast("list[Gpu] | None", node.derived.get(demand))
+    key = ("fits", request.gpu_demand)
+    fits = cast("list[Gpu] | None", node.derived.get(key))
     if fits is None:
-        fits = node.derived[demand] = [g for g in node.gpus if gpu_rejects(g, request) is None]
+        fits = node.derived[key] = [g for g in node.gpus if gpu_rejects(g, request) is None]
     if len(fits) < request.gpus:  # why, counted only here: memoised per state in `refused`
         reasons = Counter(
             why for gpu in node.gpus if (why := gpu_rejects(gpu, request)) is not None

@@ -127,7 +127,7 @@ class FragmentationScorer(Scorer):
     def choose(
         self, node: Node, request: Request, fits: Sequence[Gpu]
     ) -> tuple[float, tuple[Gpu, ...]] | None:
-        model, free = _pool_side(node, request.pool)
+        model, free, _ = _pool_side(node, request.pool)
         slots_key = ("fit slots", request.gpu_demand)  # `fits` are the node's for it
         fit_slots = cast("tuple[Slot, ...] | None", node.derived.get(slots_key))
         if fit_slots is None:
@@ -160,7 +160,7 @@ class FragmentationScorer(Scorer):
         """What `bounder`'s bounds read of the node's state, for pods of `pool`: independent
         of the pod, so placement keeps one per node state (see placement)."""
         w = self._weights
-        model, free = _pool_side(node, pool)
+        model, free, pooled = _pool_side(node, pool)
         memory = node.free_memory if w.host_memory else None
         used = node.used_pods > 0
         before = self._frag_of(_State(model, node.free_cpu, memory, used), free)
@@ -172,8 +172,8 @@ class FragmentationScorer(Scorer):
                     g.model,
                     g.memory - g.used_memory if g.memory else -1,
                 )
-                for g in node.gpus
-                if g.pool == pool and not g.coming and not g.exclusive_owner
+                for g in pooled
+                if not g.exclusive_owner
             )
         )
         side = (model, free, gpus)
@@ -365,19 +365,17 @@ class _State(NamedTuple):
     used: bool  # hosts pods
 
 
-def _pool_side(node: Node, pool: str) -> tuple[str, tuple[int, ...]]:
-    """The model and the free compute (largest first) of the node's running GPUs of
+def _pool_side(node: Node, pool: str) -> tuple[str, tuple[int, ...], list[Gpu]]:
+    """The model, the free compute (largest first) and the running GPUs of the node's
     `pool`, derived once per version of the node."""
     key = ("pool side", pool)
     side = node.derived.get(key)
     if side is None:
         pooled = [g for g in node.gpus if g.pool == pool and not g.coming]
         model = pooled[0].model if pooled else ""
-        side = node.derived[key] = (
-            model,
-            tuple(sorted([g.free_compute for g in pooled], reverse=True)),
-        )
-    return cast("tuple[str, tuple[int, ...]]", side)
+        free = tuple(sorted([g.free_compute for g in pooled], reverse=True))
+        side = node.derived[key] = (model, free, pooled)
+    return cast("tuple[str, tuple[int, ...], list[Gpu]]", side)
 
 
 def _slot(gpu: Gpu) -> Slot:

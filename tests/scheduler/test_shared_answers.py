@@ -308,14 +308,15 @@ def test_what_a_node_derives_for_placement_is_never_stale(seed: int) -> None:
                 if key[0] == "pool side":
                     pooled = [g for g in n.gpus if g.pool == key[1] and not g.coming]
                     free = tuple(sorted((g.free_compute for g in pooled), reverse=True))
-                    assert value == (pooled[0].model if pooled else "", free), key
+                    assert value == (pooled[0].model if pooled else "", free, pooled), key
                     checked += 1
                     continue
-                demand = cast("tuple[object, ...]", key[1] if key[0] == "fit slots" else key)
+                demand = cast("tuple[object, ...]", key[1])
                 fits = [g for g in n.gpus if gpu_rejects(g, _demanding(demand)) is None]
                 if key[0] == "fit slots":
                     assert value == tuple(sorted((g.free_compute, g.pods > 0) for g in fits)), key
                 else:
+                    assert key[0] == "fits", key
                     assert value == fits, key
                 checked += 1
     assert checked > 0
@@ -323,7 +324,7 @@ def test_what_a_node_derives_for_placement_is_never_stale(seed: int) -> None:
 
 def _demanding(demand: tuple[object, ...]) -> Request:
     """A pod with this GPU demand (`Request.gpu_demand`)."""
-    _, pool, models, compute, gpu_memory, exclusive, owner = demand
+    pool, models, compute, gpu_memory, exclusive, owner = demand
     return Request(
         "ns/check",
         compute=cast(int, compute),
