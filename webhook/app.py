@@ -2,8 +2,8 @@
 `GET /readyz`.
 
 A thin adapter around the pure decision (`webhook.mutate.decide`): read and parse the
-AdmissionReview, decide, plan capacity through the cluster port (never an exception into
-the request), answer, audit, count. Bad input is a 400 or 413
+AdmissionReview, decide, answer; then, the answer sent, plan capacity through the
+cluster port (never an exception into the request), count, audit. Bad input is a 400 or 413
 with `{"error": message}`, never a 5xx; a bug in the decision admits the pod unchanged.
 
 Everything the app uses is passed to `create_app`: the cluster port (or None), the audit
@@ -23,6 +23,7 @@ from typing import Final, Protocol
 
 import orjson
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -147,10 +148,14 @@ class Admissions:
     memory_enforcement: bool = False  # the node agents serve the memory shim's CSI driver
 
     async def mutate(self, request: Request) -> Response:
-        """Everything after the body is read runs without yielding the loop (but for the
-        rare live read of a Namespace the cache has behind): its wall-clock time minus
-        the loop thread's CPU time over it is what the admission waited for the GIL or a
-        core (`WebhookMetrics.work`)."""
+        """The answer, then what the API server need not wait for: the capacity plan, the
+        audit line and the counts (`_account`, run as the response's background task,
+        on the event loop, once the answer is written).
+
+        Everything after the body is read, the answer's write and `_account` included,
+        runs without yielding the loop (but for the rare live read of a Namespace the
+        cache has behind): its wall-clock time minus the loop thread's CPU time over it
+        is what the admission waited for the GIL or a core (`WebhookMetrics.work`)."""
         started = self.timer()
         try:
             body = await read_body(request)
@@ -166,20 +171,36 @@ class Admissions:
             decision = self._failed(review, exc)
         else:
             decision = self._decision(review, namespace)
+        decision, response = self._respond(review, decision)
+        answered = self.timer()
+        response.background = BackgroundTask(
+            self._account, review, decision, answered - started, (working, cpu)
+        )
+        return response
+
+    async def _account(
+        self,
+        review: AdmissionRequest,
+        decision: Decision,
+        elapsed: float,
+        work: tuple[float, float],  # the timer and the CPU timer when the work began
+    ) -> None:
+        """What follows an answer: the pod's pool planned (its reservation counts it for
+        the pool's next admissions; the plan itself is only for the audit line), the
+        counts, and last the audit line. Never raises: each step catches its own
+        failures."""
         capacity = None
         if decision.demand is not None:
             capacity = self._plan_capacity(decision.demand, review.dry_run)
             self.metrics.capacity(capacity.verdict)
             if capacity.verdict == "error":
                 self.metrics.error(ErrorKind.CAPACITY)
-        decision, response = self._respond(review, decision)
-        elapsed = self.timer() - started
-        self._write_audit(review, decision, capacity, elapsed)
         self.metrics.admission(decision.outcome, decision.reason, elapsed)
         if decision.recommendation is not None and decision.outcome is Outcome.MUTATED:
             self.metrics.recommendation_applied()
+        self._write_audit(review, decision, capacity, elapsed)
+        working, cpu = work
         self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
-        return response
 
     async def devices(self, request: Request) -> Response:
         """`POST /devices`: `NVIDIA_VISIBLE_DEVICES=void` on every container the kubelet

@@ -9,6 +9,7 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import ExitStack
@@ -114,15 +115,27 @@ class Webhook:
         return self.client.post("/mutate", json=doc)
 
     def admit(self, pod: JSON, uid: str = "req-1", dry_run: bool = False) -> JSON:
+        """The answer to one admission, once the webhook has also written its audit line
+        (and so counted it: the line is the last thing an admission does after its answer)."""
+        lines = len(self.audit_lines())
         response = self.post(review(pod, uid=uid, dry_run=dry_run))
         assert response.status_code == 200, response.text
         assert response.headers["content-type"] == "application/json"
         answer: JSON = response.json()["response"]
         assert answer["uid"] == uid
+        self.wait_for_audit(lines + 1)
         return answer
 
     def audit_lines(self) -> list[JSON]:
         return [json.loads(line) for line in self.audit.getvalue().splitlines()]
+
+    def wait_for_audit(self, count: int, timeout: float = 10.0) -> list[JSON]:
+        """The audit lines once there are `count` of them (AssertionError after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while len(lines := self.audit_lines()) < count:
+            assert time.monotonic() < deadline, f"{len(lines)} audit line(s), not {count}"
+            time.sleep(0.005)
+        return lines
 
     def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(self.metrics_url).raise_for_status().text
@@ -379,6 +392,29 @@ def test_the_capacity_plan_is_counted_and_written_to_the_audit_line(
     assert webhook.metric("gpupack_webhook_capacity_checks_total", action="needed") == 1
     capacity = webhook.audit_lines()[0]["capacity"]
     assert capacity == {"action": "needed", "pool": "p", "missing": 1, "detail": needed.detail}
+
+
+def test_the_answer_does_not_wait_for_the_capacity_plan_or_the_audit_line(
+    start_webhook: StartWebhook,
+) -> None:
+    """The plan is only for the audit line: the API server has its answer first."""
+    answered = threading.Event()
+    planned_after_the_answer: list[bool] = []
+
+    def plan(demand: Demand, dry_run: bool) -> CapacityOutcome:
+        planned_after_the_answer.append(answered.wait(timeout=5))
+        return CapacityOutcome("sufficient")
+
+    webhook = start_webhook(cluster=FakeCluster(capacity=plan))
+
+    response = webhook.post(review(vllm_pod(), uid="req-1"))
+    answered.set()
+
+    assert response.json()["response"]["patch"]
+    [line] = webhook.wait_for_audit(1)
+    assert planned_after_the_answer == [True]
+    assert line["capacity"]["action"] == "sufficient"
+    assert webhook.metric("gpupack_webhook_capacity_checks_total", action="sufficient") == 1
 
 
 def _raise(demand: Demand, dry_run: bool) -> CapacityOutcome:
