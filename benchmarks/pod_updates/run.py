@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import yaml
 
-from benchmarks.scale.run import cpu_seconds
+from benchmarks.processes import cpu_seconds
 from hack.localcluster import Kube, LocalCluster, chart
 
 BINDINGS: Final = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"

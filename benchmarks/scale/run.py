@@ -41,7 +41,6 @@ Usage: .venv/bin/python -m benchmarks.scale.run [--nodes 500] [--pods 2000]
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import threading
@@ -53,6 +52,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from benchmarks.pods import pause_pod
+from benchmarks.processes import cpu_seconds
 from benchmarks.scale.memory import footprints
 from gpupack import keys
 from gpupack.runtime.transport import connect
@@ -215,22 +215,6 @@ def percentiles(values: list[float]) -> dict[str, float | int]:
 
 def stages(records: list[dict[str, float]], names: list[str], origin: float) -> dict[str, Any]:
     return {n: percentiles([r[n] - origin for r in records if n in r]) for n in names}
-
-
-def cpu_seconds(processes: dict[str, Any]) -> dict[str, float]:
-    """CPU time (user and system) each process of the cluster has used so far, and this
-    benchmark's own (the clients creating pods and the watch)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    pids = {name: p.pid for name, p in processes.items() if getattr(p, "pid", 0)}
-    pids["benchmark"] = os.getpid()
-    used = {}
-    for name, pid in pids.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
-        except OSError:
-            continue
-        used[name] = (int(fields[11]) + int(fields[12])) / tick
-    return used
 
 
 def cpu_per_pod(gpupack: float, kube_scheduler: float, pods: int) -> dict[str, float | None]:
