@@ -152,10 +152,11 @@ class Admissions:
         audit line and the counts (`_account`, run as the response's background task,
         on the event loop, once the answer is written).
 
-        Everything after the body is read, the answer's write and `_account` included,
-        runs without yielding the loop (but for the rare live read of a Namespace the
-        cache has behind): its wall-clock time minus the loop thread's CPU time over it
-        is what the admission waited for the GIL or a core (`WebhookMetrics.work`)."""
+        The admission's own work is two spans, each run without yielding the loop (but
+        for the rare live read of a Namespace the cache has behind): from the body read
+        to the answer, and `_account`. Their wall-clock time minus the loop thread's CPU
+        time over them is what the admission waited for the GIL or a core
+        (`WebhookMetrics.work`)."""
         started = self.timer()
         try:
             body = await read_body(request)
@@ -173,8 +174,9 @@ class Admissions:
             decision = self._decision(review, namespace)
         decision, response = self._respond(review, decision)
         answered = self.timer()
+        work = (answered - working, self.cpu_timer() - cpu)
         response.background = BackgroundTask(
-            self._account, review, decision, answered - started, (working, cpu)
+            self._account, review, decision, answered - started, work
         )
         return response
 
@@ -183,12 +185,18 @@ class Admissions:
         review: AdmissionRequest,
         decision: Decision,
         elapsed: float,
-        work: tuple[float, float],  # the timer and the CPU timer when the work began
+        work: tuple[float, float],  # wall-clock and CPU seconds until the answer
     ) -> None:
         """What follows an answer: the pod's pool planned (its reservation counts it for
         the pool's next admissions; the plan itself is only for the audit line), the
         counts, and last the audit line. Never raises: each step catches its own
-        failures."""
+        failures.
+
+        It first lets the loop turn once: a transport that sends what was written on the
+        loop's next turn (uvloop's TLS before 0.23) would otherwise hold the answer until
+        this is done."""
+        await asyncio.sleep(0)
+        resumed, cpu = self.timer(), self.cpu_timer()
         capacity = None
         if decision.demand is not None:
             capacity = self._plan_capacity(decision.demand, review.dry_run)
@@ -199,8 +207,8 @@ class Admissions:
         if decision.recommendation is not None and decision.outcome is Outcome.MUTATED:
             self.metrics.recommendation_applied()
         self._write_audit(review, decision, capacity, elapsed)
-        working, cpu = work
-        self.metrics.work(self.timer() - working, self.cpu_timer() - cpu)
+        wall, used = work
+        self.metrics.work(wall + self.timer() - resumed, used + self.cpu_timer() - cpu)
 
     async def devices(self, request: Request) -> Response:
         """`POST /devices`: `NVIDIA_VISIBLE_DEVICES=void` on every container the kubelet
