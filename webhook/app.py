@@ -49,6 +49,7 @@ JSON_TYPE: Final = "application/json"
 log = logging.getLogger("webhook.app")
 
 Decide = Callable[[AdmissionRequest, MutationContext], Decision]
+Work = tuple[float, float]  # an admission's wall-clock and CPU seconds until its answer
 
 
 class ClusterPort(Protocol):
@@ -149,8 +150,10 @@ class Admissions:
 
     async def mutate(self, request: Request) -> Response:
         """The answer, then what the API server need not wait for: the capacity plan, the
-        audit line and the counts (`_account`, run as the response's background task,
-        on the event loop, once the answer is written).
+        counts and the audit line (`_account`). Where there is a pool to plan they run as
+        the response's background task, on the event loop, once the answer is written;
+        otherwise (no cluster, or a pod not rewritten) before the answer, cheaper than
+        another turn of the loop.
 
         The admission's own work is two spans, each run without yielding the loop (but
         for the rare live read of a Namespace the cache has behind): from the body read
@@ -175,27 +178,29 @@ class Admissions:
         decision, response = self._respond(review, decision)
         answered = self.timer()
         work = (answered - working, self.cpu_timer() - cpu)
-        response.background = BackgroundTask(
-            self._account, review, decision, answered - started, work
-        )
+        if decision.demand is None or self.cluster is None:
+            self._account(review, decision, answered - started, work)
+        else:
+            response.background = BackgroundTask(
+                self._after_answer, review, decision, answered - started, work
+            )
         return response
 
-    async def _account(
-        self,
-        review: AdmissionRequest,
-        decision: Decision,
-        elapsed: float,
-        work: tuple[float, float],  # wall-clock and CPU seconds until the answer
+    async def _after_answer(
+        self, review: AdmissionRequest, decision: Decision, elapsed: float, work: Work
     ) -> None:
-        """What follows an answer: the pod's pool planned (its reservation counts it for
-        the pool's next admissions; the plan itself is only for the audit line), the
-        counts, and last the audit line. Never raises: each step catches its own
-        failures.
-
-        It first lets the loop turn once: a transport that sends what was written on the
-        loop's next turn (uvloop's TLS before 0.23) would otherwise hold the answer until
-        this is done."""
+        """`_account`, once the loop has turned: a transport that sends what was written
+        on the loop's next turn (uvloop's TLS before 0.23) would otherwise hold the answer
+        until the plan is done."""
         await asyncio.sleep(0)
+        self._account(review, decision, elapsed, work)
+
+    def _account(
+        self, review: AdmissionRequest, decision: Decision, elapsed: float, work: Work
+    ) -> None:
+        """The pod's pool planned (its reservation counts it for the pool's next
+        admissions; the plan itself is only for the audit line), the counts, and last
+        the audit line. Never raises: each step catches its own failures."""
         resumed, cpu = self.timer(), self.cpu_timer()
         capacity = None
         if decision.demand is not None:
