@@ -188,6 +188,9 @@ class Ledger:
         self.nodes: dict[str, Node] = {}
         self.gpus: dict[str, Gpu] = {}
         self.bookings: dict[str, Booking] = {}
+        # The bookings that name each GPU (booked or over), in the order they were made:
+        # a GPU that (re)appears or frees share rebooks its own pods, not every pod.
+        self._naming: dict[str, dict[str, None]] = {}
         self.topology = 0  # bumps when nodes, labels or GPUs change
         self.freed = 0  # bumps when a booking that held GPU share is forgotten
         self._positions = count()
@@ -246,9 +249,8 @@ class Ledger:
             holder.touch()
         gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner = 0, 0, {}, ""
         gpu.over = 0
-        for key, booking in list(self.bookings.items()):
-            if gpu.uuid in booking.named:
-                self.bookings[key] = self._book(gpu, booking)
+        for key in list(self._naming.get(gpu.uuid, ())):
+            self.bookings[key] = self._book(gpu, self.bookings[key])
         node.gpus.append(gpu)
         self.gpus[gpu.uuid] = gpu
         node.touch()
@@ -284,6 +286,8 @@ class Ledger:
                 self.nodes[gpu.node].touch()
         node.touch()
         self.bookings[request.key] = booking
+        for uuid in booking.named:
+            self._naming.setdefault(uuid, {})[request.key] = None
         return booking
 
     def overcommitted(self) -> list[Booking]:
@@ -317,6 +321,11 @@ class Ledger:
             node.used_pods -= 1
             node.touch()
         for uuid in booking.named:
+            naming = self._naming.get(uuid)
+            if naming is not None:
+                naming.pop(key, None)
+                if not naming:
+                    del self._naming[uuid]
             gpu = self.gpus.get(uuid)
             if gpu is None:
                 continue
@@ -340,7 +349,8 @@ class Ledger:
 
     def _rebook(self, gpu: Gpu) -> None:
         """Book, first come first booked, the pods over on `gpu` that now fit."""
-        for key, booking in list(self.bookings.items()):
+        for key in list(self._naming.get(gpu.uuid, ())):
+            booking = self.bookings[key]
             if gpu.uuid in booking.over and gpu.fits(booking.request):
                 gpu.over -= 1
                 self.bookings[key] = self._book(gpu, booking)
