@@ -52,7 +52,7 @@ from scheduler.kube import Kube
 from scheduler.ledger import Gpu, Ledger, Request
 from scheduler.lifecycle import Lifecycle
 from scheduler.metrics import Metrics, Usage
-from scheduler.placement import Placement, Scorer, place, refusal
+from scheduler.placement import Placement, Scorer, place, refusal, refusals
 from scheduler.reporting import Notices, measure
 from scheduler.reservations import Reservations
 from scheduler.score import FragmentationScorer
@@ -128,7 +128,8 @@ class Extender:
             self._count("unschedulable")
             snapshot = self.cache.ledger
             asks = f"(asks {format_compute(request.compute)}, {format_memory(request.gpu_memory)})"
-            reasons = {n: f"gpupack: {refusal(snapshot, request, n)} {asks}" for n in nodes}
+            why = refusals(snapshot, request, nodes)
+            reasons = {n: f"gpupack: {why[n]} {asks}" for n in nodes}
             starting = _starting(snapshot, request, nodes)
             self.waiting.refused(key, pod, request, frozenset(nodes), now, ask=starting is None)
             if starting is not None:

@@ -239,7 +239,8 @@ def place(
 
 def refusal(snapshot: Ledger, request: Request, name: str) -> str:
     """Why the node `name` cannot take `request` (after `place` found no room): the
-    same checks, read for a person. Not memoised: it runs only when a pod fits nowhere."""
+    same checks, read for a person. Not memoised: it runs only when a pod fits nowhere
+    (`refusals` asks it once per node state)."""
     node = snapshot.nodes.get(name)
     if node is None:
         return "node not known to gpupack yet"
@@ -254,6 +255,31 @@ def refusal(snapshot: Ledger, request: Request, name: str) -> str:
         if gpu.pool == request.pool:
             reasons[gpu_rejects(gpu, request) or "fits, but another node was chosen"] += 1
     return reasons.most_common(1)[0][0]
+
+
+def refusals(snapshot: Ledger, request: Request, names: Collection[str]) -> dict[str, str]:
+    """`refusal` for each of `names`, worked out once per node state: nodes in equal
+    state refuse for the same reason (the state holds all it reads, as it holds all
+    `place` reads), and a pod refused everywhere is asked about every node kube-scheduler
+    passed, thousands in a large cluster. A real-time-mps pod's reason reads which
+    workloads a GPU holds, which the state leaves out: its nodes are asked one by one."""
+    if request.exclusive:
+        return {name: refusal(snapshot, request, name) for name in names}
+    state_of = memo_of(snapshot).state_of
+    nodes = snapshot.nodes
+    by_state: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name in names:
+        node = nodes.get(name)
+        if node is None:
+            out[name] = refusal(snapshot, request, name)
+            continue
+        state = state_of(node)
+        why = by_state.get(state)
+        if why is None:
+            why = by_state[state] = refusal(snapshot, request, name)
+        out[name] = why
+    return out
 
 
 def _own(

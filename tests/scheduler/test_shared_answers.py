@@ -12,7 +12,16 @@ from scheduler import memo as memo_module
 from scheduler import state_index as state_index_module
 from scheduler.fragmentation import DeepFragmentation, TaskType, fragmentation
 from scheduler.ledger import Gpu, Ledger, Node, Request
-from scheduler.placement import Placement, Scorer, Unfit, gpu_rejects, place, why_unfit
+from scheduler.placement import (
+    Placement,
+    Scorer,
+    Unfit,
+    gpu_rejects,
+    place,
+    refusal,
+    refusals,
+    why_unfit,
+)
 from scheduler.score import FragmentationScorer, PackingScorer, Weights
 
 GiB = 2**30
@@ -151,6 +160,58 @@ def test_shared_answers_decide_as_scoring_every_node_on_its_own_among_feasible_n
         (Ledger(cluster()), own_scorer),
         seed,
         feasible_nodes=True,
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_refusals_per_state_read_as_each_node_asked_on_its_own(seed: int) -> None:
+    """The extender's reasons for a pod that fits nowhere, worked out once per node
+    state, are each node's own reason, as nodes fill, change and come and go, GPUs start,
+    fail, drain or are held by a real-time-mps workload (whose pods are asked node by
+    node: the state leaves out which workload a GPU holds)."""
+    rng = random.Random(seed)
+    # Nodes alike, so that many share a state.
+    snap, scorer = Ledger([node(f"n{i:02}", 2) for i in range(12)]), FragmentationScorer(MIX)
+    flags = ("coming", "healthy", "draining", "removing")
+    shared = 0
+    for step in range(300):
+        exclusive = rng.random() < 0.15
+        request = replace(pod(rng, step), exclusive=exclusive, owner=f"ns/Job/w{step % 3}")
+        result = place(snap, request, scorer)
+        if isinstance(result, Placement):
+            snap.assume(request, result.node, result.gpus)
+        asked = [*rng.sample(sorted(snap.nodes), k=max(1, len(snap.nodes) // 2)), "gone"]
+        assert refusals(snap, request, asked) == {n: refusal(snap, request, n) for n in asked}
+        states = {memo_module.memo_of(snap).state_of(snap.nodes[n]) for n in asked[:-1]}
+        shared += len(asked) - 1 - len(states)
+        churn(snap, rng, step)
+        if snap.gpus and rng.random() < 0.2:
+            old = snap.gpus[rng.choice(sorted(snap.gpus))]
+            flag = rng.choice(flags)
+            changed = Gpu(old.uuid, old.node, memory=old.memory, model=old.model)
+            setattr(changed, flag, not getattr(changed, flag))
+            snap.add_gpu(changed)
+    assert shared >= 30  # nodes did share states: the memo was used
+
+
+def test_refusals_of_a_real_time_mps_pod_read_which_workloads_a_gpu_holds() -> None:
+    """Two nodes in equal state, one GPU each, holding pods of different workloads: a
+    real-time-mps pod of the first may share its GPU, not the second's."""
+    snap = Ledger([node("a", 1), node("b", 1)])
+    for name, owner in (("a", "ns/Job/first"), ("b", "ns/Job/second")):
+        held = Request(f"ns/{name}", cpu=500, compute=200, gpu_memory=GiB, owner=owner)
+        snap.assume(held, name, (f"{name}-gpu0",))
+    memo = memo_module.memo_of(snap)
+    assert memo.state_of(snap.nodes["a"]) == memo.state_of(snap.nodes["b"])
+    request = Request("ns/mps", cpu=500, compute=200, gpu_memory=GiB, owner="ns/Job/first")
+    mps = replace(request, exclusive=True)
+
+    assert refusals(snap, mps, ["a", "b"]) == {
+        "a": "fits, but another node was chosen",
+        "b": "GPU shared with other workloads (real-time-mps needs its own)",
+    }
+    assert refusals(snap, request, ["a", "b"]) == dict.fromkeys(
+        ["a", "b"], "fits, but another node was chosen"
     )
 
 
