@@ -15,10 +15,11 @@ Every connection is bounded in time, size and number (`gpupack.runtime.httpserve
 `LIMITS`): a body of at most 8 MiB, at most 16 connections.
 """
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
+
+import orjson
 
 from gpupack.runtime.endpoints import listening_socket
 from gpupack.runtime.httpserver import ClientLimits, HttpRequest, Response, Server, text
@@ -54,13 +55,13 @@ def make_server(
             if not request.body:
                 return text(411, f"{path}: a body with a Content-Length is required")
             try:
-                result = call(json.loads(request.body))
+                result = call(orjson.loads(request.body))
             except (ValueError, UnicodeDecodeError, RecursionError) as error:  # JSON or wire
                 return text(400, f"{path}: {str(error)[:500]}")
             except Exception as error:  # kube-scheduler retries the pod; say why
                 log.exception("%s failed", path)
                 result = {"Error": f"gpupack {path[1:]} failed: {error}"}
-            return Response(200, json.dumps(result).encode(), "application/json")
+            return Response(200, orjson.dumps(result), "application/json")
 
         return answer
 

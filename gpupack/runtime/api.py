@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar
 
+import orjson
+
 from gpupack.objects import JSON
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,7 @@ def status_error(
 
 def parse_event(line: bytes) -> JSON:
     try:
-        event = json.loads(line)
+        event = orjson.loads(line)
     except ValueError as exc:
         raise ApiError(0, "BadWatchEvent", f"not JSON: {line[:200]!r}") from exc
     if not isinstance(event, dict):

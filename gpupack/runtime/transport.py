@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes.client import rest as k8s_rest
 
@@ -145,7 +146,7 @@ class Transport:
     def _call(self, method: str, path: str, **kw: Any) -> JSON:
         status, data = self._read(method, path, **kw)
         try:
-            doc = json.loads(data)
+            doc = orjson.loads(data)
         except ValueError as exc:
             raise ApiError(status, "BadResponse", f"{method} {path}: not JSON") from exc
         if not isinstance(doc, dict):
