@@ -249,7 +249,7 @@ class Ledger:
             holder.touch()
         gpu.used_compute, gpu.used_memory, gpu.owners, gpu.exclusive_owner = 0, 0, {}, ""
         gpu.over = 0
-        for key in list(self._naming.get(gpu.uuid, ())):
+        for key in self.naming(gpu.uuid):
             self.bookings[key] = self._book(gpu, self.bookings[key])
         node.gpus.append(gpu)
         self.gpus[gpu.uuid] = gpu
@@ -289,6 +289,11 @@ class Ledger:
         for uuid in booking.named:
             self._naming.setdefault(uuid, {})[request.key] = None
         return booking
+
+    def naming(self, uuid: str) -> tuple[str, ...]:
+        """The keys of the bookings that name the GPU `uuid` (booked or over), in the
+        order they were made."""
+        return tuple(self._naming.get(uuid, ()))
 
     def overcommitted(self) -> list[Booking]:
         """Pods running on a GPU whose books cannot hold their share."""
@@ -349,7 +354,7 @@ class Ledger:
 
     def _rebook(self, gpu: Gpu) -> None:
         """Book, first come first booked, the pods over on `gpu` that now fit."""
-        for key in list(self._naming.get(gpu.uuid, ())):
+        for key in self.naming(gpu.uuid):
             booking = self.bookings[key]
             if gpu.uuid in booking.over and gpu.fits(booking.request):
                 gpu.over -= 1

@@ -14,13 +14,12 @@ Restarts are counted from the container's `restartCount`; one that happened whil
 scheduler was running is not reported (the count is taken as the baseline).
 """
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from gpupack.capacity import CONTAINER_NAME, runs_mps_daemon
 from gpupack.objects import JSON
-from scheduler.ledger import Booking
 
 RESTARTED: Final = "MPSDaemonRestarted"
 
@@ -107,15 +106,16 @@ def daemons(capacity_pods: Iterable[JSON]) -> tuple[int, int]:
 def notices(
     restarts: Iterable[Restart],
     gpu_of: Callable[[str], str | None],
-    bookings: Mapping[str, Booking],
+    naming: Callable[[str], Sequence[str]],
     pod: Callable[[str], JSON | None],
 ) -> list[tuple[JSON, str]]:
     """(object, text) of each Event a restart makes: on the capacity pod (`gpu_of` its
-    name: its GPU) and on each pod booked on that GPU (`pod` of its key)."""
+    name: its GPU) and on each pod booked on that GPU (`naming` of the GPU: the pods'
+    keys, `Ledger.naming`; `pod` of each key)."""
     out: list[tuple[JSON, str]] = []
     for restart in restarts:
         gpu = gpu_of(str(restart.pod["metadata"].get("name", "")))
-        hosted = [k for k, b in bookings.items() if gpu is not None and gpu in b.named]
+        hosted = list(naming(gpu)) if gpu is not None else []
         text = note(restart.pod, hosted)
         out.extend((p, text) for p in [restart.pod, *filter(None, map(pod, hosted))])
     return out

@@ -74,7 +74,7 @@ class Notices:
             capacity = cache.capacity.get(name)
             return capacity.gpu if capacity is not None else None
 
-        for pod, text in mps_notices(restarted, gpu_of, cache.ledger.bookings, cache.pod):
+        for pod, text in mps_notices(restarted, gpu_of, cache.ledger.naming, cache.pod):
             log.warning("%s: %s", pod["metadata"].get("name"), text)
             self._event(pod, RESTARTED, text, "MPS")
 
