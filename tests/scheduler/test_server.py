@@ -75,6 +75,7 @@ def test_a_verb_that_fails_tells_kube_scheduler_why_in_its_answer() -> None:
     [
         pytest.param("/filter", b"{not json", 400, b"/filter:", id="not-json"),
         pytest.param("/filter", b"[" * 100_000, 400, b"/filter:", id="deeply-nested"),
+        pytest.param("/filter", b'{"Pod": "\xff"}', 400, b"/filter:", id="not-utf-8"),
         pytest.param("/filter", json.dumps({"Pod": {}}).encode(), 400, b"Pod", id="no-pod"),
         pytest.param(
             "/bind", json.dumps({"PodName": "p"}).encode(), 400, b"PodNamespace", id="bind"
